@@ -1,0 +1,37 @@
+// Command handoff is the handoff sidecar and its tools: a graceful-shutdown
+// coordinator for Kubernetes queue workers that hold claimed messages and an
+// exclusive Lease.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+func main() {
+	root := &cobra.Command{
+		Use:           "handoff",
+		Short:         "Turns a queue worker's shutdown into a handover: drain, hand back claims, release the Lease",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(sidecarCommand(), prestopCommand(), versionCommand())
+	if err := root.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "handoff:", err)
+		os.Exit(1)
+	}
+}
+
+func versionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the handoff version",
+		Args:  cobra.NoArgs,
+		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), version) },
+	}
+}

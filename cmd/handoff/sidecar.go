@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/zapr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/sidecar"
+)
+
+// Lease traffic gets its own client and rate budget, so other API use can
+// never delay a renewal.
+const (
+	leaseQPS   = 20
+	leaseBurst = 40
+)
+
+func sidecarCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "sidecar",
+		Short: "Run the coordinator: Lease elections and the shutdown sequence",
+		Long: `sidecar runs in the worker's pod. It competes for the configured Leases,
+tells the worker about leadership, and on preStop (or SIGTERM) runs the
+shutdown sequence: stop claiming, drain, fallback at the deadline, revoke
+leadership, release the Leases.
+
+Every setting is a flag, or an environment variable HANDOFF_<NAME>; flags win.`,
+		Args: cobra.NoArgs,
+	}
+	flags := config.Flags(cmd.Flags())
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		s, err := config.Load(flags, config.Environ(os.LookupEnv))
+		if err != nil {
+			return fmt.Errorf("invalid configuration:\n%w", err)
+		}
+		return runSidecar(s)
+	}
+	return cmd
+}
+
+func runSidecar(s *config.Settings) error {
+	zl, err := zap.NewProduction()
+	if err != nil {
+		return err
+	}
+	log := zapr.NewLogger(zl).WithValues("pod", s.PodNamespace+"/"+s.PodName)
+	klog.SetLogger(log.WithName("client-go"))
+	defer func() { _ = zl.Sync() }()
+
+	rc, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	rc.UserAgent = "handoff/" + version
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	lrc := rest.CopyConfig(rc)
+	lrc.QPS, lrc.Burst = leaseQPS, leaseBurst
+	leaseClient, err := kubernetes.NewForConfig(lrc)
+	if err != nil {
+		return err
+	}
+
+	broadcaster := record.NewBroadcaster(record.WithContext(context.Background()))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events(s.PodNamespace)})
+	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "handoff"})
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	c, err := sidecar.New(sidecar.Options{
+		Settings: s, Leases: leaseClient.CoordinationV1(), Pods: kube.CoreV1(),
+		Events: recorder, Metrics: sidecar.NewMetrics(reg), Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+
+	control, err := listen(s.ControlAddr, c.ControlHandler())
+	if err != nil {
+		return fmt.Errorf("control-addr: %w", err)
+	}
+	probes, err := listen(s.MetricsAddr, sidecar.ProbesHandler(reg))
+	if err != nil {
+		return fmt.Errorf("metrics-addr: %w", err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	c.Start(ctx)
+	log.Info("handoff sidecar started", "identity", s.Identity(), "leases", s.Leases,
+		"control", s.ControlAddr, "metrics", s.MetricsAddr, "app", s.AppURL, "version", version)
+
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	got := <-sig
+	log.Info("signal received: running or joining the shutdown sequence", "signal", got.String())
+	// A second signal ends the wait at once; the Leases then expire.
+	sctx, cancel := context.WithCancel(context.Background())
+	go func() { <-sig; cancel() }()
+	if _, err := c.Shutdown(sctx, sidecar.TriggerSignal); err != nil {
+		log.Info("shutdown sequence abandoned by a second signal")
+	}
+	cancel()
+	stop()
+	for _, srv := range []*http.Server{control, probes} {
+		sc, done := context.WithTimeout(context.Background(), time.Second)
+		_ = srv.Shutdown(sc)
+		done()
+	}
+	return nil
+}
+
+// listen binds addr before returning, so a busy port is an error at start.
+func listen(addr string, h http.Handler) (*http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logr.Discard().Error(err, "serve")
+		}
+	}()
+	return srv, nil
+}

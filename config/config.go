@@ -1,0 +1,358 @@
+// Package config holds handoff's settings: one table that gives every
+// setting its name, default, accepted form and validation, and maps it onto
+// command-line flags, HANDOFF_* environment variables and handoff.dev/ pod
+// annotations. Every other package reads a validated Settings value.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// AnnotationPrefix is the prefix of every pod annotation handoff reads.
+const AnnotationPrefix = "handoff.dev/"
+
+// EnvPrefix is the prefix of every environment variable handoff reads.
+const EnvPrefix = "HANDOFF_"
+
+// Fallback is what the sidecar does with claims still unfinished when the
+// drain deadline passes.
+type Fallback string
+
+const (
+	// FallbackReturn asks the app to hand back every unfinished claim now.
+	FallbackReturn Fallback = "return"
+	// FallbackCancel asks the app to cancel in-flight work cooperatively, then hand it back.
+	FallbackCancel Fallback = "cancel"
+	// FallbackAbandon leaves unfinished claims to the queue's visibility timeout.
+	FallbackAbandon Fallback = "abandon"
+)
+
+// Settings is the sidecar's validated configuration. Durations are
+// time.Duration values parsed from Go duration strings ("15s", "1m30s").
+type Settings struct {
+	// PodName, PodNamespace and PodUID identify the pod the sidecar runs in
+	// (downward API). The Lease holder identity is PodName + "_" + PodUID.
+	PodName      string
+	PodNamespace string
+	PodUID       string
+
+	// Leases are the names of the Leases this pod competes for, in
+	// PodNamespace. Empty: the pod gets the drain sequence and no Lease.
+	Leases []string
+	// LeaseDuration is how long a standby waits after the last observed
+	// renewal before it takes the Lease; RenewDeadline is how long the holder
+	// keeps retrying a renewal before it gives leadership up; RetryPeriod is
+	// the interval between attempts. Same meaning as client-go's.
+	LeaseDuration time.Duration
+	RenewDeadline time.Duration
+	RetryPeriod   time.Duration
+
+	// GracePeriod is the pod's terminationGracePeriodSeconds, used when the
+	// Pod's metadata.deletionTimestamp cannot be read.
+	GracePeriod time.Duration
+	// DeadlineMargin is how long before the deletion deadline the sequence
+	// must be over, left for the worker to exit after SIGTERM.
+	DeadlineMargin time.Duration
+	// HandbackReserve is the part of the time before the deadline kept from
+	// the drain wait for the fallback, the leadership revoke and the release.
+	HandbackReserve time.Duration
+	// Fallback is the policy for claims still unfinished at the drain deadline.
+	Fallback Fallback
+
+	// ControlAddr is the loopback host:port of the control API (preStop).
+	ControlAddr string
+	// MetricsAddr is the host:port of the read-only metrics and probes.
+	MetricsAddr string
+	// AppURL is the base URL of the app side of the protocol, on loopback.
+	AppURL string
+	// Kubeconfig is a kubeconfig path; empty means in-cluster configuration.
+	Kubeconfig string
+}
+
+// Identity returns the Lease holder identity: pod name and pod UID, so that
+// a replacement pod with the same name is never taken for the old holder.
+func (s *Settings) Identity() string { return s.PodName + "_" + s.PodUID }
+
+// Setting describes one configurable value. Name is the flag name; the
+// environment variable is EnvPrefix + upper-snake Name, and, where
+// Annotation is true, the pod annotation is AnnotationPrefix + Name.
+type Setting struct {
+	Name       string
+	Default    string
+	Form       string // the accepted form, quoted in errors and docs
+	Usage      string
+	Annotation bool
+	set        func(s *Settings, v string) error
+}
+
+// Env is the environment variable that carries this setting.
+func (d Setting) Env() string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(d.Name, "-", "_"))
+}
+
+// AnnotationKey is the pod annotation that carries this setting, or "" if
+// the setting is not set by annotation.
+func (d Setting) AnnotationKey() string {
+	if !d.Annotation {
+		return ""
+	}
+	return AnnotationPrefix + d.Name
+}
+
+// Table lists every setting, in documentation order. It is the one source
+// of truth for defaults and validation.
+var Table = []Setting{
+	{Name: "pod-name", Form: "a pod name", Usage: "name of this pod (downward API metadata.name)",
+		set: func(s *Settings, v string) error { s.PodName = v; return nil }},
+	{Name: "pod-namespace", Form: "a namespace name", Usage: "namespace of this pod (downward API metadata.namespace)",
+		set: func(s *Settings, v string) error { s.PodNamespace = v; return nil }},
+	{Name: "pod-uid", Form: "a UID", Usage: "UID of this pod (downward API metadata.uid)",
+		set: func(s *Settings, v string) error { s.PodUID = v; return nil }},
+	{Name: "leases", Form: "comma-separated Lease names (DNS subdomains), or empty", Annotation: true,
+		Usage: "Leases this pod competes for, in its namespace",
+		set:   setLeases},
+	{Name: "lease-duration", Default: "15s", Form: "a duration of at least 2s, like 15s", Annotation: true,
+		Usage: "how long a standby waits after the last renewal it saw before taking the Lease",
+		set:   duration(func(s *Settings) *time.Duration { return &s.LeaseDuration }, 2*time.Second)},
+	{Name: "renew-deadline", Default: "10s", Form: "a duration shorter than lease-duration, like 10s", Annotation: true,
+		Usage: "how long the holder retries a renewal before it gives leadership up",
+		set:   duration(func(s *Settings) *time.Duration { return &s.RenewDeadline }, time.Millisecond)},
+	{Name: "retry-period", Default: "2s", Form: "a duration under renew-deadline/1.2, like 2s", Annotation: true,
+		Usage: "interval between attempts to acquire or renew",
+		set:   duration(func(s *Settings) *time.Duration { return &s.RetryPeriod }, time.Millisecond)},
+	{Name: "grace-period", Default: "30s", Form: "a duration, like 30s (the pod's terminationGracePeriodSeconds)",
+		Usage: "termination grace period, used when the Pod's deletionTimestamp cannot be read",
+		set:   duration(func(s *Settings) *time.Duration { return &s.GracePeriod }, time.Second)},
+	{Name: "deadline-margin", Default: "2s", Form: "a duration of 0s or more, like 2s", Annotation: true,
+		Usage: "the sequence ends this long before the pod's deletion deadline",
+		set:   duration(func(s *Settings) *time.Duration { return &s.DeadlineMargin }, 0)},
+	{Name: "handback-reserve", Default: "2s", Form: "a duration of 0s or more, like 2s", Annotation: true,
+		Usage: "time kept from the drain wait for the fallback, the leadership revoke and the Lease release",
+		set:   duration(func(s *Settings) *time.Duration { return &s.HandbackReserve }, 0)},
+	{Name: "fallback", Default: string(FallbackReturn), Form: "one of return, cancel, abandon", Annotation: true,
+		Usage: "what happens to unfinished claims at the drain deadline",
+		set:   setFallback},
+	{Name: "control-addr", Default: "127.0.0.1:7450", Form: "a loopback host:port, like 127.0.0.1:7450", Annotation: true,
+		Usage: "address of the control API (preStop); loopback only",
+		set:   setControlAddr},
+	{Name: "metrics-addr", Default: ":7451", Form: "a host:port, like :7451", Annotation: true,
+		Usage: "address of the read-only metrics, /healthz and /readyz",
+		set:   setMetricsAddr},
+	{Name: "app-url", Default: "http://127.0.0.1:7452", Form: "an http URL on loopback, like http://127.0.0.1:7452", Annotation: true,
+		Usage: "base URL of the app's side of the handoff protocol",
+		set:   setAppURL},
+	{Name: "kubeconfig", Form: "a file path, or empty for in-cluster configuration",
+		Usage: "kubeconfig file; empty means in-cluster configuration",
+		set:   func(s *Settings, v string) error { s.Kubeconfig = v; return nil }},
+}
+
+// Lookup returns the setting named name.
+func Lookup(name string) (Setting, bool) {
+	for _, d := range Table {
+		if d.Name == name {
+			return d, true
+		}
+	}
+	return Setting{}, false
+}
+
+// Source yields a value for a setting, and says where it came from (for
+// instance "flag --lease-duration" or "annotation handoff.dev/fallback").
+type Source func(d Setting) (value, origin string, ok bool)
+
+// Load builds Settings from the first source that has each setting, falling
+// back to the default. It returns every invalid value in one error, each
+// naming its origin, the value and the accepted form.
+func Load(sources ...Source) (*Settings, error) {
+	s := &Settings{}
+	var errs []error
+	for _, d := range Table {
+		v, origin := d.Default, "default"
+		for _, src := range sources {
+			if sv, so, ok := src(d); ok {
+				v, origin = sv, so
+				break
+			}
+		}
+		if err := d.set(s, v); err != nil {
+			errs = append(errs, &Error{Setting: d.Name, Origin: origin, Value: v, Form: d.Form, Reason: err.Error()})
+		}
+	}
+	if len(errs) == 0 {
+		errs = append(errs, s.validate()...)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return s, nil
+}
+
+// Map is a Source over explicit values keyed by setting name.
+func Map(values map[string]string, origin string) Source {
+	return func(d Setting) (string, string, bool) {
+		v, ok := values[d.Name]
+		return v, origin, ok
+	}
+}
+
+// Flags registers every setting on fs and returns a Source that yields the
+// flags set on the command line.
+func Flags(fs *pflag.FlagSet) Source {
+	for _, d := range Table {
+		fs.String(d.Name, d.Default, fmt.Sprintf("%s (env %s)", d.Usage, d.Env()))
+	}
+	return func(d Setting) (string, string, bool) {
+		f := fs.Lookup(d.Name)
+		if f == nil || !f.Changed {
+			return "", "", false
+		}
+		return f.Value.String(), "flag --" + d.Name, true
+	}
+}
+
+// Environ is a Source over environment variables, read through lookup
+// (os.LookupEnv in production).
+func Environ(lookup func(string) (string, bool)) Source {
+	return func(d Setting) (string, string, bool) {
+		v, ok := lookup(d.Env())
+		return v, "environment variable " + d.Env(), ok
+	}
+}
+
+// Annotations is a Source over pod annotations.
+func Annotations(annotations map[string]string) Source {
+	return func(d Setting) (string, string, bool) {
+		if !d.Annotation {
+			return "", "", false
+		}
+		v, ok := annotations[d.AnnotationKey()]
+		return v, "annotation " + d.AnnotationKey(), ok
+	}
+}
+
+// Error is an invalid value for one setting.
+type Error struct {
+	Setting string // setting name, e.g. "lease-duration"
+	Origin  string // where the value came from
+	Value   string
+	Form    string // the accepted form
+	Reason  string
+}
+
+func (e *Error) Error() string {
+	if e.Value == "" && e.Origin == "" {
+		return fmt.Sprintf("%s: %s; want %s", e.Setting, e.Reason, e.Form)
+	}
+	return fmt.Sprintf("%s: invalid value %q for %s: %s; want %s", e.Setting, e.Value, e.Origin, e.Reason, e.Form)
+}
+
+// validate checks the relations between settings; client-go's elector
+// refuses the same timings, but without naming the setting.
+func (s *Settings) validate() []error {
+	var errs []error
+	bad := func(name, reason string) {
+		d, _ := Lookup(name)
+		errs = append(errs, &Error{Setting: name, Reason: reason, Form: d.Form})
+	}
+	if s.RenewDeadline >= s.LeaseDuration {
+		bad("renew-deadline", fmt.Sprintf("%s is not shorter than lease-duration %s", s.RenewDeadline, s.LeaseDuration))
+	}
+	if float64(s.RenewDeadline) <= 1.2*float64(s.RetryPeriod) {
+		bad("retry-period", fmt.Sprintf("%s times 1.2 (client-go's jitter) is not under renew-deadline %s", s.RetryPeriod, s.RenewDeadline))
+	}
+	if len(s.Leases) > 0 && (s.PodName == "" || s.PodUID == "") {
+		bad("pod-name", "pod-name and pod-uid are required when leases are set: they make the holder identity")
+	}
+	return errs
+}
+
+func duration(field func(*Settings) *time.Duration, minimum time.Duration) func(*Settings, string) error {
+	return func(s *Settings, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return errors.New("not a duration")
+		}
+		if d < minimum {
+			return fmt.Errorf("below the minimum %s", minimum)
+		}
+		*field(s) = d
+		return nil
+	}
+}
+
+func setLeases(s *Settings, v string) error {
+	s.Leases = nil
+	seen := map[string]bool{}
+	for _, n := range strings.Split(v, ",") {
+		n = strings.TrimSpace(n)
+		if n == "" {
+			continue
+		}
+		if len(validation.IsDNS1123Subdomain(n)) > 0 {
+			return fmt.Errorf("%q is not a DNS subdomain name", n)
+		}
+		if seen[n] {
+			return fmt.Errorf("%q is listed twice", n)
+		}
+		seen[n] = true
+		s.Leases = append(s.Leases, n)
+	}
+	return nil
+}
+
+func setFallback(s *Settings, v string) error {
+	switch f := Fallback(v); f {
+	case FallbackReturn, FallbackCancel, FallbackAbandon:
+		s.Fallback = f
+		return nil
+	}
+	return errors.New("unknown policy")
+}
+
+func setControlAddr(s *Settings, v string) error {
+	host, _, err := net.SplitHostPort(v)
+	if err != nil {
+		return errors.New("not a host:port")
+	}
+	if !isLoopback(host) {
+		return errors.New("the control API never listens beyond loopback")
+	}
+	s.ControlAddr = v
+	return nil
+}
+
+func setMetricsAddr(s *Settings, v string) error {
+	if _, _, err := net.SplitHostPort(v); err != nil {
+		return errors.New("not a host:port")
+	}
+	s.MetricsAddr = v
+	return nil
+}
+
+func setAppURL(s *Settings, v string) error {
+	u, err := url.Parse(v)
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		return errors.New("not an http:// URL")
+	}
+	if !isLoopback(u.Hostname()) {
+		return errors.New("the app is called on loopback only")
+	}
+	s.AppURL = strings.TrimSuffix(v, "/")
+	return nil
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

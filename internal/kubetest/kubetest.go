@@ -1,0 +1,147 @@
+// Package kubetest starts a real kube-apiserver and etcd (controller-runtime
+// envtest) for the integration tests of one test binary. The binaries come
+// from KUBEBUILDER_ASSETS or are built and cached by hack/kube-assets.sh.
+package kubetest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// Env is a running control plane.
+type Env struct {
+	Config *rest.Config
+	Client kubernetes.Interface
+	// Kubeconfig is the path of a kubeconfig file for the control plane, for
+	// subprocesses.
+	Kubeconfig string
+}
+
+var (
+	current *Env
+	nsSeq   atomic.Int64
+)
+
+// Main starts the control plane, runs the tests, stops it, and exits with
+// the tests' code. Call it from TestMain.
+func Main(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	assets, err := assetsDir()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kubetest:", err)
+		return 1
+	}
+	te := &envtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: time.Minute}
+	cfg, err := te.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kubetest: starting kube-apiserver and etcd:", err)
+		return 1
+	}
+	defer func() { _ = te.Stop() }()
+	dir, err := os.MkdirTemp("", "kubetest")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kubetest:", err)
+		return 1
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	kc := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kc, te.KubeConfig, 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, "kubetest:", err)
+		return 1
+	}
+	current = &Env{Config: cfg, Client: kubernetes.NewForConfigOrDie(cfg), Kubeconfig: kc}
+	return m.Run()
+}
+
+// Get returns the control plane started by Main.
+func Get(t testing.TB) *Env {
+	t.Helper()
+	if current == nil {
+		t.Fatal("kubetest: no control plane: call kubetest.Main from TestMain")
+	}
+	return current
+}
+
+// Namespace creates a fresh namespace for one test and returns its name.
+func (e *Env) Namespace(t testing.TB) string {
+	t.Helper()
+	name := fmt.Sprintf("t%d-%d", os.Getpid(), nsSeq.Add(1))
+	_, err := e.Client.CoreV1().Namespaces().Create(context.Background(),
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create namespace %s: %v", name, err)
+	}
+	return name
+}
+
+// Pod creates a Pod that looks scheduled (spec.nodeName set), so that a
+// graceful delete sets metadata.deletionTimestamp and keeps the object, as
+// for a pod on a real node. No kubelet runs it.
+func (e *Env) Pod(t testing.TB, namespace, name string, gracePeriodSeconds int64) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec: corev1.PodSpec{
+			NodeName:                      "node-1",
+			TerminationGracePeriodSeconds: &gracePeriodSeconds,
+			Containers:                    []corev1.Container{{Name: "worker", Image: "worker"}},
+		},
+	}
+	created, err := e.Client.CoreV1().Pods(namespace).Create(context.Background(), pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create pod %s/%s: %v", namespace, name, err)
+	}
+	return created
+}
+
+// assetsDir is KUBEBUILDER_ASSETS, or the directory hack/kube-assets.sh
+// prints (building the binaries on first use).
+func assetsDir() (string, error) {
+	if d := os.Getenv("KUBEBUILDER_ASSETS"); d != "" {
+		return d, nil
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("bash", filepath.Join(root, "hack", "kube-assets.sh"))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("hack/kube-assets.sh: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}

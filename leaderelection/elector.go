@@ -1,0 +1,257 @@
+// Package leaderelection runs handoff's Lease elections on client-go's
+// tools/leaderelection with a LeaseLock and ReleaseOnCancel. It adds what the
+// app needs to act safely as leader: a term that ends on the app's own clock
+// before any other candidate could take the Lease, and a fencing token.
+package leaderelection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/leaderelection"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+// ErrReleaseWithheld is returned to client-go's elector in place of the
+// release write when WithholdRelease was called: the Lease is then left to
+// expire after its lease duration.
+var ErrReleaseWithheld = errors.New("release withheld: the app did not confirm its leader work stopped")
+
+// Config describes one Lease election.
+type Config struct {
+	// Leases and Core are the API clients; Core may be nil (it is only used
+	// by client-go for lock events, which handoff does not record).
+	Leases coordinationv1client.LeasesGetter
+	Core   corev1client.CoreV1Interface
+	// Namespace and Name of the Lease; Identity is the holder identity.
+	Namespace, Name, Identity string
+	// LeaseDuration, RenewDeadline, RetryPeriod as in client-go.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	Logger                                    logr.Logger
+}
+
+// Term is one tenure as holder of a Lease.
+type Term struct {
+	Lease string
+	// FencingToken is the Lease's spec.leaseTransitions when this holder
+	// acquired it; each new holder gets a greater one.
+	FencingToken int64
+	// Until is when the holder must stop acting as leader unless renewed, on
+	// the local clock: the start of the last successful renewal plus
+	// TermLength. Another candidate can take the Lease no earlier.
+	Until time.Time
+}
+
+// TermLength is how long after the start of a successful renewal the holder
+// may act as leader: the renew deadline, capped at the lease duration in
+// whole seconds less one second. The cap is client-go's, not a choice: the
+// Lease record holds its duration in whole seconds, and a standby restarts
+// its expiry clock only when the record it reads changes, which, with times
+// compared at one-second resolution, may be up to a second before the last
+// renewal. A standby therefore takes the Lease no earlier than the renewal's
+// second plus the whole-second lease duration, and a term of this length
+// ends before that.
+func TermLength(leaseDuration, renewDeadline time.Duration) time.Duration {
+	return min(renewDeadline, leaseDuration.Truncate(time.Second)-time.Second)
+}
+
+// Callbacks are called from the election goroutine; they must not block.
+type Callbacks struct {
+	// OnTerm is called when this candidate acquires the Lease and on every
+	// successful renewal after, with Until moved on.
+	OnTerm func(Term)
+	// OnStopped is called when a term ends: leadership lost, or released.
+	OnStopped func()
+	// OnNewLeader is called when the observed holder identity changes.
+	OnNewLeader func(identity string)
+}
+
+// Elector competes for one Lease until its context ends.
+type Elector struct {
+	cfg Config
+	cb  Callbacks
+
+	mu       sync.Mutex
+	term     *Term // nil once the term has ended, even before client-go notices
+	leading  bool  // between the first write of our record and OnStoppedLeading
+	holder   string
+	withhold bool
+	released bool
+}
+
+// New validates cfg and returns an Elector. It returns the error of
+// client-go's own validation of the timings when they are inconsistent.
+func New(cfg Config, cb Callbacks) (*Elector, error) {
+	if cfg.Name == "" || cfg.Namespace == "" || cfg.Identity == "" {
+		return nil, fmt.Errorf("lease name, namespace and identity are required (got %q/%q, identity %q)", cfg.Namespace, cfg.Name, cfg.Identity)
+	}
+	e := &Elector{cfg: cfg, cb: cb}
+	if _, err := e.newLeaderElector(); err != nil {
+		return nil, fmt.Errorf("lease %s/%s: %w", cfg.Namespace, cfg.Name, err)
+	}
+	return e, nil
+}
+
+// Name is the Lease's name.
+func (e *Elector) Name() string { return e.cfg.Name }
+
+// Run competes for the Lease until ctx is done: as a standby it tries to
+// acquire every retry period; as holder it renews. When ctx ends while it
+// holds the Lease it releases it (empty holder identity, client-go's
+// ReleaseOnCancel) before returning, unless WithholdRelease was called.
+// After losing the Lease it competes again.
+func (e *Elector) Run(ctx context.Context) {
+	for ctx.Err() == nil {
+		le, err := e.newLeaderElector()
+		if err != nil { // validated in New
+			panic(err)
+		}
+		le.Run(ctx)
+	}
+}
+
+// Term returns the current term, and false when this candidate does not
+// hold the Lease or its term has run out on the local clock.
+func (e *Elector) Term() (Term, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.term == nil || !time.Now().Before(e.term.Until) {
+		return Term{}, false
+	}
+	return *e.term, true
+}
+
+// Holder is the holder identity last observed, "" when none.
+func (e *Elector) Holder() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.holder
+}
+
+// WithholdRelease makes the release at the end of Run fail with
+// ErrReleaseWithheld, so the Lease expires instead of being freed at once.
+func (e *Elector) WithholdRelease() {
+	e.mu.Lock()
+	e.withhold = true
+	e.mu.Unlock()
+}
+
+// Released reports whether this Elector wrote the release of the Lease.
+func (e *Elector) Released() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.released
+}
+
+func (e *Elector) newLeaderElector() (*leaderelection.LeaderElector, error) {
+	lock := &rl.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: e.cfg.Namespace, Name: e.cfg.Name},
+		Client:     e.cfg.Leases,
+		LockConfig: rl.ResourceLockConfig{Identity: e.cfg.Identity},
+	}
+	return leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock:            &observedLock{Interface: lock, e: e},
+		LeaseDuration:   e.cfg.LeaseDuration,
+		RenewDeadline:   e.cfg.RenewDeadline,
+		RetryPeriod:     e.cfg.RetryPeriod,
+		ReleaseOnCancel: true,
+		Name:            e.cfg.Namespace + "/" + e.cfg.Name,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(context.Context) {},
+			OnStoppedLeading: e.stopped,
+			OnNewLeader:      e.newLeader,
+		},
+	})
+}
+
+// wrote is called after a successful write of this candidate's record,
+// begun at start.
+func (e *Elector) wrote(r rl.LeaderElectionRecord, start time.Time) {
+	t := Term{Lease: e.cfg.Name, FencingToken: int64(r.LeaderTransitions), Until: start.Add(TermLength(e.cfg.LeaseDuration, e.cfg.RenewDeadline))}
+	e.mu.Lock()
+	e.term = &t
+	e.leading = true
+	e.holder = e.cfg.Identity
+	e.released = false
+	e.mu.Unlock()
+	if e.cb.OnTerm != nil {
+		e.cb.OnTerm(t)
+	}
+}
+
+// stopped is client-go's OnStoppedLeading; it also runs for a standby whose
+// Run ends without ever leading.
+func (e *Elector) stopped() {
+	e.mu.Lock()
+	had := e.leading
+	e.term, e.leading = nil, false
+	e.mu.Unlock()
+	if had && e.cb.OnStopped != nil {
+		e.cb.OnStopped()
+	}
+}
+
+func (e *Elector) newLeader(identity string) {
+	e.mu.Lock()
+	e.holder = identity
+	e.mu.Unlock()
+	if e.cb.OnNewLeader != nil {
+		e.cb.OnNewLeader(identity)
+	}
+}
+
+// observedLock is the LeaseLock with its successful writes observed: a
+// write of this candidate's record starts or extends a term; a write of an
+// empty holder is the release.
+type observedLock struct {
+	rl.Interface
+	e *Elector
+}
+
+func (l *observedLock) Create(ctx context.Context, r rl.LeaderElectionRecord) error {
+	start := time.Now()
+	if err := l.Interface.Create(ctx, r); err != nil {
+		return err
+	}
+	l.e.wrote(r, start)
+	return nil
+}
+
+func (l *observedLock) Update(ctx context.Context, r rl.LeaderElectionRecord) error {
+	if r.HolderIdentity == "" {
+		return l.release(ctx, r)
+	}
+	start := time.Now()
+	if err := l.Interface.Update(ctx, r); err != nil {
+		return err
+	}
+	l.e.wrote(r, start)
+	return nil
+}
+
+func (l *observedLock) release(ctx context.Context, r rl.LeaderElectionRecord) error {
+	l.e.mu.Lock()
+	withhold := l.e.withhold
+	// The term ends before the write: leader work must stop before the
+	// Lease is free, never after.
+	l.e.term = nil
+	l.e.mu.Unlock()
+	if withhold {
+		return ErrReleaseWithheld
+	}
+	if err := l.Interface.Update(ctx, r); err != nil {
+		return err
+	}
+	l.e.mu.Lock()
+	l.e.released = true
+	l.e.holder = ""
+	l.e.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,61 @@
+package prestop
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"syscall"
+	"time"
+
+	"github.com/handoff-dev/handoff/protocol"
+)
+
+// ErrUnreachable is returned by Call when no sidecar answers at the address
+// within the connect timeout.
+var ErrUnreachable = errors.New("handoff sidecar not reachable")
+
+// Call asks the sidecar at addr (a loopback host:port) to run the shutdown
+// sequence and waits, until ctx ends, for its Report. Connection refusals
+// are retried every 100 ms for up to connectTimeout (a sidecar that is still
+// starting); after that Call returns an error wrapping ErrUnreachable.
+func Call(ctx context.Context, addr string, connectTimeout time.Duration) (*protocol.Report, error) {
+	url := "http://" + addr + protocol.PreStopPath
+	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	giveUp := time.Now().Add(connectTimeout)
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			if errors.Is(err, syscall.ECONNREFUSED) && time.Now().Before(giveUp) {
+				select {
+				case <-time.After(100 * time.Millisecond):
+					continue
+				case <-ctx.Done():
+				}
+			}
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				return nil, fmt.Errorf("%w at %s: %v (is the handoff sidecar running in this pod?)", ErrUnreachable, addr, err)
+			}
+			return nil, fmt.Errorf("handoff sidecar at %s: %w", addr, err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if err != nil {
+			return nil, fmt.Errorf("handoff sidecar at %s: reading answer: %w", addr, err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("handoff sidecar at %s: %s: %s", addr, resp.Status, body)
+		}
+		var rep protocol.Report
+		if err := json.Unmarshal(body, &rep); err != nil {
+			return nil, fmt.Errorf("handoff sidecar at %s: decoding report: %w", addr, err)
+		}
+		return &rep, nil
+	}
+}

@@ -1,0 +1,40 @@
+package prestop
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+
+	"github.com/handoff-dev/handoff/protocol"
+)
+
+// Sequence is the shutdown sequence the handler starts or joins.
+type Sequence interface {
+	// Shutdown starts the sequence, or joins the one under way, and returns
+	// its report once it is over, or ctx's error if ctx ends first (the
+	// sequence goes on).
+	Shutdown(ctx context.Context, trigger string) (*protocol.Report, error)
+}
+
+// TriggerPreStop names the preStop hook as the trigger of a sequence.
+const TriggerPreStop = "preStop"
+
+// Handler serves POST protocol.PreStopPath: it runs seq and answers 200 with
+// the JSON Report when the sequence is over, or 503 if the caller went away
+// first.
+func Handler(seq Sequence) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			http.Error(w, "use POST", http.StatusMethodNotAllowed)
+			return
+		}
+		rep, err := seq.Shutdown(r.Context(), TriggerPreStop)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(rep)
+	})
+}

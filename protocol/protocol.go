@@ -1,0 +1,133 @@
+// Package protocol defines the wire format between the handoff sidecar and
+// the app (the worker) it coordinates, both on loopback. docs/protocol.yaml
+// is the same contract in OpenAPI.
+//
+// The sidecar serves the control API (ControlPrefix) and calls the app's
+// API (AppPrefix); every body is JSON. Durations are integer milliseconds,
+// times are RFC 3339 with nanoseconds.
+package protocol
+
+import "time"
+
+// Paths of the sidecar's control API.
+const (
+	ControlPrefix = "/v1/"
+	// PreStopPath (POST) starts the shutdown sequence, or joins the one under
+	// way, and answers with its Report when it is over.
+	PreStopPath = "/v1/prestop"
+	// StatusPath (GET) answers with Status.
+	StatusPath = "/v1/status"
+)
+
+// Paths of the app's API, served by the worker package's handler.
+const (
+	AppPrefix = "/handoff/v1/"
+	// StopClaimingPath (POST): the app stops claiming new work; idempotent.
+	// Answers DrainStatus.
+	StopClaimingPath = "/handoff/v1/stop-claiming"
+	// DrainPath (GET ?waitMillis=N): answers DrainStatus once the app is
+	// drained or N ms have passed, whichever is first.
+	DrainPath = "/handoff/v1/drain"
+	// ReturnPath (POST ReturnRequest): the app hands back every unfinished
+	// claim. Answers ReturnResult.
+	ReturnPath = "/handoff/v1/return"
+	// LeasePathPrefix + Lease name (PUT Leadership): leadership of one Lease.
+	// A Leadership with Leader false is answered only once the app's leader
+	// work for that Lease has stopped (the ack).
+	LeasePathPrefix = "/handoff/v1/leases/"
+)
+
+// DrainStatus is the app's count of work it has claimed and not finished.
+type DrainStatus struct {
+	Stopping bool `json:"stopping"`
+	InFlight int  `json:"inFlight"`
+	Drained  bool `json:"drained"`
+}
+
+// ReturnRequest asks the app to hand back its unfinished claims. With Cancel
+// the app first cancels in-flight work and waits for it to end.
+type ReturnRequest struct {
+	Cancel bool `json:"cancel"`
+}
+
+// ReturnResult says how many claims the app handed back and how many it
+// could not.
+type ReturnResult struct {
+	Returned int    `json:"returned"`
+	Failed   int    `json:"failed"`
+	Error    string `json:"error,omitempty"`
+}
+
+// Leadership tells the app whether it leads a Lease. A leader may act for
+// the Lease until Until and for no longer than ValidForMillis from receipt,
+// whichever ends first, unless renewed by a later Leadership. FencingToken is
+// the Lease's transition count at acquisition: it grows with each new holder,
+// so systems the leader writes to can refuse a stale one.
+type Leadership struct {
+	Lease          string    `json:"lease"`
+	Leader         bool      `json:"leader"`
+	HolderIdentity string    `json:"holderIdentity,omitempty"`
+	FencingToken   int64     `json:"fencingToken,omitempty"`
+	Until          time.Time `json:"until,omitzero"`
+	ValidForMillis int64     `json:"validForMillis,omitempty"`
+}
+
+// Outcome is how the drain ended.
+type Outcome string
+
+const (
+	OutcomeDrained   Outcome = "Drained"   // the app reported drained in time
+	OutcomeReturned  Outcome = "Returned"  // deadline: unfinished claims handed back
+	OutcomeCanceled  Outcome = "Canceled"  // deadline: in-flight work canceled, then handed back
+	OutcomeAbandoned Outcome = "Abandoned" // deadline: left to the visibility timeout
+	OutcomeAppGone   Outcome = "AppGone"   // the app did not answer: nothing to drain
+)
+
+// Step is one timed step of the shutdown sequence.
+type Step struct {
+	Name   string    `json:"name"`
+	At     time.Time `json:"at"`
+	Detail string    `json:"detail,omitempty"`
+}
+
+// LeaseRelease is what happened to one Lease at shutdown.
+type LeaseRelease struct {
+	Lease     string `json:"lease"`
+	WasLeader bool   `json:"wasLeader"`
+	Released  bool   `json:"released"`
+	Detail    string `json:"detail,omitempty"`
+}
+
+// Report is the result of one shutdown sequence.
+type Report struct {
+	Trigger  string    `json:"trigger"` // "preStop" or "SIGTERM"
+	Started  time.Time `json:"started"`
+	Deadline time.Time `json:"deadline"`
+	// DeadlineSource is "deletionTimestamp" or "gracePeriod".
+	DeadlineSource     string         `json:"deadlineSource"`
+	Outcome            Outcome        `json:"outcome"`
+	InFlightAtDeadline int            `json:"inFlightAtDeadline"`
+	Returned           int            `json:"returned"`
+	ReturnFailed       int            `json:"returnFailed"`
+	Leases             []LeaseRelease `json:"leases"`
+	Steps              []Step         `json:"steps"`
+	Finished           time.Time      `json:"finished"`
+	Errors             []string       `json:"errors,omitempty"`
+}
+
+// LeaseStatus is the sidecar's view of one Lease.
+type LeaseStatus struct {
+	Lease          string    `json:"lease"`
+	Leader         bool      `json:"leader"`
+	HolderIdentity string    `json:"holderIdentity,omitempty"`
+	FencingToken   int64     `json:"fencingToken,omitempty"`
+	Until          time.Time `json:"until,omitzero"`
+}
+
+// Status is the sidecar's state: Running, ShuttingDown or Done.
+type Status struct {
+	Identity string        `json:"identity"`
+	Phase    string        `json:"phase"`
+	Leases   []LeaseStatus `json:"leases"`
+	Report   *Report       `json:"report,omitempty"`
+}

@@ -1,0 +1,59 @@
+package sidecar
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the sidecar's Prometheus metrics, all prefixed handoff_.
+type Metrics struct {
+	Leader         *prometheus.GaugeVec     // handoff_lease_leader{lease}: 1 while this pod holds the Lease
+	Acquisitions   *prometheus.CounterVec   // handoff_lease_acquisitions_total{lease}
+	Releases       *prometheus.CounterVec   // handoff_lease_releases_total{lease,result}
+	Shutdowns      *prometheus.CounterVec   // handoff_shutdowns_total{outcome}
+	StepSeconds    *prometheus.HistogramVec // handoff_shutdown_step_seconds{step}: seconds from trigger to step
+	ClaimsReturned prometheus.Counter       // handoff_claims_returned_total
+	ClaimsLeft     prometheus.Counter       // handoff_claims_unfinished_at_deadline_total
+	AppRequests    *prometheus.CounterVec   // handoff_app_requests_total{call,result}
+}
+
+// NewMetrics registers the metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "handoff_lease_leader", Help: "1 while this pod holds the Lease, else 0.",
+		}, []string{"lease"}),
+		Acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "handoff_lease_acquisitions_total", Help: "Terms begun as holder of the Lease.",
+		}, []string{"lease"}),
+		Releases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "handoff_lease_releases_total", Help: "Lease releases at shutdown, by result (released, withheld, failed, not_leader).",
+		}, []string{"lease", "result"}),
+		Shutdowns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "handoff_shutdowns_total", Help: "Shutdown sequences run, by drain outcome.",
+		}, []string{"outcome"}),
+		StepSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "handoff_shutdown_step_seconds", Help: "Seconds from the shutdown trigger to each step.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
+		}, []string{"step"}),
+		ClaimsReturned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "handoff_claims_returned_total", Help: "Claims the app handed back at the drain deadline.",
+		}),
+		ClaimsLeft: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "handoff_claims_unfinished_at_deadline_total", Help: "Claims still in flight at the drain deadline.",
+		}),
+		AppRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "handoff_app_requests_total", Help: "Calls to the app's API, by call and result (ok, error, gone).",
+		}, []string{"call", "result"}),
+	}
+	reg.MustRegister(m.Leader, m.Acquisitions, m.Releases, m.Shutdowns, m.StepSeconds, m.ClaimsReturned, m.ClaimsLeft, m.AppRequests)
+	return m
+}
+
+func (m *Metrics) appResult(call string, err error) {
+	result := "ok"
+	switch {
+	case IsAppGone(err):
+		result = "gone"
+	case err != nil:
+		result = "error"
+	}
+	m.AppRequests.WithLabelValues(call, result).Inc()
+}

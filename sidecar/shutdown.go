@@ -1,0 +1,289 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/prestop"
+	"github.com/handoff-dev/handoff/protocol"
+)
+
+// Step names recorded in the Report, in order.
+const (
+	StepTriggered     = "triggered"
+	StepStopClaiming  = "stop-claiming"
+	StepDrained       = "drained"
+	StepDrainDeadline = "drain-deadline"
+	StepClaimsHandled = "claims-handled"
+	StepRevoked       = "leadership-revoked"
+	StepReleased      = "lease-released"
+	StepDone          = "done"
+)
+
+const (
+	// minStep is the least time any step is given, even past the deadline,
+	// so that a late trigger still stops claiming and releases.
+	minStep = 250 * time.Millisecond
+	// maxDrainPoll bounds one long poll of the app's drain status.
+	maxDrainPoll = 5 * time.Second
+)
+
+// TriggerSignal names SIGTERM to the sidecar as the trigger of a sequence.
+const TriggerSignal = "SIGTERM"
+
+// Shutdown starts the shutdown sequence, or joins the one under way, and
+// returns its report once it is over, or ctx's error if ctx ends first (the
+// sequence goes on). trigger names what asked for it (prestop.TriggerPreStop
+// or TriggerSignal); only the first trigger is recorded.
+func (c *Coordinator) Shutdown(ctx context.Context, trigger string) (*protocol.Report, error) {
+	c.once.Do(func() {
+		c.mu.Lock()
+		c.phase = PhaseShuttingDown
+		c.mu.Unlock()
+		close(c.shutdown)
+		go c.runSequence(trigger)
+	})
+	select {
+	case <-c.done:
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.report, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// sequence is one run of the shutdown steps and its report.
+type sequence struct {
+	c        *Coordinator
+	rep      *protocol.Report
+	deadline time.Time
+}
+
+func (c *Coordinator) runSequence(trigger string) {
+	start := time.Now()
+	q := &sequence{c: c, rep: &protocol.Report{Trigger: trigger, Started: start}}
+	q.step(StepTriggered, trigger)
+
+	// 1. The deadline, from the pod's own deletion.
+	deadline, source, err := prestop.Deadline(context.Background(), c.pods, c.s.PodNamespace, c.s.PodName, start, c.s.GracePeriod, c.s.DeadlineMargin)
+	if err != nil {
+		c.log.Info("deadline from the grace period", "reason", err.Error())
+	}
+	q.deadline, q.rep.Deadline, q.rep.DeadlineSource = deadline, deadline, source
+	drainBy := deadline.Add(-c.s.HandbackReserve)
+	c.log.Info("shutdown started", "trigger", trigger, "deadline", deadline, "deadlineSource", source, "drainBy", drainBy)
+
+	// 2. No new Lease for a pod that is leaving; stop claiming.
+	c.stopStandbys()
+	q.handleClaims(drainBy)
+
+	// 5. Leader work stops, then the Leases are freed.
+	q.releaseLeases()
+
+	// 6. Answer the hook.
+	q.rep.Finished = time.Now()
+	q.step(StepDone, string(q.rep.Outcome))
+	c.metrics.Shutdowns.WithLabelValues(string(q.rep.Outcome)).Inc()
+	c.log.Info("shutdown finished", "outcome", q.rep.Outcome, "took", q.rep.Finished.Sub(start).String(),
+		"returned", q.rep.Returned, "beforeDeadline", q.rep.Finished.Before(deadline))
+	c.mu.Lock()
+	c.report, c.phase = q.rep, PhaseDone
+	c.mu.Unlock()
+	close(c.done)
+}
+
+// handleClaims runs steps 2 to 4: stop claiming, wait for drained until
+// drainBy, then the fallback.
+func (q *sequence) handleClaims(drainBy time.Time) {
+	c := q.c
+	ctx, cancel := context.WithTimeout(context.Background(), q.budget(drainBy))
+	st, err := c.app.StopClaiming(ctx)
+	cancel()
+	c.metrics.appResult("stop-claiming", err)
+	if IsAppGone(err) {
+		q.rep.Outcome = protocol.OutcomeAppGone
+		q.step(StepStopClaiming, "app not running: nothing to drain")
+		return
+	}
+	if err != nil {
+		q.fail("stop-claiming: %v", err)
+	}
+	q.step(StepStopClaiming, fmt.Sprintf("%d in flight", st.InFlight))
+	c.event(corev1.EventTypeNormal, ReasonDrainStarted, "Stopped claiming with %d in flight; drain until %s, fallback %s",
+		st.InFlight, drainBy.Format(time.RFC3339Nano), c.s.Fallback)
+
+	// 3. Wait for drained.
+	drained := err == nil && st.Drained
+	for !drained && time.Now().Before(drainBy) {
+		wait := min(time.Until(drainBy), maxDrainPoll)
+		ctx, cancel := context.WithTimeout(context.Background(), wait+time.Second)
+		st, err = c.app.Drain(ctx, wait)
+		cancel()
+		c.metrics.appResult("drain", err)
+		switch {
+		case IsAppGone(err):
+			q.rep.Outcome = protocol.OutcomeAppGone
+			q.step(StepDrained, "app exited")
+			return
+		case err != nil:
+			c.log.V(1).Info("drain status", "error", err.Error())
+			time.Sleep(min(100*time.Millisecond, max(time.Until(drainBy), 0)))
+		default:
+			drained = st.Drained
+		}
+	}
+	if drained {
+		q.rep.Outcome = protocol.OutcomeDrained
+		q.step(StepDrained, "")
+		c.event(corev1.EventTypeNormal, ReasonDrained, "Drained in %s", time.Since(q.rep.Started).Round(time.Millisecond))
+		return
+	}
+
+	// 4. The deadline passed with work in flight: the fallback.
+	q.rep.InFlightAtDeadline = st.InFlight
+	c.metrics.ClaimsLeft.Add(float64(st.InFlight))
+	q.step(StepDrainDeadline, fmt.Sprintf("%d in flight", st.InFlight))
+	if c.s.Fallback == config.FallbackAbandon {
+		q.rep.Outcome = protocol.OutcomeAbandoned
+		c.event(corev1.EventTypeWarning, ReasonDeadlineExceeded,
+			"Drain deadline exceeded with %d claims in flight; fallback abandon: left to the visibility timeout", st.InFlight)
+		return
+	}
+	q.rep.Outcome = protocol.OutcomeReturned
+	if c.s.Fallback == config.FallbackCancel {
+		q.rep.Outcome = protocol.OutcomeCanceled
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), q.budget(q.deadline.Add(-c.s.HandbackReserve/2)))
+	res, err := c.app.Return(ctx, c.s.Fallback == config.FallbackCancel)
+	cancel()
+	c.metrics.appResult("return", err)
+	if err == nil && res.Error != "" {
+		err = fmt.Errorf("%s", res.Error)
+	}
+	if err != nil {
+		q.fail("returning claims: %v", err)
+	}
+	q.rep.Returned, q.rep.ReturnFailed = res.Returned, res.Failed
+	c.metrics.ClaimsReturned.Add(float64(res.Returned))
+	q.step(StepClaimsHandled, fmt.Sprintf("%s: %d returned, %d failed", c.s.Fallback, res.Returned, res.Failed))
+	c.event(corev1.EventTypeWarning, ReasonDeadlineExceeded,
+		"Drain deadline exceeded with %d claims in flight; fallback %s: %d returned, %d failed",
+		st.InFlight, c.s.Fallback, res.Returned, res.Failed)
+}
+
+// stopStandbys ends the elections this pod does not lead and never told the
+// app it led: a pod that is leaving must not take a Lease.
+func (c *Coordinator) stopStandbys() {
+	for _, l := range c.leases {
+		l.mu.Lock()
+		if _, leader := l.elector.Term(); !leader && l.granted.IsZero() {
+			l.revoked = true
+			l.cancel()
+		}
+		l.mu.Unlock()
+	}
+}
+
+// releaseLeases runs step 5 for every Lease at once: the app's leader work
+// stops (its ack), then client-go releases the Lease on cancel. A Lease whose
+// revoke was not acknowledged is released only once the term the app was
+// given has run out, or else left to expire.
+func (q *sequence) releaseLeases() {
+	c := q.c
+	results := make([]protocol.LeaseRelease, len(c.leases))
+	var wg sync.WaitGroup
+	for i, l := range c.leases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = q.release(l)
+		}()
+	}
+	wg.Wait()
+	q.rep.Leases = results
+	for _, r := range results {
+		if r.WasLeader {
+			q.step(StepReleased, fmt.Sprintf("%s: released=%t %s", r.Lease, r.Released, r.Detail))
+		}
+	}
+}
+
+func (q *sequence) release(l *lease) protocol.LeaseRelease {
+	c := q.c
+	name := l.elector.Name()
+	_, leader := l.elector.Term()
+	r := protocol.LeaseRelease{Lease: name, WasLeader: leader}
+
+	l.mu.Lock()
+	l.revoked = true
+	granted := l.granted
+	if !granted.IsZero() && time.Now().Before(granted) {
+		ctx, cancel := context.WithTimeout(context.Background(), q.budget(q.deadline))
+		err := c.app.SetLeadership(ctx, protocol.Leadership{Lease: name, Leader: false})
+		cancel()
+		c.metrics.appResult("revoke", err)
+		if err == nil || IsAppGone(err) {
+			granted = time.Time{}
+			q.step(StepRevoked, name)
+		} else {
+			q.fail("revoking leadership of %s: %v", name, err)
+		}
+	}
+	l.mu.Unlock()
+
+	withheld := false
+	if !granted.IsZero() {
+		if wait := time.Until(granted); wait > 0 && granted.Before(q.deadline) {
+			r.Detail = fmt.Sprintf("waited %s for the app's term to end", wait.Round(time.Millisecond))
+			time.Sleep(wait)
+		} else if wait > 0 {
+			l.elector.WithholdRelease()
+			withheld = true
+			r.Detail = "app did not confirm leader work stopped: left to expire"
+		}
+	}
+	l.cancel()
+	select {
+	case <-l.stopped:
+	case <-time.After(q.budget(q.deadline)):
+		r.Detail = "release not confirmed by the deadline"
+	}
+	r.Released = l.elector.Released()
+	result := "released"
+	switch {
+	case !leader:
+		result = "not_leader"
+	case r.Released:
+		c.event(corev1.EventTypeNormal, ReasonLeaseReleased, "Lease %s released after %s", name, time.Since(q.rep.Started).Round(time.Millisecond))
+	case withheld:
+		result = "withheld"
+		c.event(corev1.EventTypeWarning, ReasonReleaseWithheld, "Lease %s not released: %s", name, r.Detail)
+	default:
+		result = "failed"
+		c.event(corev1.EventTypeWarning, ReasonShutdownFailed, "Lease %s not released: %s", name, r.Detail)
+	}
+	c.metrics.Releases.WithLabelValues(name, result).Inc()
+	return r
+}
+
+// budget is the time left until t, but never less than minStep.
+func (q *sequence) budget(t time.Time) time.Duration { return max(time.Until(t), minStep) }
+
+func (q *sequence) step(name, detail string) {
+	now := time.Now()
+	q.rep.Steps = append(q.rep.Steps, protocol.Step{Name: name, At: now, Detail: detail})
+	q.c.metrics.StepSeconds.WithLabelValues(name).Observe(now.Sub(q.rep.Started).Seconds())
+	q.c.log.Info("shutdown step", "step", name, "detail", detail, "sinceTrigger", now.Sub(q.rep.Started).String())
+}
+
+func (q *sequence) fail(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	q.rep.Errors = append(q.rep.Errors, msg)
+	q.c.log.Info("shutdown step failed", "error", msg)
+}
