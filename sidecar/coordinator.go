@@ -52,6 +52,7 @@ type Coordinator struct {
 	metrics *Metrics
 	leases  []*lease
 
+	ctx      context.Context // Start's
 	once     sync.Once
 	mu       sync.Mutex
 	phase    string
@@ -107,8 +108,10 @@ func New(o Options) (*Coordinator, error) {
 }
 
 // Start runs the elections and the leadership pushes to the app until ctx
-// ends or the shutdown sequence stops them. It does not block.
+// ends or the shutdown sequence stops them. It does not block; Wait waits
+// for the elections to end.
 func (c *Coordinator) Start(ctx context.Context) {
+	c.ctx = ctx
 	for _, l := range c.leases {
 		ectx, cancel := context.WithCancel(ctx)
 		l.cancel = cancel
@@ -117,6 +120,14 @@ func (c *Coordinator) Start(ctx context.Context) {
 			l.elector.Run(ectx)
 		}()
 		go c.pushLeadership(ctx, l)
+	}
+}
+
+// Wait blocks until every election has ended (and released its Lease, if
+// held), after ctx passed to Start ends or the sequence is over.
+func (c *Coordinator) Wait() {
+	for _, l := range c.leases {
+		<-l.stopped
 	}
 }
 
@@ -156,6 +167,7 @@ func (c *Coordinator) callbacks(name string, l *lease) leaderelection.Callbacks 
 			c.metrics.Leader.WithLabelValues(name).Set(0)
 			select {
 			case <-c.shutdown:
+			case <-c.ctx.Done():
 			default:
 				c.log.Info("lease lost", "lease", name)
 				c.event(corev1.EventTypeWarning, ReasonLeaseLost, "Lease %s lost: not renewed within the renew deadline %s", name, c.s.RenewDeadline)
