@@ -39,7 +39,7 @@ func Call(ctx context.Context, addr string, connectTimeout time.Duration) (*prot
 				case <-ctx.Done():
 				}
 			}
-			if errors.Is(err, syscall.ECONNREFUSED) {
+			if errors.Is(err, syscall.ECONNREFUSED) && ctx.Err() == nil {
 				return nil, fmt.Errorf("%w at %s: %v (is the handoff sidecar running in this pod?)", ErrUnreachable, addr, err)
 			}
 			return nil, fmt.Errorf("handoff sidecar at %s: %w", addr, err)

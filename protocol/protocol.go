@@ -45,29 +45,34 @@ type DrainStatus struct {
 }
 
 // ReturnRequest asks the app to hand back its unfinished claims. With Cancel
-// the app first cancels in-flight work and waits for it to end.
+// the app first cancels in-flight work and waits up to CancelWaitMillis for
+// it to end, then hands back what it still holds.
 type ReturnRequest struct {
-	Cancel bool `json:"cancel"`
+	Cancel           bool  `json:"cancel"`
+	CancelWaitMillis int64 `json:"cancelWaitMillis,omitempty"`
 }
 
-// ReturnResult says how many claims the app handed back and how many it
-// could not.
+// ReturnResult says how many claims the app handed back; Error is set when
+// it could not hand back all of them.
 type ReturnResult struct {
 	Returned int    `json:"returned"`
-	Failed   int    `json:"failed"`
 	Error    string `json:"error,omitempty"`
 }
 
 // Leadership tells the app whether it leads a Lease. A leader may act for
 // the Lease until Until and for no longer than ValidForMillis from receipt,
 // whichever ends first, unless renewed by a later Leadership. FencingToken is
-// the Lease's transition count at acquisition: it grows with each new holder,
-// so systems the leader writes to can refuse a stale one.
+// the Lease's transition count at acquisition (0 for the first holder of a
+// new Lease): it grows with each new holder, so systems the leader writes to
+// can refuse a stale one. Sequence grows with every message the sidecar
+// sends about the Lease; the app ignores one older than the last it applied,
+// so a delayed grant never overtakes a revoke.
 type Leadership struct {
 	Lease          string    `json:"lease"`
 	Leader         bool      `json:"leader"`
+	Sequence       int64     `json:"sequence"`
 	HolderIdentity string    `json:"holderIdentity,omitempty"`
-	FencingToken   int64     `json:"fencingToken,omitempty"`
+	FencingToken   int64     `json:"fencingToken"`
 	Until          time.Time `json:"until,omitzero"`
 	ValidForMillis int64     `json:"validForMillis,omitempty"`
 }
@@ -108,7 +113,6 @@ type Report struct {
 	Outcome            Outcome        `json:"outcome"`
 	InFlightAtDeadline int            `json:"inFlightAtDeadline"`
 	Returned           int            `json:"returned"`
-	ReturnFailed       int            `json:"returnFailed"`
 	Leases             []LeaseRelease `json:"leases"`
 	Steps              []Step         `json:"steps"`
 	Finished           time.Time      `json:"finished"`

@@ -51,10 +51,12 @@ func (a *AppClient) Drain(ctx context.Context, wait time.Duration) (protocol.Dra
 }
 
 // Return asks the app to hand back its unfinished claims, canceling
-// in-flight work first when cancel is set.
-func (a *AppClient) Return(ctx context.Context, cancel bool) (protocol.ReturnResult, error) {
+// in-flight work first, and waiting up to cancelWait for it, when cancel is
+// set.
+func (a *AppClient) Return(ctx context.Context, cancel bool, cancelWait time.Duration) (protocol.ReturnResult, error) {
 	var res protocol.ReturnResult
-	err := a.do(ctx, http.MethodPost, protocol.ReturnPath, protocol.ReturnRequest{Cancel: cancel}, &res)
+	req := protocol.ReturnRequest{Cancel: cancel, CancelWaitMillis: cancelWait.Milliseconds()}
+	err := a.do(ctx, http.MethodPost, protocol.ReturnPath, req, &res)
 	return res, err
 }
 

@@ -73,6 +73,13 @@ type lease struct {
 	mu      sync.Mutex
 	revoked bool      // shutdown revoked leadership: no grant after this
 	granted time.Time // the Until last sent to the app; zero when none
+	seq     int64     // protocol.Leadership.Sequence of the last message
+}
+
+// nextSequence numbers the next message to the app; l.mu is held.
+func (l *lease) nextSequence() int64 {
+	l.seq++
+	return l.seq
 }
 
 // New returns a Coordinator for o.Settings; Start runs it.
@@ -137,7 +144,7 @@ func (c *Coordinator) Done() <-chan struct{} { return c.done }
 // Status is the coordinator's current state.
 func (c *Coordinator) Status() protocol.Status {
 	c.mu.Lock()
-	st := protocol.Status{Identity: c.s.Identity(), Phase: c.phase, Report: c.report}
+	st := protocol.Status{Identity: c.s.Identity(), Phase: c.phase, Report: c.report, Leases: []protocol.LeaseStatus{}}
 	c.mu.Unlock()
 	for _, l := range c.leases {
 		ls := protocol.LeaseStatus{Lease: l.elector.Name(), HolderIdentity: l.elector.Holder()}
@@ -197,14 +204,16 @@ func (c *Coordinator) pushLeadership(ctx context.Context, l *lease) {
 func (c *Coordinator) tellApp(ctx context.Context, l *lease) {
 	msg := protocol.Leadership{Lease: l.elector.Name(), HolderIdentity: l.elector.Holder()}
 	t, leader := l.elector.Term()
+	if !leader && l.granted.IsZero() {
+		return
+	}
+	msg.Sequence = l.nextSequence()
 	if leader {
 		msg.Leader, msg.FencingToken, msg.Until = true, t.FencingToken, t.Until
 		msg.ValidForMillis = time.Until(t.Until).Milliseconds()
 		// Counted as granted before the call: the app may act on a grant
 		// whose answer was lost.
 		l.granted = t.Until
-	} else if l.granted.IsZero() {
-		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, min(c.s.RetryPeriod, time.Second))
 	defer cancel()

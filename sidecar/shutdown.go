@@ -60,6 +60,7 @@ func (c *Coordinator) Shutdown(ctx context.Context, trigger string) (*protocol.R
 
 // sequence is one run of the shutdown steps and its report.
 type sequence struct {
+	mu       sync.Mutex // guards rep's slices: Leases are released in parallel
 	c        *Coordinator
 	rep      *protocol.Report
 	deadline time.Time
@@ -118,12 +119,12 @@ func (q *sequence) handleClaims(drainBy time.Time) {
 	c.event(corev1.EventTypeNormal, ReasonDrainStarted, "Stopped claiming with %d in flight; drain until %s, fallback %s",
 		st.InFlight, drainBy.Format(time.RFC3339Nano), c.s.Fallback)
 
-	// 3. Wait for drained.
+	// 3. Wait for drained. st keeps the last status the app gave.
 	drained := err == nil && st.Drained
 	for !drained && time.Now().Before(drainBy) {
 		wait := min(time.Until(drainBy), maxDrainPoll)
 		ctx, cancel := context.WithTimeout(context.Background(), wait+time.Second)
-		st, err = c.app.Drain(ctx, wait)
+		polled, err := c.app.Drain(ctx, wait)
 		cancel()
 		c.metrics.appResult("drain", err)
 		switch {
@@ -135,7 +136,7 @@ func (q *sequence) handleClaims(drainBy time.Time) {
 			c.log.V(1).Info("drain status", "error", err.Error())
 			time.Sleep(min(100*time.Millisecond, max(time.Until(drainBy), 0)))
 		default:
-			drained = st.Drained
+			st, drained = polled, polled.Drained
 		}
 	}
 	if drained {
@@ -159,8 +160,10 @@ func (q *sequence) handleClaims(drainBy time.Time) {
 	if c.s.Fallback == config.FallbackCancel {
 		q.rep.Outcome = protocol.OutcomeCanceled
 	}
-	ctx, cancel = context.WithTimeout(context.Background(), q.budget(q.deadline.Add(-c.s.HandbackReserve/2)))
-	res, err := c.app.Return(ctx, c.s.Fallback == config.FallbackCancel)
+	budget := q.budget(q.deadline.Add(-c.s.HandbackReserve / 2))
+	ctx, cancel = context.WithTimeout(context.Background(), budget)
+	// Half the budget for canceled work to end, half to hand claims back.
+	res, err := c.app.Return(ctx, c.s.Fallback == config.FallbackCancel, budget/2)
 	cancel()
 	c.metrics.appResult("return", err)
 	if err == nil && res.Error != "" {
@@ -169,12 +172,12 @@ func (q *sequence) handleClaims(drainBy time.Time) {
 	if err != nil {
 		q.fail("returning claims: %v", err)
 	}
-	q.rep.Returned, q.rep.ReturnFailed = res.Returned, res.Failed
+	q.rep.Returned = res.Returned
 	c.metrics.ClaimsReturned.Add(float64(res.Returned))
-	q.step(StepClaimsHandled, fmt.Sprintf("%s: %d returned, %d failed", c.s.Fallback, res.Returned, res.Failed))
+	q.step(StepClaimsHandled, fmt.Sprintf("%s: %d returned", c.s.Fallback, res.Returned))
 	c.event(corev1.EventTypeWarning, ReasonDeadlineExceeded,
-		"Drain deadline exceeded with %d claims in flight; fallback %s: %d returned, %d failed",
-		st.InFlight, c.s.Fallback, res.Returned, res.Failed)
+		"Drain deadline exceeded with %d claims in flight; fallback %s: %d returned%s",
+		st.InFlight, c.s.Fallback, res.Returned, errSuffix(err))
 }
 
 // stopStandbys ends the elections this pod does not lead and never told the
@@ -225,7 +228,7 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 	granted := l.granted
 	if !granted.IsZero() && time.Now().Before(granted) {
 		ctx, cancel := context.WithTimeout(context.Background(), q.budget(q.deadline))
-		err := c.app.SetLeadership(ctx, protocol.Leadership{Lease: name, Leader: false})
+		err := c.app.SetLeadership(ctx, protocol.Leadership{Lease: name, Leader: false, Sequence: l.nextSequence()})
 		cancel()
 		c.metrics.appResult("revoke", err)
 		if err == nil || IsAppGone(err) {
@@ -272,11 +275,20 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 	return r
 }
 
+func errSuffix(err error) string {
+	if err == nil {
+		return ""
+	}
+	return "; error: " + err.Error()
+}
+
 // budget is the time left until t, but never less than minStep.
 func (q *sequence) budget(t time.Time) time.Duration { return max(time.Until(t), minStep) }
 
 func (q *sequence) step(name, detail string) {
 	now := time.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	q.rep.Steps = append(q.rep.Steps, protocol.Step{Name: name, At: now, Detail: detail})
 	q.c.metrics.StepSeconds.WithLabelValues(name).Observe(now.Sub(q.rep.Started).Seconds())
 	q.c.log.Info("shutdown step", "step", name, "detail", detail, "sinceTrigger", now.Sub(q.rep.Started).String())
@@ -284,6 +296,8 @@ func (q *sequence) step(name, detail string) {
 
 func (q *sequence) fail(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	q.rep.Errors = append(q.rep.Errors, msg)
 	q.c.log.Info("shutdown step failed", "error", msg)
 }

@@ -59,6 +59,7 @@ type Agent struct {
 	work       context.Context
 	cancelWork context.CancelFunc
 	leases     map[string]*term
+	sequences  map[string]int64 // the last Leadership.Sequence applied, by Lease
 }
 
 // New returns an Agent that has not been asked to stop.
@@ -72,6 +73,7 @@ func New(opts Options) *Agent {
 		work:       work,
 		cancelWork: cancel,
 		leases:     map[string]*term{},
+		sequences:  map[string]int64{},
 	}
 }
 
@@ -146,12 +148,15 @@ func (a *Agent) WaitDrained(ctx context.Context) int {
 }
 
 // Return hands back unfinished claims through Options.ReturnClaims. With
-// cancel it first cancels in-flight work and waits, until ctx ends, for
-// those claims to be done.
-func (a *Agent) Return(ctx context.Context, cancel bool) (int, error) {
+// cancel it first cancels in-flight work and waits up to cancelWait (and
+// until ctx ends) for those claims to be done, so that ReturnClaims still
+// has time when the work ignores cancellation.
+func (a *Agent) Return(ctx context.Context, cancel bool, cancelWait time.Duration) (int, error) {
 	if cancel {
 		a.cancelWork()
-		a.WaitDrained(ctx)
+		wctx, stop := context.WithTimeout(ctx, cancelWait)
+		a.WaitDrained(wctx)
+		stop()
 	}
 	if a.opts.ReturnClaims == nil {
 		return 0, nil
@@ -215,6 +220,18 @@ func (a *Agent) BeginLeading(ctx context.Context, lease string) (context.Context
 	stop := context.AfterFunc(t.ctx, cancel)
 	var once sync.Once
 	return wctx, t.lead, func() { once.Do(func() { stop(); cancel(); t.work.Done() }) }, nil
+}
+
+// sequenced records seq as the latest message about lease, and reports
+// false when a later one was already applied.
+func (a *Agent) sequenced(lease string, seq int64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if last, ok := a.sequences[lease]; ok && seq <= last {
+		return false
+	}
+	a.sequences[lease] = seq
+	return true
 }
 
 // grant starts or extends a term. A new fencing token ends the old term.

@@ -42,11 +42,10 @@ func (a *Agent) Handler() http.Handler {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body: " + err.Error()})
 			return
 		}
-		n, err := a.Return(r.Context(), req.Cancel)
+		n, err := a.Return(r.Context(), req.Cancel, time.Duration(req.CancelWaitMillis)*time.Millisecond)
 		res := protocol.ReturnResult{Returned: n}
 		if err != nil {
 			res.Error = err.Error()
-			res.Failed = a.InFlight()
 		}
 		writeJSON(w, http.StatusOK, res)
 	})
@@ -58,6 +57,14 @@ func (a *Agent) Handler() http.Handler {
 			return
 		}
 		lease := r.PathValue("lease")
+		if l.Lease != "" && l.Lease != lease {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("body names Lease %q, path %q", l.Lease, lease)})
+			return
+		}
+		if !a.sequenced(lease, l.Sequence) {
+			writeJSON(w, http.StatusOK, map[string]any{"leader": l.Leader, "stale": true})
+			return
+		}
 		if !l.Leader {
 			if err := a.revoke(r.Context(), lease); err != nil {
 				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "leader work did not stop: " + err.Error()})

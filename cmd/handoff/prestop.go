@@ -55,7 +55,7 @@ func printReport(w io.Writer, rep *protocol.Report) {
 		fmt.Fprintf(w, "  +%-8s %-20s %s\n", s.At.Sub(rep.Started).Round(time.Millisecond), s.Name, s.Detail)
 	}
 	if rep.InFlightAtDeadline > 0 {
-		fmt.Fprintf(w, "  in flight at deadline: %d, returned: %d, failed: %d\n", rep.InFlightAtDeadline, rep.Returned, rep.ReturnFailed)
+		fmt.Fprintf(w, "  in flight at deadline: %d, returned: %d\n", rep.InFlightAtDeadline, rep.Returned)
 	}
 	for _, e := range rep.Errors {
 		fmt.Fprintf(w, "  error: %s\n", e)

@@ -100,11 +100,11 @@ func runSidecar(s *config.Settings) error {
 		return err
 	}
 
-	control, err := listen(s.ControlAddr, c.ControlHandler())
+	control, err := listen(s.ControlAddr, c.ControlHandler(), log)
 	if err != nil {
 		return fmt.Errorf("control-addr: %w", err)
 	}
-	probes, err := listen(s.MetricsAddr, sidecar.ProbesHandler(reg))
+	probes, err := listen(s.MetricsAddr, sidecar.ProbesHandler(reg), log)
 	if err != nil {
 		return fmt.Errorf("metrics-addr: %w", err)
 	}
@@ -135,15 +135,15 @@ func runSidecar(s *config.Settings) error {
 }
 
 // listen binds addr before returning, so a busy port is an error at start.
-func listen(addr string, h http.Handler) (*http.Server, error) {
-	ln, err := net.Listen("tcp", addr)
+func listen(addr string, h http.Handler, log logr.Logger) (*http.Server, error) {
+	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logr.Discard().Error(err, "serve")
+			log.Error(err, "serving stopped", "addr", addr)
 		}
 	}()
 	return srv, nil

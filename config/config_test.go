@@ -1,0 +1,101 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/handoff-dev/handoff/config"
+)
+
+func TestDefaultsAreValid(t *testing.T) {
+	s, err := config.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.LeaseDuration != 15*time.Second || s.RenewDeadline != 10*time.Second || s.RetryPeriod != 2*time.Second {
+		t.Errorf("timings = %s/%s/%s, want client-go's 15s/10s/2s", s.LeaseDuration, s.RenewDeadline, s.RetryPeriod)
+	}
+	if s.Fallback != config.FallbackReturn || len(s.Leases) != 0 || s.ControlAddr != "127.0.0.1:7450" {
+		t.Errorf("fallback %s, leases %v, control %s", s.Fallback, s.Leases, s.ControlAddr)
+	}
+}
+
+func TestBadValuesNameSettingOriginAndForm(t *testing.T) {
+	for _, tc := range []struct {
+		values map[string]string
+		want   []string
+	}{
+		{map[string]string{"lease-duration": "15"}, []string{"lease-duration", `"15"`, "not a duration", "like 15s"}},
+		{map[string]string{"lease-duration": "1s"}, []string{"lease-duration", "below the minimum 2s"}},
+		{map[string]string{"renew-deadline": "20s"}, []string{"renew-deadline", "not shorter than lease-duration 15s"}},
+		{map[string]string{"retry-period": "9s"}, []string{"retry-period", "1.2", "renew-deadline 10s"}},
+		{map[string]string{"fallback": "drop"}, []string{"fallback", `"drop"`, "one of return, cancel, abandon"}},
+		{map[string]string{"control-addr": "0.0.0.0:7450"}, []string{"control-addr", "never listens beyond loopback"}},
+		{map[string]string{"app-url": "http://10.0.0.1:80"}, []string{"app-url", "loopback only"}},
+		{map[string]string{"leases": "Work_Queue"}, []string{"leases", "not a DNS subdomain"}},
+		{map[string]string{"leases": "a,a"}, []string{"leases", "listed twice"}},
+		{map[string]string{"leases": "a"}, []string{"pod-name", "pod-uid are required"}},
+	} {
+		_, err := config.Load(config.Map(tc.values, "annotation"))
+		if err == nil {
+			t.Errorf("%v: accepted", tc.values)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: error %q does not say %q", tc.values, err, w)
+			}
+		}
+	}
+}
+
+func TestEveryBadValueIsReportedAtOnce(t *testing.T) {
+	_, err := config.Load(config.Map(map[string]string{"fallback": "x", "retry-period": "y"}, "test"))
+	if err == nil || !strings.Contains(err.Error(), "fallback") || !strings.Contains(err.Error(), "retry-period") {
+		t.Fatalf("error %v: want both settings named", err)
+	}
+}
+
+func TestFlagsWinOverEnvironment(t *testing.T) {
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	flags := config.Flags(fs)
+	if err := fs.Parse([]string{"--fallback=cancel"}); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"HANDOFF_FALLBACK": "abandon", "HANDOFF_LEASE_DURATION": "bad"}
+	_, err := config.Load(flags, config.Environ(func(k string) (string, bool) { v, ok := env[k]; return v, ok }))
+	if err == nil || !strings.Contains(err.Error(), "environment variable HANDOFF_LEASE_DURATION") {
+		t.Fatalf("error %v: want the environment variable named", err)
+	}
+	delete(env, "HANDOFF_LEASE_DURATION")
+	s, err := config.Load(flags, config.Environ(func(k string) (string, bool) { v, ok := env[k]; return v, ok }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Fallback != config.FallbackCancel {
+		t.Errorf("fallback = %s, want the flag's cancel", s.Fallback)
+	}
+}
+
+func TestIdentityIsPodNameAndUID(t *testing.T) {
+	s, err := config.Load(config.Map(map[string]string{"pod-name": "w-0", "pod-uid": "1234", "leases": "a, b"}, "test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Identity() != "w-0_1234" || strings.Join(s.Leases, ",") != "a,b" {
+		t.Errorf("identity %q, leases %v", s.Identity(), s.Leases)
+	}
+}
+
+func TestAnnotationKeys(t *testing.T) {
+	d, _ := config.Lookup("fallback")
+	if d.AnnotationKey() != "handoff.dev/fallback" || d.Env() != "HANDOFF_FALLBACK" {
+		t.Errorf("annotation %q env %q", d.AnnotationKey(), d.Env())
+	}
+	if d, _ := config.Lookup("pod-uid"); d.AnnotationKey() != "" {
+		t.Errorf("pod-uid has annotation %q, want none: it comes from the downward API", d.AnnotationKey())
+	}
+}
