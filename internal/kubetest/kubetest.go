@@ -1,5 +1,5 @@
 // Package kubetest starts a real kube-apiserver and etcd (controller-runtime
-// envtest) for the integration tests of one test binary. The binaries come
+// envtest) for the integration tests of one test binary, and for the demo. The binaries come
 // from KUBEBUILDER_ASSETS or are built and cached by hack/kube-assets.sh.
 package kubetest
 
@@ -42,31 +42,41 @@ func Main(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	assets, err := assetsDir()
+	env, stop, err := Start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kubetest:", err)
 		return 1
+	}
+	defer stop()
+	current = env
+	return m.Run()
+}
+
+// Start starts a kube-apiserver and etcd and returns them with the func
+// that stops them and removes their files. It takes about 3 s once the
+// binaries are built.
+func Start() (*Env, func(), error) {
+	assets, err := assetsDir()
+	if err != nil {
+		return nil, nil, err
 	}
 	te := &envtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: time.Minute}
 	cfg, err := te.Start()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "kubetest: starting kube-apiserver and etcd:", err)
-		return 1
+		return nil, nil, fmt.Errorf("starting kube-apiserver and etcd: %w", err)
 	}
-	defer func() { _ = te.Stop() }()
 	dir, err := os.MkdirTemp("", "kubetest")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "kubetest:", err)
-		return 1
+		_ = te.Stop()
+		return nil, nil, err
 	}
-	defer func() { _ = os.RemoveAll(dir) }()
+	stop := func() { _ = te.Stop(); _ = os.RemoveAll(dir) }
 	kc := filepath.Join(dir, "kubeconfig")
 	if err := os.WriteFile(kc, te.KubeConfig, 0o600); err != nil {
-		fmt.Fprintln(os.Stderr, "kubetest:", err)
-		return 1
+		stop()
+		return nil, nil, err
 	}
-	current = &Env{Config: cfg, Client: kubernetes.NewForConfigOrDie(cfg), Kubeconfig: kc}
-	return m.Run()
+	return &Env{Config: cfg, Client: kubernetes.NewForConfigOrDie(cfg), Kubeconfig: kc}, stop, nil
 }
 
 // Get returns the control plane started by Main.
@@ -120,7 +130,7 @@ func assetsDir() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.Command("bash", filepath.Join(root, "hack", "kube-assets.sh"))
+	cmd := exec.CommandContext(context.Background(), "bash", filepath.Join(root, "hack", "kube-assets.sh"))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {
