@@ -174,6 +174,7 @@ type Source func(d Setting) (value, origin string, ok bool)
 func Load(sources ...Source) (*Settings, error) {
 	s := &Settings{}
 	var errs []error
+	invalid := map[string]bool{}
 	for _, d := range Table {
 		v, origin := d.Default, "default"
 		for _, src := range sources {
@@ -184,11 +185,10 @@ func Load(sources ...Source) (*Settings, error) {
 		}
 		if err := d.set(s, v); err != nil {
 			errs = append(errs, &Error{Setting: d.Name, Origin: origin, Value: v, Form: d.Form, Reason: err.Error()})
+			invalid[d.Name] = true
 		}
 	}
-	if len(errs) == 0 {
-		errs = append(errs, s.validate()...)
-	}
+	errs = append(errs, s.validate(invalid)...)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -254,21 +254,30 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("%s: invalid value %q for %s: %s; want %s", e.Setting, e.Value, e.Origin, e.Reason, e.Form)
 }
 
-// validate checks the relations between settings; client-go's elector
-// refuses the same timings, but without naming the setting.
-func (s *Settings) validate() []error {
+// validate checks the relations between settings whose own values are
+// valid; client-go's elector refuses the same timings, but without naming
+// the setting.
+func (s *Settings) validate(invalid map[string]bool) []error {
 	var errs []error
 	bad := func(name, reason string) {
 		d, _ := Lookup(name)
 		errs = append(errs, &Error{Setting: name, Reason: reason, Form: d.Form})
 	}
-	if s.RenewDeadline >= s.LeaseDuration {
+	valid := func(names ...string) bool {
+		for _, n := range names {
+			if invalid[n] {
+				return false
+			}
+		}
+		return true
+	}
+	if valid("renew-deadline", "lease-duration") && s.RenewDeadline >= s.LeaseDuration {
 		bad("renew-deadline", fmt.Sprintf("%s is not shorter than lease-duration %s", s.RenewDeadline, s.LeaseDuration))
 	}
-	if float64(s.RenewDeadline) <= 1.2*float64(s.RetryPeriod) {
+	if valid("renew-deadline", "retry-period") && float64(s.RenewDeadline) <= 1.2*float64(s.RetryPeriod) {
 		bad("retry-period", fmt.Sprintf("%s times 1.2 (client-go's jitter) is not under renew-deadline %s", s.RetryPeriod, s.RenewDeadline))
 	}
-	if len(s.Leases) > 0 && (s.PodName == "" || s.PodUID == "") {
+	if valid("leases") && len(s.Leases) > 0 && (s.PodName == "" || s.PodUID == "") {
 		bad("pod-name", "pod-name and pod-uid are required when leases are set: they make the holder identity")
 	}
 	return errs

@@ -40,7 +40,7 @@ func Call(ctx context.Context, addr string, connectTimeout time.Duration) (*prot
 				}
 			}
 			if errors.Is(err, syscall.ECONNREFUSED) && ctx.Err() == nil {
-				return nil, fmt.Errorf("%w at %s: %v (is the handoff sidecar running in this pod?)", ErrUnreachable, addr, err)
+				return nil, fmt.Errorf("%w at %s: %w (is the handoff sidecar running in this pod?)", ErrUnreachable, addr, err)
 			}
 			return nil, fmt.Errorf("handoff sidecar at %s: %w", addr, err)
 		}

@@ -80,6 +80,7 @@ type Leadership struct {
 // Outcome is how the drain ended.
 type Outcome string
 
+// Outcomes of the drain, as recorded in Report.Outcome.
 const (
 	OutcomeDrained   Outcome = "Drained"   // the app reported drained in time
 	OutcomeReturned  Outcome = "Returned"  // deadline: unfinished claims handed back

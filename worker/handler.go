@@ -21,7 +21,7 @@ const maxDrainWait = 30 * time.Second
 // ("/handoff/v1/"). Serve it on loopback only.
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+protocol.StopClaimingPath, func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST "+protocol.StopClaimingPath, func(w http.ResponseWriter, _ *http.Request) {
 		a.StopClaiming()
 		writeJSON(w, http.StatusOK, a.drainStatus())
 	})

@@ -50,7 +50,7 @@ Every setting is a flag, or an environment variable HANDOFF_<NAME>; flags win.`,
 		Args: cobra.NoArgs,
 	}
 	flags := config.Flags(cmd.Flags())
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+	cmd.RunE = func(*cobra.Command, []string) error {
 		s, err := config.Load(flags, config.Environ(os.LookupEnv))
 		if err != nil {
 			return fmt.Errorf("invalid configuration:\n%w", err)
