@@ -37,6 +37,10 @@ const (
 	leaseBurst = 40
 )
 
+// eventFlush is how long after the sequence ends the sidecar waits, at
+// most, before exiting, for its Events to be written.
+const eventFlush = time.Second
+
 func sidecarCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sidecar",
@@ -121,8 +125,13 @@ func runSidecar(s *config.Settings) error {
 	// A second signal ends the wait at once; the Leases then expire.
 	sctx, cancel := context.WithCancel(context.Background())
 	go func() { <-sig; cancel() }()
-	if _, err := c.Shutdown(sctx, sidecar.TriggerSignal); err != nil {
+	rep, err := c.Shutdown(sctx, sidecar.TriggerSignal)
+	if err != nil {
 		log.Info("shutdown sequence abandoned by a second signal")
+	} else if wait := eventFlush - time.Since(rep.Finished); wait > 0 {
+		// Events are written asynchronously and Shutdown of the broadcaster
+		// cancels writes under way: give the sequence's last ones a moment.
+		time.Sleep(wait)
 	}
 	cancel()
 	stop()

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/handoff-dev/handoff/internal/kubetest"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("HANDOFF_TEST_RUN_MAIN") != "" {
+		os.Args = []string{"handoff", "sidecar"}
+		main()
+		os.Exit(0)
+	}
+	kubetest.Main(m)
+}
+
+// The real sidecar process: it takes the Lease, and SIGTERM with no preStop
+// hook runs the sequence, releases the Lease, records the Event, and exits 0.
+func TestSidecarProcessReleasesOnSIGTERM(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	pod := env.Pod(t, ns, "worker-0", 30)
+	identity := "worker-0_" + string(pod.UID)
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "HANDOFF_TEST_RUN_MAIN=1",
+		"HANDOFF_POD_NAME=worker-0", "HANDOFF_POD_NAMESPACE="+ns, "HANDOFF_POD_UID="+string(pod.UID),
+		"HANDOFF_LEASES=work", "HANDOFF_KUBECONFIG="+env.Kubeconfig,
+		"HANDOFF_CONTROL_ADDR=127.0.0.1:0", "HANDOFF_METRICS_ADDR=127.0.0.1:0",
+		"HANDOFF_APP_URL=http://127.0.0.1:1", // no app: nothing to drain
+		"HANDOFF_LEASE_DURATION=3s", "HANDOFF_RENEW_DEADLINE=2s", "HANDOFF_RETRY_PERIOD=250ms")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	holder := func() string {
+		l, err := env.Client.CoordinationV1().Leases(ns).Get(context.Background(), "work", metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil {
+			return ""
+		}
+		return *l.Spec.HolderIdentity
+	}
+	for deadline := time.Now().Add(20 * time.Second); holder() != identity; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sidecar did not take the Lease; holder %q", holder())
+		}
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("sidecar exited with %v, want 0", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("sidecar did not exit after SIGTERM")
+	}
+	if h := holder(); h != "" {
+		t.Errorf("Lease holder after exit = %q, want released (empty)", h)
+	}
+	events, err := env.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
+		FieldSelector: "involvedObject.name=worker-0,reason=LeaseReleased"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(events.Items) != 1 {
+		t.Errorf("LeaseReleased Events on the pod = %d, want 1", len(events.Items))
+	}
+}
