@@ -1,0 +1,342 @@
+// Command pgworker is a queue worker that drains a PostgreSQL queue (package
+// queue) and hands over cleanly with the handoff sidecar, through
+// worker.Agent:
+//
+//   - --concurrency claim loops each Begin, Claim, work, Complete, done;
+//     once the sidecar says stop claiming, Begin refuses and the loops end.
+//   - The sidecar calls ReturnClaims (queue.ReturnClaims for this worker)
+//     at the drain deadline, so unfinished messages are visible again at
+//     once instead of after the visibility timeout.
+//   - With --lease, the leader of that Lease runs a fenced leader job every
+//     --leader-interval, passing its fencing token to PostgreSQL.
+//
+// On SIGTERM or SIGINT it exits at once without waiting for work: by then
+// the sidecar's preStop has stopped claiming and handed the rest back.
+//
+// It logs JSON lines to stderr, with "ts" (RFC 3339, nanoseconds), "msg",
+// and "worker". The messages a timeline is built from: "claimed" (id,
+// dedupKey), "applied" and "duplicate" (id), "returned" (count), "leader
+// job" (lease, token) and, from the Agent, "stop claiming".
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/zapr"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/handoff-dev/handoff/examples/pgworker/queue"
+	"github.com/handoff-dev/handoff/worker"
+)
+
+// exitGrace is how long, after a signal, the worker waits for its loops to
+// end before it exits anyway.
+const exitGrace = 100 * time.Millisecond
+
+// options are the command-line flags.
+type options struct {
+	databaseURL       string
+	workerID          string
+	handoffAddr       string
+	concurrency       int
+	visibilityTimeout time.Duration
+	pollInterval      time.Duration
+	lease             string
+	leaderInterval    time.Duration
+	migrate           bool
+}
+
+// parseFlags parses args (without the program name) and fills in the
+// defaults that come from the environment.
+func parseFlags(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("pgworker", flag.ContinueOnError)
+	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL URL, like postgres://user@host:5432/db (default $DATABASE_URL)")
+	fs.StringVar(&o.workerID, "worker-id", "", "name of this worker in claims and logs (default $HANDOFF_POD_NAME, else the host name)")
+	fs.StringVar(&o.handoffAddr, "handoff-addr", "127.0.0.1:7452", "loopback host:port to serve the handoff app API on, for the sidecar")
+	fs.IntVar(&o.concurrency, "concurrency", 4, "number of messages worked on at once")
+	fs.DurationVar(&o.visibilityTimeout, "visibility-timeout", 30*time.Second, "how long a claim hides a message from other workers")
+	fs.DurationVar(&o.pollInterval, "poll-interval", 200*time.Millisecond, "wait before claiming again when the queue is empty")
+	fs.StringVar(&o.lease, "lease", "", "name of the Lease whose leader runs the leader job (empty: no leader job)")
+	fs.DurationVar(&o.leaderInterval, "leader-interval", time.Second, "how often the leader runs the leader job")
+	fs.BoolVar(&o.migrate, "migrate", true, "create the queue's tables at start if they do not exist")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+
+	if o.databaseURL == "" {
+		o.databaseURL = os.Getenv("DATABASE_URL")
+	}
+	if o.databaseURL == "" {
+		return o, errors.New("--database-url or $DATABASE_URL is required")
+	}
+	if o.workerID == "" {
+		o.workerID = os.Getenv("HANDOFF_POD_NAME")
+	}
+	if o.workerID == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return o, fmt.Errorf("--worker-id not set and no host name: %w", err)
+		}
+		o.workerID = host
+	}
+	switch {
+	case o.concurrency < 1:
+		return o, fmt.Errorf("--concurrency %d: want 1 or more", o.concurrency)
+	case o.visibilityTimeout <= 0:
+		return o, fmt.Errorf("--visibility-timeout %v: want more than 0", o.visibilityTimeout)
+	case o.pollInterval <= 0:
+		return o, fmt.Errorf("--poll-interval %v: want more than 0", o.pollInterval)
+	case o.leaderInterval <= 0:
+		return o, fmt.Errorf("--leader-interval %v: want more than 0", o.leaderInterval)
+	}
+	return o, nil
+}
+
+// newLogger returns a logger writing JSON lines to stderr, with the time in
+// "ts" as RFC 3339 with nanoseconds. Nothing is sampled away: every line
+// counts for the timeline.
+func newLogger() logr.Logger {
+	enc := zap.NewProductionEncoderConfig()
+	enc.TimeKey = "ts"
+	enc.EncodeTime = zapcore.RFC3339NanoTimeEncoder
+	enc.EncodeDuration = zapcore.StringDurationEncoder
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.Lock(os.Stderr), zapcore.InfoLevel)
+	return zapr.NewLogger(zap.New(core))
+}
+
+func main() { os.Exit(main1()) }
+
+// main1 is main, returning the exit code: 0 after a signal, 1 on an error,
+// 2 for bad flags.
+func main1() int {
+	log := newLogger()
+	opts, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		log.Error(err, "bad flags")
+		return 2
+	}
+	log = log.WithValues("worker", opts.workerID)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, log, opts); err != nil {
+		log.Error(err, "exiting")
+		return 1
+	}
+	log.Info("exiting")
+	return 0
+}
+
+// app is one running worker.
+type app struct {
+	opts  options
+	log   logr.Logger
+	pool  *pgxpool.Pool
+	agent *worker.Agent
+}
+
+// run works until ctx ends (a signal) and returns nil then, or returns the
+// error that stopped it.
+func run(ctx context.Context, log logr.Logger, opts options) error {
+	cfg, err := pgxpool.ParseConfig(opts.databaseURL)
+	if err != nil {
+		return fmt.Errorf("--database-url: %w", err)
+	}
+	// A connection per claim loop, one for the leader job and one for
+	// ReturnClaims, so handing back never waits for a connection.
+	cfg.MaxConns = max(cfg.MaxConns, int32(opts.concurrency+2))
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if opts.migrate {
+		if err := queue.Migrate(ctx, pool); err != nil {
+			pool.Close()
+			return err
+		}
+	}
+
+	a := &app{opts: opts, log: log, pool: pool}
+	a.agent = worker.New(worker.Options{
+		ReturnClaims: a.returnClaims,
+		Logger:       log.WithName("handoff"),
+	})
+
+	// Listen before the first claim: from then on the sidecar must be able
+	// to stop claiming and hand work back.
+	ln, err := listenLoopback(ctx, opts.handoffAddr)
+	if err != nil {
+		pool.Close()
+		return err
+	}
+	srv := &http.Server{Handler: a.agent.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	defer func() { _ = srv.Close() }()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	var loops sync.WaitGroup
+	for range opts.concurrency {
+		loops.Go(func() { a.claimLoop(ctx) })
+	}
+	if opts.lease != "" {
+		loops.Go(func() { a.leaderLoop(ctx) })
+	}
+	log.Info("started", "concurrency", opts.concurrency, "visibilityTimeout", opts.visibilityTimeout,
+		"handoffAddr", opts.handoffAddr, "lease", opts.lease)
+
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+		err = fmt.Errorf("serve the handoff app API: %w", err)
+	}
+	cancel()
+	// Do not wait for work: claims left are the sidecar's to hand back (or
+	// they come back after the visibility timeout).
+	closed := make(chan struct{})
+	go func() { loops.Wait(); pool.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(exitGrace):
+	}
+	return err
+}
+
+// listenLoopback listens on addr, which must be a loopback host:port like
+// 127.0.0.1:7452: the app API has no authentication.
+func listenLoopback(ctx context.Context, addr string) (net.Listener, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("--handoff-addr %q: want host:port", addr)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil, fmt.Errorf("--handoff-addr %q: want a loopback address, like 127.0.0.1:7452", addr)
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--handoff-addr: %w", err)
+	}
+	return ln, nil
+}
+
+// claimLoop claims and works on one message at a time until claiming stops
+// or ctx ends.
+func (a *app) claimLoop(ctx context.Context) {
+	for ctx.Err() == nil {
+		wctx, done, err := a.agent.Begin(ctx)
+		if errors.Is(err, worker.ErrStopping) {
+			return
+		}
+		c, err := queue.Claim(wctx, a.pool, a.opts.workerID, a.opts.visibilityTimeout)
+		if err != nil || c == nil {
+			done()
+			if err != nil && ctx.Err() == nil {
+				a.log.Error(err, "claim failed")
+			}
+			a.wait(ctx, a.opts.pollInterval)
+			continue
+		}
+		a.log.Info("claimed", "id", c.ID, "dedupKey", c.DedupKey, "deliveries", c.Deliveries, "workMillis", c.WorkMillis)
+		a.process(wctx, c)
+		done()
+	}
+}
+
+// process works on c and completes it. If ctx ends first (the sidecar's
+// cancel fallback, or a signal) it leaves c claimed: the sidecar returns it
+// with ReturnClaims, or its visibility timeout does.
+func (a *app) process(ctx context.Context, c *queue.Claimed) {
+	work := time.NewTimer(time.Duration(c.WorkMillis) * time.Millisecond)
+	defer work.Stop()
+	select {
+	case <-work.C:
+	case <-ctx.Done():
+		a.log.Info("work canceled", "id", c.ID)
+		return
+	}
+	applied, err := queue.Complete(ctx, a.pool, a.opts.workerID, c)
+	switch {
+	case err != nil:
+		a.log.Error(err, "complete failed", "id", c.ID)
+	case applied:
+		a.log.Info("applied", "id", c.ID, "dedupKey", c.DedupKey)
+	default:
+		a.log.Info("duplicate", "id", c.ID, "dedupKey", c.DedupKey)
+	}
+}
+
+// wait waits for d, until claiming stops or ctx ends.
+func (a *app) wait(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-a.agent.Stopping():
+	case <-ctx.Done():
+	}
+}
+
+// returnClaims is the Agent's ReturnClaims: it makes every message this
+// worker holds visible again.
+func (a *app) returnClaims(ctx context.Context) (int, error) {
+	n, err := queue.ReturnClaims(ctx, a.pool, a.opts.workerID)
+	if err != nil {
+		a.log.Error(err, "return claims failed")
+		return 0, err
+	}
+	a.log.Info("returned", "count", n)
+	return n, nil
+}
+
+// leaderLoop runs the leader job every --leader-interval while this worker
+// leads --lease, until ctx ends.
+func (a *app) leaderLoop(ctx context.Context) {
+	tick := time.NewTicker(a.opts.leaderInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return
+		}
+		lctx, lead, done, err := a.agent.BeginLeading(ctx, a.opts.lease)
+		if err != nil { // worker.ErrNotLeader
+			continue
+		}
+		err = queue.RunLeaderJob(lctx, a.pool, a.opts.lease, lead.FencingToken, a.opts.workerID)
+		done()
+		switch {
+		case errors.Is(err, queue.ErrStaleFencingToken):
+			a.log.Info("leader job refused", "lease", a.opts.lease, "token", lead.FencingToken, "error", err.Error())
+		case err != nil:
+			if ctx.Err() == nil {
+				a.log.Error(err, "leader job failed", "lease", a.opts.lease, "token", lead.FencingToken)
+			}
+		default:
+			a.log.Info("leader job", "lease", a.opts.lease, "token", lead.FencingToken)
+		}
+	}
+}

@@ -1,0 +1,381 @@
+// Package queue is a work queue in PostgreSQL with visibility-timeout
+// claims, the kind of queue the pgworker example drains with handoff.
+//
+// A claim hides a message for a visibility timeout; if the claimer neither
+// completes nor returns it in time, it becomes visible again and another
+// worker gets it (a redelivery). Complete is idempotent by dedup key, so a
+// redelivered message takes effect once. Every claim, completion and return
+// is also recorded in handoff_deliveries, and Check verifies the whole
+// history: nothing lost, nothing applied twice, no leader job run with a
+// stale fencing token.
+//
+// Tables (created by Migrate):
+//
+//	handoff_queue        messages not yet completed
+//	handoff_enqueued     every message ever enqueued: dedup key and amount
+//	handoff_processed    dedup keys completed, by message and worker
+//	handoff_totals       the effect of completions: total of their amounts
+//	handoff_fence        highest fencing token seen, by Lease
+//	handoff_leader_runs  every leader job run
+//	handoff_deliveries   every claim, completion and return
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrStaleFencingToken is returned by RunLeaderJob when a leader with a
+// newer fencing token has already run the job.
+var ErrStaleFencingToken = errors.New("queue: stale fencing token")
+
+// Delivery outcomes recorded in handoff_deliveries.
+const (
+	OutcomeClaimed   = "claimed"
+	OutcomeApplied   = "applied"
+	OutcomeDuplicate = "duplicate"
+	OutcomeReturned  = "returned"
+)
+
+// schema is idempotent: every statement may run on an existing database.
+const schema = `
+CREATE TABLE IF NOT EXISTS handoff_queue (
+	id          bigserial PRIMARY KEY,
+	dedup_key   text UNIQUE NOT NULL,
+	amount      bigint NOT NULL,
+	work_ms     int NOT NULL DEFAULT 0,
+	enqueued_at timestamptz DEFAULT now(),
+	visible_at  timestamptz NOT NULL DEFAULT now(),
+	claimed_by  text,
+	claimed_at  timestamptz,
+	deliveries  int NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS handoff_enqueued (
+	dedup_key text PRIMARY KEY,
+	amount    bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS handoff_processed (
+	dedup_key  text PRIMARY KEY,
+	message_id bigint,
+	worker     text,
+	applied_at timestamptz DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS handoff_totals (
+	name  text PRIMARY KEY,
+	total bigint NOT NULL
+);
+INSERT INTO handoff_totals (name, total) VALUES ('total', 0) ON CONFLICT (name) DO NOTHING;
+CREATE TABLE IF NOT EXISTS handoff_fence (
+	lease text PRIMARY KEY,
+	token bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS handoff_leader_runs (
+	id     bigserial PRIMARY KEY,
+	lease  text,
+	token  bigint,
+	holder text,
+	ran_at timestamptz DEFAULT clock_timestamp()
+);
+CREATE TABLE IF NOT EXISTS handoff_deliveries (
+	id         bigserial PRIMARY KEY,
+	message_id bigint,
+	worker     text,
+	outcome    text,
+	at         timestamptz DEFAULT clock_timestamp()
+);
+`
+
+// Migrate creates the queue's tables if they do not exist. Workers starting
+// together may all call it: a transaction-scoped advisory lock runs one
+// migration at a time.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('handoff_queue_migrate'))`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, schema)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("queue: migrate: %w", err)
+	}
+	return nil
+}
+
+// Message is a unit of work.
+type Message struct {
+	// DedupKey identifies the message for deduplication: enqueued at most
+	// once, applied at most once.
+	DedupKey string
+	// Amount is what applying the message adds to the total.
+	Amount int64
+	// WorkMillis is how long, in milliseconds, the work takes.
+	WorkMillis int
+}
+
+// Claimed is a message claimed by a worker.
+type Claimed struct {
+	ID int64
+	Message
+	// Deliveries counts the claims of this message, this one included; more
+	// than 1 is a redelivery.
+	Deliveries int
+	// VisibleAt is when the claim expires and the message is visible to
+	// other workers again.
+	VisibleAt time.Time
+}
+
+// Enqueue adds msgs to the queue in one statement, in order. A message
+// whose dedup key was enqueued before (now or in an earlier call) is
+// skipped, so a producer may retry.
+func Enqueue(ctx context.Context, pool *pgxpool.Pool, msgs []Message) error {
+	keys := make([]string, len(msgs))
+	amounts := make([]int64, len(msgs))
+	works := make([]int32, len(msgs))
+	for i, m := range msgs {
+		keys[i], amounts[i], works[i] = m.DedupKey, m.Amount, int32(m.WorkMillis)
+	}
+	_, err := pool.Exec(ctx, `
+WITH input AS (
+	SELECT DISTINCT ON (dedup_key) dedup_key, amount, work_ms, n
+	FROM unnest($1::text[], $2::bigint[], $3::int[]) WITH ORDINALITY AS t(dedup_key, amount, work_ms, n)
+	ORDER BY dedup_key, n
+), fresh AS (
+	INSERT INTO handoff_enqueued (dedup_key, amount)
+	SELECT dedup_key, amount FROM input
+	ON CONFLICT (dedup_key) DO NOTHING
+	RETURNING dedup_key
+)
+INSERT INTO handoff_queue (dedup_key, amount, work_ms)
+SELECT i.dedup_key, i.amount, i.work_ms FROM input i JOIN fresh USING (dedup_key)
+ORDER BY i.n`, keys, amounts, works)
+	if err != nil {
+		return fmt.Errorf("queue: enqueue %d messages: %w", len(msgs), err)
+	}
+	return nil
+}
+
+// Claim claims the oldest visible message for worker and hides it from
+// other workers for visibility (rounded to microseconds). Concurrent
+// claimers skip each other's locked rows, so they get different messages.
+// It returns nil, nil when no message is visible.
+func Claim(ctx context.Context, pool *pgxpool.Pool, worker string, visibility time.Duration) (*Claimed, error) {
+	var c Claimed
+	err := pool.QueryRow(ctx, `
+WITH c AS (
+	UPDATE handoff_queue
+	SET claimed_by = $1, claimed_at = now(),
+		visible_at = now() + $2::bigint * interval '1 microsecond',
+		deliveries = deliveries + 1
+	WHERE id = (
+		SELECT id FROM handoff_queue
+		WHERE visible_at <= now()
+		ORDER BY id
+		FOR UPDATE SKIP LOCKED
+		LIMIT 1
+	)
+	RETURNING id, dedup_key, amount, work_ms, deliveries, visible_at
+), d AS (
+	INSERT INTO handoff_deliveries (message_id, worker, outcome)
+	SELECT id, $1, 'claimed' FROM c
+)
+SELECT id, dedup_key, amount, work_ms, deliveries, visible_at FROM c`,
+		worker, visibility.Microseconds(),
+	).Scan(&c.ID, &c.DedupKey, &c.Amount, &c.WorkMillis, &c.Deliveries, &c.VisibleAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("queue: claim: %w", err)
+	}
+	return &c, nil
+}
+
+// Complete is the idempotent commit of the work on c, in one transaction:
+// it records c's dedup key as processed and, only if it was not processed
+// before, adds c.Amount to the total; it deletes the message and records
+// the delivery as "applied" or "duplicate". applied is false for a
+// duplicate: a redelivered message whose effect is already there.
+//
+// Complete does not check that worker still holds the claim: a worker whose
+// claim expired may still complete, and the worker that claimed the message
+// next then completes a duplicate.
+func Complete(ctx context.Context, pool *pgxpool.Pool, worker string, c *Claimed) (applied bool, err error) {
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `
+INSERT INTO handoff_processed (dedup_key, message_id, worker) VALUES ($1, $2, $3)
+ON CONFLICT (dedup_key) DO NOTHING`, c.DedupKey, c.ID, worker)
+		if err != nil {
+			return err
+		}
+		applied = tag.RowsAffected() == 1
+		outcome := OutcomeDuplicate
+		if applied {
+			outcome = OutcomeApplied
+			if _, err := tx.Exec(ctx, `UPDATE handoff_totals SET total = total + $1 WHERE name = 'total'`, c.Amount); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM handoff_queue WHERE id = $1`, c.ID); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO handoff_deliveries (message_id, worker, outcome) VALUES ($1, $2, $3)`, c.ID, worker, outcome)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("queue: complete message %d: %w", c.ID, err)
+	}
+	return applied, nil
+}
+
+// ReturnClaims hands back every claim worker holds: the messages become
+// visible at once. It records a "returned" delivery for each and returns
+// how many there were. Safe to call more than once.
+func ReturnClaims(ctx context.Context, pool *pgxpool.Pool, worker string) (int, error) {
+	var n int
+	err := pool.QueryRow(ctx, `
+WITH r AS (
+	UPDATE handoff_queue SET visible_at = now(), claimed_by = NULL
+	WHERE claimed_by = $1
+	RETURNING id
+), d AS (
+	INSERT INTO handoff_deliveries (message_id, worker, outcome)
+	SELECT id, $1, 'returned' FROM r
+)
+SELECT count(*) FROM r`, worker).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("queue: return claims of %s: %w", worker, err)
+	}
+	return n, nil
+}
+
+// RunLeaderJob runs the periodic leader-only job: it records a run of
+// holder, leader of lease with fencing token token, in handoff_leader_runs.
+// It is fenced: in the same transaction it raises the lease's highest seen
+// token to token, and if a higher token was seen already it writes nothing
+// and returns ErrStaleFencingToken. An equal token (the same term) passes.
+func RunLeaderJob(ctx context.Context, pool *pgxpool.Pool, lease string, token int64, holder string) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var seen int64
+		err := tx.QueryRow(ctx, `
+INSERT INTO handoff_fence (lease, token) VALUES ($1, $2)
+ON CONFLICT (lease) DO UPDATE SET token = EXCLUDED.token
+WHERE handoff_fence.token <= EXCLUDED.token
+RETURNING token`, lease, token).Scan(&seen)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrStaleFencingToken
+		}
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO handoff_leader_runs (lease, token, holder) VALUES ($1, $2, $3)`, lease, token, holder)
+		return err
+	})
+	if errors.Is(err, ErrStaleFencingToken) {
+		// The sentinel says "queue:" already.
+		return fmt.Errorf("leader job of %s on lease %s with token %d: %w", holder, lease, token, err)
+	}
+	if err != nil {
+		return fmt.Errorf("queue: leader job of %s on lease %s: %w", holder, lease, err)
+	}
+	return nil
+}
+
+// Report is what Check found. Counts are of messages unless said otherwise.
+type Report struct {
+	// Enqueued counts every message ever enqueued.
+	Enqueued int64
+	// Applied counts the messages completed (their dedup keys processed).
+	Applied int64
+	// Pending counts the messages still in the queue, claimed or not.
+	Pending int64
+	// Duplicates counts the completions skipped as duplicates (deliveries,
+	// not messages).
+	Duplicates int64
+	// Redeliveries counts the messages claimed more than once.
+	Redeliveries int64
+	// Total is the effect of the completions: the sum of their amounts.
+	Total int64
+	// WantTotal is the sum of the amounts of every message ever enqueued.
+	WantTotal int64
+	// PendingTotal is the sum of the amounts of the pending messages; with
+	// nothing lost or applied twice, Total + PendingTotal == WantTotal.
+	PendingTotal int64
+	// LeaderRuns counts the leader job runs.
+	LeaderRuns int64
+	// StaleLeaderRuns counts the leader job runs, in order of time, whose
+	// fencing token is lower than that of an earlier run on the same Lease.
+	StaleLeaderRuns int64
+}
+
+// Check reads the queue's history and returns the Report; Report.Err says
+// whether anything went wrong. Run it when no worker is busy, or it may
+// see a completion half done.
+func Check(ctx context.Context, pool *pgxpool.Pool) (Report, error) {
+	var r Report
+	err := pool.QueryRow(ctx, `
+SELECT
+	(SELECT count(*) FROM handoff_enqueued),
+	(SELECT count(*) FROM handoff_processed),
+	(SELECT count(*) FROM handoff_queue),
+	(SELECT count(*) FROM handoff_deliveries WHERE outcome = 'duplicate'),
+	(SELECT count(*) FROM (
+		SELECT message_id FROM handoff_deliveries WHERE outcome = 'claimed'
+		GROUP BY message_id HAVING count(*) > 1
+		UNION
+		SELECT id FROM handoff_queue WHERE deliveries > 1
+	) AS redelivered),
+	(SELECT total FROM handoff_totals WHERE name = 'total'),
+	(SELECT coalesce(sum(amount), 0) FROM handoff_enqueued)::bigint,
+	(SELECT coalesce(sum(amount), 0) FROM handoff_queue)::bigint,
+	(SELECT count(*) FROM handoff_leader_runs),
+	(SELECT count(*) FROM (
+		SELECT token, max(token) OVER (
+			PARTITION BY lease ORDER BY ran_at, id
+			ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
+		) AS earlier
+		FROM handoff_leader_runs
+	) AS runs WHERE token < earlier)`,
+	).Scan(&r.Enqueued, &r.Applied, &r.Pending, &r.Duplicates, &r.Redeliveries,
+		&r.Total, &r.WantTotal, &r.PendingTotal, &r.LeaderRuns, &r.StaleLeaderRuns)
+	if err != nil {
+		return Report{}, fmt.Errorf("queue: check: %w", err)
+	}
+	return r, nil
+}
+
+// Err says what is wrong, or returns nil: messages lost (neither applied nor
+// pending), effects applied twice or missing (Total + PendingTotal !=
+// WantTotal), leader runs with a stale fencing token. Pending messages and
+// redeliveries alone are not errors.
+func (r Report) Err() error {
+	var errs []error
+	if r.Applied+r.Pending != r.Enqueued {
+		errs = append(errs, fmt.Errorf("lost messages: %d enqueued, but %d applied + %d pending = %d",
+			r.Enqueued, r.Applied, r.Pending, r.Applied+r.Pending))
+	}
+	if r.Total+r.PendingTotal != r.WantTotal {
+		what := "double effects"
+		if r.Total+r.PendingTotal < r.WantTotal {
+			what = "missing effects"
+		}
+		errs = append(errs, fmt.Errorf("%s: total is %d, want %d (%d enqueued - %d pending)",
+			what, r.Total, r.WantTotal-r.PendingTotal, r.WantTotal, r.PendingTotal))
+	}
+	if r.StaleLeaderRuns > 0 {
+		errs = append(errs, fmt.Errorf("stale leader runs: %d of %d leader job runs had a fencing token lower than an earlier run's",
+			r.StaleLeaderRuns, r.LeaderRuns))
+	}
+	return errors.Join(errs...)
+}
+
+// String summarises r on one line.
+func (r Report) String() string {
+	return fmt.Sprintf("enqueued=%d applied=%d pending=%d duplicates=%d redeliveries=%d total=%d want=%d pendingTotal=%d leaderRuns=%d staleLeaderRuns=%d",
+		r.Enqueued, r.Applied, r.Pending, r.Duplicates, r.Redeliveries, r.Total, r.WantTotal, r.PendingTotal, r.LeaderRuns, r.StaleLeaderRuns)
+}

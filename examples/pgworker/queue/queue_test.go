@@ -1,0 +1,406 @@
+package queue_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/handoff-dev/handoff/examples/pgworker/queue"
+	"github.com/handoff-dev/handoff/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Run(m) }
+
+// newQueue returns a pool on a fresh, migrated database.
+func newQueue(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), pgtest.Start(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := queue.Migrate(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+func enqueue(t *testing.T, pool *pgxpool.Pool, msgs ...queue.Message) {
+	t.Helper()
+	if err := queue.Enqueue(context.Background(), pool, msgs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func claim(t *testing.T, pool *pgxpool.Pool, worker string, visibility time.Duration) *queue.Claimed {
+	t.Helper()
+	c, err := queue.Claim(context.Background(), pool, worker, visibility)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func check(t *testing.T, pool *pgxpool.Pool) queue.Report {
+	t.Helper()
+	r, err := queue.Check(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// count returns the number of rows of handoff_deliveries with outcome.
+func count(t *testing.T, pool *pgxpool.Pool, outcome string) int {
+	t.Helper()
+	var n int
+	err := pool.QueryRow(context.Background(), `SELECT count(*) FROM handoff_deliveries WHERE outcome = $1`, outcome).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestMigrateTwiceAndConcurrently(t *testing.T) {
+	t.Parallel()
+	pool := newQueue(t) // migrated once
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Go(func() { errs <- queue.Migrate(context.Background(), pool) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := check(t, pool); r != (queue.Report{}) {
+		t.Fatalf("empty queue: got %v, want all zero", r)
+	}
+}
+
+func TestEnqueueSkipsKnownKeys(t *testing.T) {
+	t.Parallel()
+	pool := newQueue(t)
+	enqueue(t, pool, queue.Message{DedupKey: "a", Amount: 1}, queue.Message{DedupKey: "b", Amount: 2}, queue.Message{DedupKey: "a", Amount: 100})
+	enqueue(t, pool, queue.Message{DedupKey: "b", Amount: 200}, queue.Message{DedupKey: "c", Amount: 3, WorkMillis: 7})
+	r := check(t, pool)
+	if r.Enqueued != 3 || r.Pending != 3 || r.WantTotal != 6 {
+		t.Fatalf("got %v, want 3 enqueued and pending, want total 6", r)
+	}
+	// Claims come in enqueue order.
+	for _, want := range []queue.Message{{DedupKey: "a", Amount: 1}, {DedupKey: "b", Amount: 2}, {DedupKey: "c", Amount: 3, WorkMillis: 7}} {
+		c := claim(t, pool, "w", time.Hour)
+		if c == nil || c.Message != want || c.Deliveries != 1 {
+			t.Fatalf("claim: got %+v, want %+v on first delivery", c, want)
+		}
+	}
+}
+
+func TestVisibilityTimeoutExpiryMakesMessageReclaimable(t *testing.T) {
+	t.Parallel()
+	pool := newQueue(t)
+	enqueue(t, pool, queue.Message{DedupKey: "k", Amount: 5})
+
+	first := claim(t, pool, "w1", 300*time.Millisecond)
+	if first == nil {
+		t.Fatal("claim: got nothing, want the message")
+	}
+	if first.Deliveries != 1 || first.VisibleAt.IsZero() {
+		t.Fatalf("claim: got %+v, want first delivery with a visibility deadline", first)
+	}
+	if c := claim(t, pool, "w2", time.Minute); c != nil {
+		t.Fatalf("claim while hidden: got %+v, want nothing", c)
+	}
+
+	time.Sleep(time.Until(first.VisibleAt) + 50*time.Millisecond)
+	second := claim(t, pool, "w2", time.Minute)
+	if second == nil || second.ID != first.ID || second.Deliveries != 2 {
+		t.Fatalf("claim after expiry: got %+v, want message %d on its second delivery", second, first.ID)
+	}
+	if r := check(t, pool); r.Redeliveries != 1 {
+		t.Fatalf("got %v, want 1 redelivery", r)
+	}
+}
+
+func TestSkipLockedGivesConcurrentClaimersDifferentMessages(t *testing.T) {
+	t.Parallel()
+	pool := newQueue(t)
+	ctx := context.Background()
+	enqueue(t, pool, queue.Message{DedupKey: "1", Amount: 1}, queue.Message{DedupKey: "2", Amount: 1})
+
+	// A claimer in the middle of its claim holds the first row locked; the
+	// next claimer must take the second message at once, not wait.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var locked int64
+	if err := tx.QueryRow(ctx, `SELECT id FROM handoff_queue ORDER BY id LIMIT 1 FOR UPDATE`).Scan(&locked); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := queue.Claim(cctx, pool, "w", time.Minute)
+	if err != nil {
+		t.Fatalf("claim next to a locked row: %v", err)
+	}
+	if c == nil || c.ID == locked || c.DedupKey != "2" {
+		t.Fatalf("claim next to locked message %d: got %+v, want message 2", locked, c)
+	}
+}
+
+func TestConcurrentClaimersNeverShareAMessage(t *testing.T) {
+	t.Parallel()
+	pool := newQueue(t)
+	const messages, workers = 60, 6
+	var msgs []queue.Message
+	for i := range messages {
+		msgs = append(msgs, queue.Message{DedupKey: fmt.Sprint(i), Amount: int64(i)})
+	}
+	enqueue(t, pool, msgs...)
+
+	var mu sync.Mutex
+	seen := map[int64]string{}
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		name := fmt.Sprintf("w%d", w)
+		wg.Go(func() {
+			for {
+				c, err := queue.Claim(context.Background(), pool, name, time.Hour)
+				if err != nil || c == nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				if other, ok := seen[c.ID]; ok {
+					mu.Unlock()
+					errs <- fmt.Errorf("message %d claimed by %s and %s", c.ID, other, name)
+					return
+				}
+				seen[c.ID] = name
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(seen) != messages {
+		t.Fatalf("claimed %d distinct messages, want %d", len(seen), messages)
+	}
+}
+
+func TestCompleteTwiceAppliesOnce(t *testing.T) {
+	t.Parallel()
+	pool := newQueue(t)
+	ctx := context.Background()
+	enqueue(t, pool, queue.Message{DedupKey: "pay-1", Amount: 40}, queue.Message{DedupKey: "pay-2", Amount: 2})
+
+	c := claim(t, pool, "w1", time.Minute)
+	applied, err := queue.Complete(ctx, pool, "w1", c)
+	if err != nil || !applied {
+		t.Fatalf("first Complete: got applied=%v, %v; want applied", applied, err)
+	}
+	applied, err = queue.Complete(ctx, pool, "w1", c)
+	if err != nil || applied {
+		t.Fatalf("second Complete: got applied=%v, %v; want a duplicate", applied, err)
+	}
+	r := check(t, pool)
+	if r.Total != 40 || r.Applied != 1 || r.Pending != 1 || r.Duplicates != 1 {
+		t.Fatalf("got %v, want total 40, 1 applied, 1 pending, 1 duplicate", r)
+	}
+	if err := r.Err(); err != nil {
+		t.Fatalf("Report.Err: %v", err)
+	}
+	if n := count(t, pool, queue.OutcomeDuplicate); n != 1 {
+		t.Fatalf("%d duplicate deliveries recorded, want 1", n)
+	}
+}
+
+func TestRedeliveryAfterExpiryAppliesOnce(t *testing.T) {
+	t.Parallel()
+	pool := newQueue(t)
+	ctx := context.Background()
+	enqueue(t, pool, queue.Message{DedupKey: "k", Amount: 7})
+
+	// w1's claim runs out while it works; w2 gets the message; both finish.
+	slow := claim(t, pool, "w1", 100*time.Millisecond)
+	time.Sleep(time.Until(slow.VisibleAt) + 50*time.Millisecond)
+	fast := claim(t, pool, "w2", time.Minute)
+	if fast == nil || fast.ID != slow.ID {
+		t.Fatalf("claim after expiry: got %+v, want message %d", fast, slow.ID)
+	}
+	a1, err1 := queue.Complete(ctx, pool, "w1", slow)
+	a2, err2 := queue.Complete(ctx, pool, "w2", fast)
+	if err := errors.Join(err1, err2); err != nil {
+		t.Fatal(err)
+	}
+	if !a1 || a2 {
+		t.Fatalf("applied: w1 %v, w2 %v; want w1 applied and w2 a duplicate", a1, a2)
+	}
+	r := check(t, pool)
+	if err := r.Err(); err != nil {
+		t.Fatalf("Report.Err: %v", err)
+	}
+	want := queue.Report{Enqueued: 1, Applied: 1, Duplicates: 1, Redeliveries: 1, Total: 7, WantTotal: 7}
+	if r != want {
+		t.Fatalf("got %v\nwant %v", r, want)
+	}
+}
+
+func TestReturnClaimsMakesClaimsVisibleAtOnce(t *testing.T) {
+	t.Parallel()
+	pool := newQueue(t)
+	ctx := context.Background()
+	enqueue(t, pool, queue.Message{DedupKey: "a", Amount: 1}, queue.Message{DedupKey: "b", Amount: 1}, queue.Message{DedupKey: "c", Amount: 1})
+
+	a1, a2 := claim(t, pool, "a", time.Hour), claim(t, pool, "a", time.Hour)
+	b1 := claim(t, pool, "b", time.Hour)
+	if a1 == nil || a2 == nil || b1 == nil {
+		t.Fatal("want three claims")
+	}
+	if c := claim(t, pool, "c", time.Hour); c != nil {
+		t.Fatalf("claim with all claimed: got %+v, want nothing", c)
+	}
+
+	n, err := queue.ReturnClaims(ctx, pool, "a")
+	if err != nil || n != 2 {
+		t.Fatalf("ReturnClaims(a): got %d, %v; want 2", n, err)
+	}
+	got := map[int64]bool{}
+	for range 2 {
+		c := claim(t, pool, "c", time.Hour)
+		if c == nil {
+			t.Fatal("claim after return: got nothing, want a returned message")
+		}
+		got[c.ID] = true
+	}
+	if !got[a1.ID] || !got[a2.ID] {
+		t.Fatalf("claimed %v after return, want %d and %d", got, a1.ID, a2.ID)
+	}
+	if c := claim(t, pool, "c", time.Hour); c != nil {
+		t.Fatalf("b's claim must stay: got %+v", c)
+	}
+	if n := count(t, pool, queue.OutcomeReturned); n != 2 {
+		t.Fatalf("%d returned deliveries recorded, want 2", n)
+	}
+	// Nothing left to return: calling again is harmless.
+	if n, err := queue.ReturnClaims(ctx, pool, "a"); err != nil || n != 0 {
+		t.Fatalf("second ReturnClaims(a): got %d, %v; want 0", n, err)
+	}
+}
+
+func TestLeaderJobRefusesStaleFencingToken(t *testing.T) {
+	t.Parallel()
+	pool := newQueue(t)
+	ctx := context.Background()
+
+	for _, run := range []struct {
+		token  int64
+		holder string
+		stale  bool
+	}{
+		{1, "pod-a", false},
+		{1, "pod-a", false}, // same term again
+		{2, "pod-b", false},
+		{1, "pod-a", true}, // old leader, after pod-b took over
+		{3, "pod-a", false},
+	} {
+		err := queue.RunLeaderJob(ctx, pool, "jobs", run.token, run.holder)
+		if got := errors.Is(err, queue.ErrStaleFencingToken); got != run.stale || (err != nil && !run.stale) {
+			t.Fatalf("RunLeaderJob(token %d, %s): got %v, want stale=%v", run.token, run.holder, err, run.stale)
+		}
+	}
+	// Fencing is per Lease.
+	if err := queue.RunLeaderJob(ctx, pool, "other", 1, "pod-c"); err != nil {
+		t.Fatalf("RunLeaderJob on another Lease: %v", err)
+	}
+	r := check(t, pool)
+	if r.LeaderRuns != 5 || r.StaleLeaderRuns != 0 {
+		t.Fatalf("got %v, want 5 leader runs, none stale", r)
+	}
+
+	// A run that bypassed the fence shows up in the report.
+	if _, err := pool.Exec(ctx, `INSERT INTO handoff_leader_runs (lease, token, holder) VALUES ('jobs', 2, 'pod-b')`); err != nil {
+		t.Fatal(err)
+	}
+	r = check(t, pool)
+	if r.StaleLeaderRuns != 1 || r.Err() == nil || !strings.Contains(r.Err().Error(), "stale leader runs") {
+		t.Fatalf("got %v, Err %v; want 1 stale leader run reported", r, r.Err())
+	}
+}
+
+func TestCheckFindsLostMessagesAndDoubleEffects(t *testing.T) {
+	t.Parallel()
+	pool := newQueue(t)
+	ctx := context.Background()
+	enqueue(t, pool, queue.Message{DedupKey: "a", Amount: 10}, queue.Message{DedupKey: "b", Amount: 20})
+
+	if _, err := pool.Exec(ctx, `DELETE FROM handoff_queue WHERE dedup_key = 'a'`); err != nil {
+		t.Fatal(err)
+	}
+	err := check(t, pool).Err()
+	if err == nil || !strings.Contains(err.Error(), "lost messages") {
+		t.Fatalf("after losing a message: Err %v, want lost messages", err)
+	}
+
+	c := claim(t, pool, "w", time.Minute)
+	if _, err := queue.Complete(ctx, pool, "w", c); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE handoff_totals SET total = total + 20`); err != nil {
+		t.Fatal(err)
+	}
+	err = check(t, pool).Err()
+	if err == nil || !strings.Contains(err.Error(), "double effects") {
+		t.Fatalf("after applying twice: Err %v, want double effects", err)
+	}
+}
+
+func TestReportErr(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		r    queue.Report
+		want []string // substrings of Err; none: Err is nil
+	}{
+		{"empty", queue.Report{}, nil},
+		{"all applied", queue.Report{Enqueued: 2, Applied: 2, Total: 5, WantTotal: 5}, nil},
+		{"some pending", queue.Report{Enqueued: 2, Applied: 1, Pending: 1, Total: 2, WantTotal: 5, PendingTotal: 3}, nil},
+		{"lost", queue.Report{Enqueued: 2, Applied: 1, Total: 2, WantTotal: 5}, []string{"lost messages", "missing effects"}},
+		{"double", queue.Report{Enqueued: 1, Applied: 1, Total: 10, WantTotal: 5}, []string{"double effects"}},
+		{"stale", queue.Report{LeaderRuns: 3, StaleLeaderRuns: 1}, []string{"stale leader runs"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.r.Err()
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatalf("Err: %v, want nil", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Err: nil, want %q", tc.want)
+			}
+			for _, s := range tc.want {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("Err: %v, want it to mention %q", err, s)
+				}
+			}
+		})
+	}
+}
