@@ -22,9 +22,10 @@ for b in "${want[@]}"; do [ -x "$out/$b" ] || missing+=("$b"); done
 if [ ${#missing[@]} -gt 0 ]; then
   work="$CACHE/build/kubernetes-$KUBE_VERSION"
   mkdir -p "$work"
-  if [ ! -f "$work/go.mod" ]; then
+  # .ready marks a complete wrapper module; a half-made one is made again.
+  if [ ! -f "$work/.ready" ]; then
     log "preparing wrapper module for k8s.io/kubernetes $KUBE_VERSION"
-    (cd "$work" && rm -f go.mod go.sum && go mod init handoff.local/kubebuild >/dev/null 2>&1)
+    (cd "$work" && rm -f go.mod go.sum tools.go && go mod init handoff.local/kubebuild >/dev/null 2>&1)
     dir=$(cd "$work" && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
     # kubernetes' own replace block points every staging module at ./staging;
     # point them at the published tag of the same minor instead.
@@ -46,7 +47,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
-    (cd "$work" && GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true)
+    (cd "$work" && GOFLAGS=-mod=mod go mod tidy -e >/dev/null)
+    touch "$work/.ready"
   fi
   minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
   ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION"
