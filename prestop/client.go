@@ -32,17 +32,17 @@ func Call(ctx context.Context, addr string, connectTimeout time.Duration) (*prot
 		}
 		resp, err := client.Do(req)
 		if err != nil {
-			if errors.Is(err, syscall.ECONNREFUSED) && time.Now().Before(giveUp) {
-				select {
-				case <-time.After(100 * time.Millisecond):
-					continue
-				case <-ctx.Done():
-				}
+			if ctx.Err() != nil || !errors.Is(err, syscall.ECONNREFUSED) {
+				return nil, fmt.Errorf("handoff sidecar at %s: %w", addr, errors.Join(ctx.Err(), err))
 			}
-			if errors.Is(err, syscall.ECONNREFUSED) && ctx.Err() == nil {
+			if !time.Now().Before(giveUp) {
 				return nil, fmt.Errorf("%w at %s: %w (is the handoff sidecar running in this pod?)", ErrUnreachable, addr, err)
 			}
-			return nil, fmt.Errorf("handoff sidecar at %s: %w", addr, err)
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-ctx.Done():
+			}
+			continue
 		}
 		defer func() { _ = resp.Body.Close() }()
 		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))

@@ -65,8 +65,10 @@ type ReturnResult struct {
 // the Lease's transition count at acquisition (0 for the first holder of a
 // new Lease): it grows with each new holder, so systems the leader writes to
 // can refuse a stale one. Sequence grows with every message the sidecar
-// sends about the Lease; the app ignores one older than the last it applied,
-// so a delayed grant never overtakes a revoke.
+// sends about the Lease (it is the send time in Unix nanoseconds, kept
+// strictly increasing, so it also grows across sidecar restarts); the app
+// ignores one not above the last it applied, so a delayed grant never
+// overtakes a revoke.
 type Leadership struct {
 	Lease          string    `json:"lease"`
 	Leader         bool      `json:"leader"`
@@ -118,6 +120,13 @@ type Report struct {
 	Steps              []Step         `json:"steps"`
 	Finished           time.Time      `json:"finished"`
 	Errors             []string       `json:"errors,omitempty"`
+}
+
+// LeadershipAck is the app's answer to a Leadership. Stale says the app
+// ignored the message because it had applied a later one.
+type LeadershipAck struct {
+	Leader bool `json:"leader"`
+	Stale  bool `json:"stale,omitempty"`
 }
 
 // LeaseStatus is the sidecar's view of one Lease.

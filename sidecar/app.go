@@ -60,10 +60,22 @@ func (a *AppClient) Return(ctx context.Context, cancel bool, cancelWait time.Dur
 	return res, err
 }
 
+// ErrStale is returned by SetLeadership when the app ignored the message
+// because it had applied one with a higher sequence.
+var ErrStale = errors.New("the app ignored a stale leadership message")
+
 // SetLeadership tells the app about one Lease; with l.Leader false it
-// returns once the app's leader work for it has stopped.
+// returns once the app's leader work for it has stopped. It returns
+// ErrStale if the app did not apply the message.
 func (a *AppClient) SetLeadership(ctx context.Context, l protocol.Leadership) error {
-	return a.do(ctx, http.MethodPut, protocol.LeasePathPrefix+l.Lease, l, nil)
+	var ack protocol.LeadershipAck
+	if err := a.do(ctx, http.MethodPut, protocol.LeasePathPrefix+l.Lease, l, &ack); err != nil {
+		return err
+	}
+	if ack.Stale {
+		return ErrStale
+	}
+	return nil
 }
 
 func (a *AppClient) do(ctx context.Context, method, path string, in, out any) error {

@@ -76,9 +76,11 @@ type lease struct {
 	seq     int64     // protocol.Leadership.Sequence of the last message
 }
 
-// nextSequence numbers the next message to the app; l.mu is held.
+// nextSequence numbers the next message to the app; l.mu is held. The
+// numbers are wall-clock nanoseconds, kept strictly increasing, so that a
+// restarted sidecar container continues above its predecessor's.
 func (l *lease) nextSequence() int64 {
-	l.seq++
+	l.seq = max(l.seq+1, time.Now().UnixNano())
 	return l.seq
 }
 

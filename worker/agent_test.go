@@ -124,9 +124,9 @@ func TestRevokeIsAnsweredAfterLeaderWorkStops(t *testing.T) {
 	if stopped.IsZero() || time.Since(stopped) < 0 {
 		t.Fatal("revoke answered before the leader work stopped")
 	}
-	// A grant delayed past the revoke is ignored.
-	if err := app.SetLeadership(context.Background(), grant); err != nil {
-		t.Fatal(err)
+	// A grant delayed past the revoke is ignored, and says so.
+	if err := app.SetLeadership(context.Background(), grant); !errors.Is(err, sidecar.ErrStale) {
+		t.Fatalf("stale grant = %v, want ErrStale", err)
 	}
 	if _, ok := a.Leader("l"); ok {
 		t.Fatal("a stale grant (sequence 1 after 2) made the app leader again")

@@ -62,7 +62,7 @@ func (a *Agent) Handler() http.Handler {
 			return
 		}
 		if !a.sequenced(lease, l.Sequence) {
-			writeJSON(w, http.StatusOK, map[string]any{"leader": l.Leader, "stale": true})
+			writeJSON(w, http.StatusOK, protocol.LeadershipAck{Leader: l.Leader, Stale: true})
 			return
 		}
 		if !l.Leader {
@@ -70,7 +70,7 @@ func (a *Agent) Handler() http.Handler {
 				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "leader work did not stop: " + err.Error()})
 				return
 			}
-			writeJSON(w, http.StatusOK, map[string]bool{"leader": false})
+			writeJSON(w, http.StatusOK, protocol.LeadershipAck{Leader: false})
 			return
 		}
 		until := received.Add(time.Duration(l.ValidForMillis) * time.Millisecond)
@@ -78,7 +78,7 @@ func (a *Agent) Handler() http.Handler {
 			until = l.Until
 		}
 		a.grant(Leadership{Lease: lease, FencingToken: l.FencingToken, Until: until})
-		writeJSON(w, http.StatusOK, map[string]bool{"leader": true})
+		writeJSON(w, http.StatusOK, protocol.LeadershipAck{Leader: true})
 	})
 	return mux
 }
