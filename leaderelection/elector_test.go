@@ -104,25 +104,12 @@ func getLease(t *testing.T, ns string) *coordinationv1.Lease {
 	return l
 }
 
-// waitFor polls cond every 10 ms until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Time {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return time.Now()
-}
-
 func leading(c *candidate) bool { _, ok := c.e.Term(); return ok }
 
 func TestTwoCandidatesOneLeads(t *testing.T) {
 	ns := kubetest.Get(t).Namespace(t)
 	a, b := start(t, ns, "pod-a_uid-a"), start(t, ns, "pod-b_uid-b")
-	waitFor(t, 10*time.Second, "a leader", func() bool { return leading(a) || leading(b) })
+	kubetest.WaitFor(t, 10*time.Second, "a leader", func() bool { return leading(a) || leading(b) })
 
 	// Over several renewals exactly one leads, and the Lease names it.
 	for end := time.Now().Add(4 * leaseDuration / 3); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
@@ -152,7 +139,7 @@ func TestTwoCandidatesOneLeads(t *testing.T) {
 func TestReleaseOnCancelHandsOverToStandby(t *testing.T) {
 	ns := kubetest.Get(t).Namespace(t)
 	a := start(t, ns, "pod-a_uid-a")
-	waitFor(t, 10*time.Second, "a to lead", func() bool { return leading(a) })
+	kubetest.WaitFor(t, 10*time.Second, "a to lead", func() bool { return leading(a) })
 	before, _ := a.e.Term()
 	b := start(t, ns, "pod-b_uid-b")
 
@@ -165,7 +152,7 @@ func TestReleaseOnCancelHandsOverToStandby(t *testing.T) {
 		t.Fatal("a still has a term after release")
 	}
 	// The standby takes it at its next retry, long before the lease duration.
-	took := waitFor(t, leaseDuration, "b to lead after release", func() bool { return leading(b) })
+	took := kubetest.WaitFor(t, leaseDuration, "b to lead after release", func() bool { return leading(b) })
 	t.Logf("handover after release: %s", took.Sub(released))
 	after, _ := b.e.Term()
 	if after.FencingToken <= before.FencingToken {
@@ -186,7 +173,7 @@ func TestCrashedHolderIsTakenOverOnlyAfterLeaseDuration(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
-	waitFor(t, 20*time.Second, "the child to hold the Lease", func() bool {
+	kubetest.WaitFor(t, 20*time.Second, "the child to hold the Lease", func() bool {
 		l, err := env.Client.CoordinationV1().Leases(ns).Get(context.Background(), leaseName, metav1.GetOptions{})
 		return err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == "pod-a_uid-a"
 	})
@@ -206,7 +193,7 @@ func TestCrashedHolderIsTakenOverOnlyAfterLeaseDuration(t *testing.T) {
 	}
 	lastRenew := l.Spec.RenewTime.Time
 
-	took := waitFor(t, leaseDuration+renewDeadline+2*time.Second, "b to take over the crashed holder's Lease", func() bool { return leading(b) })
+	took := kubetest.WaitFor(t, leaseDuration+renewDeadline+2*time.Second, "b to take over the crashed holder's Lease", func() bool { return leading(b) })
 	// client-go compares records at one-second resolution (see TermLength),
 	// so expiry counts from the second of the last renewal.
 	if earliest := lastRenew.Truncate(time.Second).Add(leaseDuration); took.Before(earliest) {
@@ -222,7 +209,7 @@ func TestCrashedHolderIsTakenOverOnlyAfterLeaseDuration(t *testing.T) {
 func TestWithholdReleaseLeavesLeaseToExpire(t *testing.T) {
 	ns := kubetest.Get(t).Namespace(t)
 	a := start(t, ns, "pod-a_uid-a")
-	waitFor(t, 10*time.Second, "a to lead", func() bool { return leading(a) })
+	kubetest.WaitFor(t, 10*time.Second, "a to lead", func() bool { return leading(a) })
 	a.e.WithholdRelease()
 	a.stop()
 	if a.e.Released() {

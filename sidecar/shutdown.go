@@ -31,6 +31,9 @@ const (
 	minStep = 250 * time.Millisecond
 	// maxDrainPoll bounds one long poll of the app's drain status.
 	maxDrainPoll = 5 * time.Second
+	// stopClaimingTimeout bounds the stop-claiming call; the drain wait
+	// then polls the app anyway.
+	stopClaimingTimeout = time.Second
 )
 
 // TriggerSignal names SIGTERM to the sidecar as the trigger of a sequence.
@@ -71,6 +74,17 @@ func (c *Coordinator) runSequence(trigger string) {
 	q := &sequence{c: c, rep: &protocol.Report{Trigger: trigger, Started: start}}
 	q.step(StepTriggered, trigger)
 
+	// 2. No new Lease for a pod that is leaving; stop claiming, at once:
+	// it needs no deadline, and the Pod GET for one may be slow.
+	c.stopStandbys()
+	stopped := make(chan stopResult, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), stopClaimingTimeout)
+		defer cancel()
+		st, err := c.app.StopClaiming(ctx)
+		stopped <- stopResult{st, err}
+	}()
+
 	// 1. The deadline, from the pod's own deletion.
 	deadline, source, err := prestop.Deadline(context.Background(), c.pods, c.s.PodNamespace, c.s.PodName, start, c.s.GracePeriod, c.s.DeadlineMargin)
 	if err != nil {
@@ -80,9 +94,8 @@ func (c *Coordinator) runSequence(trigger string) {
 	drainBy := deadline.Add(-c.s.HandbackReserve)
 	c.log.Info("shutdown started", "trigger", trigger, "deadline", deadline, "deadlineSource", source, "drainBy", drainBy)
 
-	// 2. No new Lease for a pod that is leaving; stop claiming.
-	c.stopStandbys()
-	q.handleClaims(drainBy)
+	// 3, 4. Drain, and the fallback.
+	q.handleClaims(<-stopped, drainBy)
 
 	// 5. Leader work stops, then the Leases are freed.
 	q.releaseLeases()
@@ -99,13 +112,17 @@ func (c *Coordinator) runSequence(trigger string) {
 	close(c.done)
 }
 
-// handleClaims runs steps 2 to 4: stop claiming, wait for drained until
-// drainBy, then the fallback.
-func (q *sequence) handleClaims(drainBy time.Time) {
+// stopResult is the app's answer to stop-claiming.
+type stopResult struct {
+	st  protocol.DrainStatus
+	err error
+}
+
+// handleClaims records the answer to stop-claiming, waits for drained until
+// drainBy, then applies the fallback.
+func (q *sequence) handleClaims(stop stopResult, drainBy time.Time) {
 	c := q.c
-	ctx, cancel := context.WithTimeout(context.Background(), q.budget(drainBy))
-	st, err := c.app.StopClaiming(ctx)
-	cancel()
+	st, err := stop.st, stop.err
 	c.metrics.appResult("stop-claiming", err)
 	if IsAppGone(err) {
 		q.rep.Outcome = protocol.OutcomeAppGone
@@ -161,7 +178,7 @@ func (q *sequence) handleClaims(drainBy time.Time) {
 		q.rep.Outcome = protocol.OutcomeCanceled
 	}
 	budget := q.budget(q.deadline.Add(-c.s.HandbackReserve / 2))
-	ctx, cancel = context.WithTimeout(context.Background(), budget)
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	// Half the budget for canceled work to end, half to hand claims back.
 	res, err := c.app.Return(ctx, c.s.Fallback == config.FallbackCancel, budget/2)
 	cancel()

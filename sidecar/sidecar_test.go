@@ -112,24 +112,11 @@ func newPod(t *testing.T, ns, name string, values map[string]string, opts worker
 
 func (p *pod) leads() bool { _, ok := p.agent.Leader(lease); return ok }
 
-// waitFor polls cond every 10 ms until it holds, or fails the test after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Time {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return time.Now()
-}
-
 // leaderAndStandby starts two pods and returns them as (leader, standby),
 // once the leader's app has been told it leads.
 func leaderAndStandby(t *testing.T, ns string, values map[string]string, opts worker.Options) (*pod, *pod) {
 	a := newPod(t, ns, "pod-a", values, opts)
-	waitFor(t, 10*time.Second, "pod-a's app to lead", a.leads)
+	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", a.leads)
 	b := newPod(t, ns, "pod-b", values, opts)
 	return a, b
 }
@@ -139,7 +126,7 @@ func leaderAndStandby(t *testing.T, ns string, values map[string]string, opts wo
 func events(t *testing.T, ns, podName, reason string) []string {
 	t.Helper()
 	var msgs []string
-	waitFor(t, 5*time.Second, "a "+reason+" Event on "+podName, func() bool {
+	kubetest.WaitFor(t, 5*time.Second, "a "+reason+" Event on "+podName, func() bool {
 		list, err := kubetest.Get(t).Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
 			FieldSelector: "involvedObject.name=" + podName + ",reason=" + reason})
 		if err != nil {
@@ -205,7 +192,7 @@ func TestShutdownDrainsReleasesAndStandbyLeads(t *testing.T) {
 		t.Errorf("Begin after stop-claiming = %v, want ErrStopping", err)
 	}
 
-	took := waitFor(t, 3*time.Second, "b's app to lead", b.leads)
+	took := kubetest.WaitFor(t, 3*time.Second, "b's app to lead", b.leads)
 	t.Logf("standby leading %s after the release", took.Sub(rep.Finished))
 	second, _ := b.agent.Leader(lease)
 	if second.FencingToken <= first.FencingToken {
@@ -285,7 +272,7 @@ func TestFallbackAtDrainDeadline(t *testing.T) {
 					t.Errorf("outcome %s, ReturnClaims calls %d: want Abandoned 0", rep.Outcome, returnCalls.Load())
 				}
 			}
-			waitFor(t, 3*time.Second, "the standby to lead", b.leads)
+			kubetest.WaitFor(t, 3*time.Second, "the standby to lead", b.leads)
 		})
 	}
 }
@@ -323,7 +310,7 @@ func TestDeadlineFollowsShortenedGracePeriod(t *testing.T) {
 func TestConcurrentTriggersJoinOneSequence(t *testing.T) {
 	ns := kubetest.Get(t).Namespace(t)
 	a := newPod(t, ns, "pod-a", nil, worker.Options{})
-	waitFor(t, 10*time.Second, "pod-a's app to lead", a.leads)
+	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", a.leads)
 	control := httptest.NewServer(a.c.ControlHandler())
 	t.Cleanup(control.Close)
 	addr := strings.TrimPrefix(control.URL, "http://")
@@ -365,7 +352,7 @@ func TestConcurrentTriggersJoinOneSequence(t *testing.T) {
 func TestAppGoneStillReleasesLease(t *testing.T) {
 	ns := kubetest.Get(t).Namespace(t)
 	a := newPod(t, ns, "pod-a", map[string]string{"app-url": "http://127.0.0.1:1"}, worker.Options{})
-	waitFor(t, 10*time.Second, "pod-a to hold the Lease", func() bool {
+	kubetest.WaitFor(t, 10*time.Second, "pod-a to hold the Lease", func() bool {
 		st := a.c.Status()
 		return len(st.Leases) == 1 && st.Leases[0].Leader
 	})
@@ -392,7 +379,7 @@ func TestUnacknowledgedRevokeReleasesOnlyAfterTheAppsTerm(t *testing.T) {
 	if len(rep.Errors) == 0 {
 		t.Error("no error recorded for the unacknowledged revoke")
 	}
-	waitFor(t, 5*time.Second, "b to lead", b.leads)
+	kubetest.WaitFor(t, 5*time.Second, "b to lead", b.leads)
 	l, err := kubetest.Get(t).Client.CoordinationV1().Leases(ns).Get(context.Background(), lease, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

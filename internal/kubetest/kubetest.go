@@ -155,3 +155,17 @@ func moduleRoot() (string, error) {
 		dir = parent
 	}
 }
+
+// WaitFor polls cond every 10 ms until it holds and returns when it did, or
+// fails the test after timeout, naming what it waited for.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Now()
+}
