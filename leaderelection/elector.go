@@ -209,10 +209,21 @@ func (e *Elector) newLeader(identity string) {
 
 // observedLock is the LeaseLock with its successful writes observed: a
 // write of this candidate's record starts or extends a term; a write of an
-// empty holder is the release.
+// empty holder is the release. It also remembers the holder it last read,
+// because client-go's release checks leadership against its own older
+// observation and then writes over whatever the Lease holds now.
 type observedLock struct {
 	rl.Interface
-	e *Elector
+	e        *Elector
+	lastRead string // holder identity in the last successful Get
+}
+
+func (l *observedLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
+	r, raw, err := l.Interface.Get(ctx)
+	if err == nil {
+		l.lastRead = r.HolderIdentity
+	}
+	return r, raw, err
 }
 
 func (l *observedLock) Create(ctx context.Context, r rl.LeaderElectionRecord) error {
@@ -245,6 +256,11 @@ func (l *observedLock) release(ctx context.Context, r rl.LeaderElectionRecord) e
 	l.e.mu.Unlock()
 	if withhold {
 		return ErrReleaseWithheld
+	}
+	if l.lastRead != l.e.cfg.Identity {
+		// Another candidate took the Lease while this one was cut off from
+		// the API: releasing now would free the new holder's Lease.
+		return fmt.Errorf("not released: the Lease is held by %q", l.lastRead)
 	}
 	if err := l.Interface.Update(ctx, r); err != nil {
 		return err

@@ -140,6 +140,14 @@ func (c *Coordinator) Wait() {
 	}
 }
 
+// Abandon makes every election leave its Lease to expire rather than
+// release it, for an exit that skips the leadership revoke.
+func (c *Coordinator) Abandon() {
+	for _, l := range c.leases {
+		l.elector.WithholdRelease()
+	}
+}
+
 // Done is closed when the shutdown sequence is over.
 func (c *Coordinator) Done() <-chan struct{} { return c.done }
 

@@ -244,7 +244,8 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 	l.revoked = true
 	granted := l.granted
 	if !granted.IsZero() && time.Now().Before(granted) {
-		ctx, cancel := context.WithTimeout(context.Background(), q.budget(q.deadline))
+		// No use waiting for an ack past the end of the app's term.
+		ctx, cancel := context.WithTimeout(context.Background(), q.budget(minTime(q.deadline, granted)))
 		err := c.app.SetLeadership(ctx, protocol.Leadership{Lease: name, Leader: false, Sequence: l.nextSequence()})
 		cancel()
 		c.metrics.appResult("revoke", err)
@@ -290,6 +291,13 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 	}
 	c.metrics.Releases.WithLabelValues(name, result).Inc()
 	return r
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 func errSuffix(err error) string {

@@ -127,7 +127,10 @@ func runSidecar(s *config.Settings) error {
 	go func() { <-sig; cancel() }()
 	rep, err := c.Shutdown(sctx, sidecar.TriggerSignal)
 	if err != nil {
-		log.Info("shutdown sequence abandoned by a second signal")
+		// The app was not told to stop leading: the Leases must expire, not
+		// be freed under it.
+		c.Abandon()
+		log.Info("shutdown sequence abandoned by a second signal; Leases left to expire")
 	} else if wait := eventFlush - time.Since(rep.Finished); wait > 0 {
 		// Events are written asynchronously and Shutdown of the broadcaster
 		// cancels writes under way: give the sequence's last ones a moment.

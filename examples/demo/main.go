@@ -47,7 +47,9 @@ func main() {
 	var o options
 	flag.StringVar(&o.handoff, "handoff", "bin/handoff", "path of the handoff binary")
 	flag.StringVar(&o.worker, "worker", "bin/pgworker", "path of the pgworker binary")
-	flag.StringVar(&o.dir, "dir", ".run/demo", "directory for logs and PostgreSQL data")
+	// Under the temporary directory: PostgreSQL runs as the postgres user,
+	// which cannot enter a checkout under a private home directory.
+	flag.StringVar(&o.dir, "dir", filepath.Join(os.TempDir(), "handoff-demo"), "directory for logs and PostgreSQL data")
 	flag.DurationVar(&o.grace, "grace", 6*time.Second, "terminationGracePeriodSeconds of the worker pods")
 	flag.IntVar(&o.rate, "rate", 5, "messages enqueued per second")
 	flag.Parse()
@@ -432,7 +434,9 @@ func startPostgres(dir string) (string, func(), error) {
 	if err := os.RemoveAll(data); err != nil {
 		return "", nil, err
 	}
-	out, err := exec.Command("bash", "hack/postgres.sh", "start", data, "55433").Output()
+	cmd := exec.Command("bash", "hack/postgres.sh", "start", data, "55433")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
 	if err != nil {
 		return "", nil, fmt.Errorf("hack/postgres.sh start: %w", err)
 	}
