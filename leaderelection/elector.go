@@ -93,8 +93,10 @@ func New(cfg Config, cb Callbacks) (*Elector, error) {
 		return nil, fmt.Errorf("lease name, namespace and identity are required (got %q/%q, identity %q)", cfg.Namespace, cfg.Name, cfg.Identity)
 	}
 	e := &Elector{cfg: cfg, cb: cb}
-	if _, err := e.newLeaderElector(); err != nil {
-		return nil, fmt.Errorf("lease %s/%s: %w", cfg.Namespace, cfg.Name, err)
+	for _, retryPeriod := range []time.Duration{cfg.RetryPeriod, wakePeriod} {
+		if _, err := e.leaderElector(&rl.LeaseLock{LockConfig: rl.ResourceLockConfig{Identity: cfg.Identity}}, retryPeriod, true, func(context.Context) {}); err != nil {
+			return nil, fmt.Errorf("lease %s/%s: %w", cfg.Namespace, cfg.Name, err)
+		}
 	}
 	return e, nil
 }
@@ -102,19 +104,81 @@ func New(cfg Config, cb Callbacks) (*Elector, error) {
 // Name is the Lease's name.
 func (e *Elector) Name() string { return e.cfg.Name }
 
-// Run competes for the Lease until ctx is done: as a standby it tries to
-// acquire every retry period; as holder it renews. When ctx ends while it
+// Run competes for the Lease until ctx is done. As a standby it watches the
+// Lease and tries to acquire it the moment the holder releases it or its
+// lease duration runs out (polling every retry period while the watch is
+// down); as holder it renews every retry period. When ctx ends while it
 // holds the Lease it releases it (empty holder identity, client-go's
 // ReleaseOnCancel) before returning, unless WithholdRelease was called.
 // After losing the Lease it competes again.
+//
+// Both phases are client-go's LeaderElector on a LeaseLock: the standby's
+// with a short retry period over a client whose Gets wait on the watch, the
+// holder's with the configured timings. The holder's elector takes over the
+// Lease the standby's acquired, as client-go does for its own identity.
 func (e *Elector) Run(ctx context.Context) {
+	w := newLeaseWatch(e.cfg.Leases.Leases(e.cfg.Namespace), e.cfg.Namespace, e.cfg.Name)
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop() // after the release, which the holder's elector writes past ctx's end
+	go w.run(wctx)
 	for ctx.Err() == nil {
-		le, err := e.newLeaderElector()
-		if err != nil { // validated in New
-			panic(err)
+		if e.standby(ctx, w) {
+			e.lead(ctx)
 		}
-		le.Run(ctx)
 	}
+}
+
+// standby runs client-go's elector on the watched Lease until it acquires
+// the Lease (true) or ctx ends (false).
+func (e *Elector) standby(ctx context.Context, w *leaseWatch) bool {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	acquired := false
+	lock := &observedLock{
+		Interface: e.leaseLock(&watchedLeases{LeasesGetter: e.cfg.Leases, watch: w, retryPeriod: e.cfg.RetryPeriod}),
+		e:         e,
+		// Stop before client-go's first renewal at the short retry period:
+		// the holder's elector renews from here.
+		acquired: func() { acquired = true; cancel() },
+	}
+	le, err := e.leaderElector(lock, wakePeriod, false, func(context.Context) {})
+	if err != nil { // validated in New
+		panic(err)
+	}
+	le.Run(ctx)
+	return acquired
+}
+
+// lead runs client-go's elector with the configured timings over the Lease
+// the standby phase has just acquired, until the Lease is lost or, once
+// held, ctx ends and it is released. If it does not hold the Lease before
+// the term the standby phase won runs out, it gives up.
+func (e *Elector) lead(ctx context.Context) {
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	started := make(chan struct{})
+	le, err := e.leaderElector(&observedLock{Interface: e.leaseLock(e.cfg.Leases), e: e}, e.cfg.RetryPeriod, true,
+		func(context.Context) { close(started) })
+	if err != nil { // validated in New
+		panic(err)
+	}
+	term, _ := e.Term()
+	go func() {
+		giveUp := time.NewTimer(time.Until(term.Until))
+		defer giveUp.Stop()
+		select {
+		case <-started: // then a cancel releases the Lease
+			select {
+			case <-ctx.Done():
+				cancel()
+			case <-runCtx.Done():
+			}
+		case <-giveUp.C:
+			cancel()
+		case <-runCtx.Done():
+		}
+	}()
+	le.Run(runCtx)
 }
 
 // Term returns the current term, and false when this candidate does not
@@ -150,22 +214,29 @@ func (e *Elector) Released() bool {
 	return e.released
 }
 
-func (e *Elector) newLeaderElector() (*leaderelection.LeaderElector, error) {
-	lock := &rl.LeaseLock{
+func (e *Elector) leaseLock(leases coordinationv1client.LeasesGetter) *rl.LeaseLock {
+	return &rl.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: e.cfg.Namespace, Name: e.cfg.Name},
-		Client:     e.cfg.Leases,
+		Client:     leases,
 		LockConfig: rl.ResourceLockConfig{Identity: e.cfg.Identity},
 	}
+}
+
+func (e *Elector) leaderElector(lock rl.Interface, retryPeriod time.Duration, holder bool, started func(context.Context)) (*leaderelection.LeaderElector, error) {
+	stopped := e.stopped
+	if !holder {
+		stopped = func() {} // leadership, if won, goes on in the holder's elector
+	}
 	return leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock:            &observedLock{Interface: lock, e: e},
+		Lock:            lock,
 		LeaseDuration:   e.cfg.LeaseDuration,
 		RenewDeadline:   e.cfg.RenewDeadline,
-		RetryPeriod:     e.cfg.RetryPeriod,
-		ReleaseOnCancel: true,
+		RetryPeriod:     retryPeriod,
+		ReleaseOnCancel: holder,
 		Name:            e.cfg.Namespace + "/" + e.cfg.Name,
 		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(context.Context) {},
-			OnStoppedLeading: e.stopped,
+			OnStartedLeading: started,
+			OnStoppedLeading: stopped,
 			OnNewLeader:      e.newLeader,
 		},
 	})
@@ -216,6 +287,7 @@ type observedLock struct {
 	rl.Interface
 	e        *Elector
 	lastRead string // holder identity in the last successful Get
+	acquired func() // if set, called after a successful write of our record
 }
 
 func (l *observedLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
@@ -231,7 +303,7 @@ func (l *observedLock) Create(ctx context.Context, r rl.LeaderElectionRecord) er
 	if err := l.Interface.Create(ctx, r); err != nil {
 		return err
 	}
-	l.e.wrote(r, start)
+	l.wrote(r, start)
 	return nil
 }
 
@@ -243,8 +315,15 @@ func (l *observedLock) Update(ctx context.Context, r rl.LeaderElectionRecord) er
 	if err := l.Interface.Update(ctx, r); err != nil {
 		return err
 	}
-	l.e.wrote(r, start)
+	l.wrote(r, start)
 	return nil
+}
+
+func (l *observedLock) wrote(r rl.LeaderElectionRecord, start time.Time) {
+	l.e.wrote(r, start)
+	if l.acquired != nil {
+		l.acquired()
+	}
 }
 
 func (l *observedLock) release(ctx context.Context, r rl.LeaderElectionRecord) error {

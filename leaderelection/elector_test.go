@@ -15,6 +15,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
@@ -74,9 +75,15 @@ type candidate struct {
 
 func start(t *testing.T, ns, identity string) *candidate {
 	t.Helper()
-	env := kubetest.Get(t)
+	return startWith(t, ns, identity, kubetest.Get(t).Client.CoordinationV1())
+}
+
+// startWith runs a candidate whose Lease traffic goes through leases.
+func startWith(t *testing.T, ns, identity string, leases coordinationv1client.LeasesGetter) *candidate {
+	t.Helper()
 	c := &candidate{done: make(chan struct{})}
-	cfg := config(env.Client, ns, identity)
+	cfg := config(kubetest.Get(t).Client, ns, identity)
+	cfg.Leases = leases
 	cfg.Logger = testr.New(t)
 	e, err := leaderelection.New(cfg, leaderelection.Callbacks{OnTerm: func(tm leaderelection.Term) {
 		c.mu.Lock()

@@ -1,0 +1,170 @@
+package leaderelection
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/tools/leaderelection"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+// wakePeriod is the retry period of a standby's client-go elector. The
+// elector's Gets wait on the watch, so a short period costs no requests: it
+// only bounds how soon after a change the elector reads again.
+const wakePeriod = 10 * time.Millisecond
+
+// watchedLeases is the Leases client of a standby's LeaseLock. Its Get
+// waits until the watched Lease changes, is free (no holder, or missing), or
+// its lease duration has run out since the elector was last shown a change,
+// and then answers from the watch: so client-go's elector, and only it,
+// decides to acquire, the moment the Lease can be taken. Writes go to the
+// API. Until the watch has listed, and after a failed write until the watch
+// shows an event, Get reads the API once per retry period (jittered as
+// client-go's polling is), so a broken or stale watch degrades to polling.
+//
+// One watchedLeases serves one elector; its methods are called from that
+// elector's goroutine only.
+type watchedLeases struct {
+	coordinationv1client.LeasesGetter
+	watch       *leaseWatch
+	retryPeriod time.Duration
+
+	answered bool      // a Get has been answered
+	last     []byte    // the record in the last answer
+	expires  time.Time // when last runs out, counted from when it was first answered
+	poll     bool      // answer from the API...
+	pollFrom uint64    // ...until the watch has seen more events than this
+	nextPoll time.Time
+}
+
+func (c *watchedLeases) Leases(namespace string) coordinationv1client.LeaseInterface {
+	return &watchedLeaseClient{LeaseInterface: c.LeasesGetter.Leases(namespace), c: c}
+}
+
+type watchedLeaseClient struct {
+	coordinationv1client.LeaseInterface
+	c *watchedLeases
+}
+
+func (l *watchedLeaseClient) Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error) {
+	return l.c.get(ctx, l.LeaseInterface, name, opts)
+}
+
+func (l *watchedLeaseClient) Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error) {
+	stampNow(&lease.Spec)
+	out, err := l.LeaseInterface.Create(ctx, lease, opts)
+	l.c.wrote(err)
+	return out, err
+}
+
+func (l *watchedLeaseClient) Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
+	stampNow(&lease.Spec)
+	out, err := l.LeaseInterface.Update(ctx, lease, opts)
+	l.c.wrote(err)
+	return out, err
+}
+
+func (c *watchedLeases) get(ctx context.Context, api coordinationv1client.LeaseInterface, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error) {
+	for {
+		lease, synced, events, next := c.watch.current()
+		if c.poll && events > c.pollFrom {
+			c.poll = false
+		}
+		if !synced || c.poll {
+			return c.pollAPI(ctx, api, name, opts)
+		}
+		raw := recordOf(lease)
+		now := time.Now()
+		free := lease == nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == ""
+		if !c.answered || free || !bytes.Equal(raw, c.last) || !now.Before(c.expires) {
+			c.answer(lease, raw, now)
+			if lease == nil {
+				return nil, apierrors.NewNotFound(coordinationv1.Resource("leases"), name)
+			}
+			return lease.DeepCopy(), nil
+		}
+		timer := time.NewTimer(c.expires.Sub(now))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, ctx.Err()
+		case <-next:
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+func (c *watchedLeases) pollAPI(ctx context.Context, api coordinationv1client.LeaseInterface, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error) {
+	if d := time.Until(c.nextPoll); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+	c.nextPoll = time.Now().Add(wait.Jitter(c.retryPeriod, leaderelection.JitterFactor))
+	lease, err := api.Get(ctx, name, opts)
+	if err == nil {
+		c.answer(lease, recordOf(lease), time.Now())
+	}
+	return lease, err
+}
+
+// answer notes the record handed to the elector; like the elector, it
+// restarts the expiry clock only when the record differs from the last.
+func (c *watchedLeases) answer(lease *coordinationv1.Lease, raw []byte, now time.Time) {
+	c.answered = true
+	if bytes.Equal(raw, c.last) {
+		return
+	}
+	c.last = raw
+	c.expires = now
+	if lease != nil && lease.Spec.LeaseDurationSeconds != nil {
+		c.expires = now.Add(time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second)
+	}
+}
+
+// wrote switches to polling after a failed write: the watch may be behind
+// the API, and its next event shows it caught up.
+func (c *watchedLeases) wrote(err error) {
+	if err == nil {
+		return
+	}
+	_, _, events, _ := c.watch.current()
+	c.poll, c.pollFrom = true, events
+	c.nextPoll = time.Now().Add(wait.Jitter(c.retryPeriod, leaderelection.JitterFactor))
+}
+
+// stampNow sets the renew time, and the acquire time of a new holder, to
+// now: client-go's elector stamps its record before its Get, which here may
+// have waited for the Lease to change.
+func stampNow(spec *coordinationv1.LeaseSpec) {
+	now := metav1.NowMicro()
+	if spec.AcquireTime == nil || spec.RenewTime == nil || spec.AcquireTime.Equal(spec.RenewTime) {
+		spec.AcquireTime = &now
+	}
+	spec.RenewTime = &now
+}
+
+// recordOf is the Lease's election record as client-go's LeaseLock encodes
+// it for comparison (times at one-second resolution); nil for no Lease.
+func recordOf(lease *coordinationv1.Lease) []byte {
+	if lease == nil {
+		return nil
+	}
+	raw, err := json.Marshal(rl.LeaseSpecToLeaderElectionRecord(&lease.Spec))
+	if err != nil { // a struct of strings, ints and times
+		panic(err)
+	}
+	return raw
+}

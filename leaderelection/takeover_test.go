@@ -1,0 +1,132 @@
+package leaderelection_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+
+	"github.com/handoff-dev/handoff/internal/kubetest"
+)
+
+// leases is a standby's Lease client that counts its Gets and can refuse
+// or silence its list and watch.
+type leases struct {
+	coordinationv1client.LeasesGetter
+	gets      atomic.Int64
+	forbidden bool        // list and watch refused, as without RBAC for them
+	silent    atomic.Bool // watch events dropped from now on
+	// getsAtWrite is the Get count at the first successful write.
+	getsAtWrite atomic.Int64
+	wrote       atomic.Bool
+}
+
+func (l *leases) Leases(ns string) coordinationv1client.LeaseInterface {
+	return &leaseClient{LeaseInterface: l.LeasesGetter.Leases(ns), l: l}
+}
+
+type leaseClient struct {
+	coordinationv1client.LeaseInterface
+	l *leases
+}
+
+func (c *leaseClient) Get(ctx context.Context, name string, o metav1.GetOptions) (*coordinationv1.Lease, error) {
+	c.l.gets.Add(1)
+	return c.LeaseInterface.Get(ctx, name, o)
+}
+
+func (c *leaseClient) Update(ctx context.Context, lease *coordinationv1.Lease, o metav1.UpdateOptions) (*coordinationv1.Lease, error) {
+	out, err := c.LeaseInterface.Update(ctx, lease, o)
+	if err == nil && !c.l.wrote.Swap(true) {
+		c.l.getsAtWrite.Store(c.l.gets.Load())
+	}
+	return out, err
+}
+
+func (c *leaseClient) List(ctx context.Context, o metav1.ListOptions) (*coordinationv1.LeaseList, error) {
+	if c.l.forbidden {
+		return nil, apierrors.NewForbidden(coordinationv1.Resource("leases"), "", nil)
+	}
+	return c.LeaseInterface.List(ctx, o)
+}
+
+func (c *leaseClient) Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+	if c.l.forbidden {
+		return nil, apierrors.NewForbidden(coordinationv1.Resource("leases"), "", nil)
+	}
+	w, err := c.LeaseInterface.Watch(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return watch.Filter(w, func(e watch.Event) (watch.Event, bool) { return e, !c.l.silent.Load() }), nil
+}
+
+// A standby learns of the release from its watch and takes the Lease
+// without reading it from the API.
+func TestStandbyTakesReleasedLeaseFromWatch(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	a := start(t, ns, "pod-a_uid-a")
+	kubetest.WaitFor(t, 10*time.Second, "a to lead", func() bool { return leading(a) })
+	api := &leases{LeasesGetter: env.Client.CoordinationV1()}
+	b := startWith(t, ns, "pod-b_uid-b", api)
+	kubetest.WaitFor(t, 10*time.Second, "b to see a lead", func() bool { return b.e.Holder() == "pod-a_uid-a" })
+	time.Sleep(3 * retryPeriod) // several renewals by a, seen by b
+
+	gets := api.gets.Load()
+	released := time.Now().Truncate(time.Microsecond)
+	a.stop()
+	kubetest.WaitFor(t, leaseDuration, "b to lead after the release", func() bool { return leading(b) })
+	// The record says when b took it, not when b's elector began to wait.
+	if acquired := getLease(t, ns).Spec.AcquireTime.Time; acquired.Before(released) {
+		t.Errorf("Lease acquireTime %s is before the release at %s", acquired, released)
+	}
+	if n := api.getsAtWrite.Load() - gets; n != 0 {
+		t.Errorf("b read the Lease from the API %d times between the release and taking it; want 0, the watch tells it", n)
+	}
+}
+
+// Without list and watch permission a standby polls, as client-go does.
+func TestStandbyPollsWhenItCannotWatch(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	a := start(t, ns, "pod-a_uid-a")
+	kubetest.WaitFor(t, 10*time.Second, "a to lead", func() bool { return leading(a) })
+	api := &leases{LeasesGetter: env.Client.CoordinationV1(), forbidden: true}
+	b := startWith(t, ns, "pod-b_uid-b", api)
+	kubetest.WaitFor(t, 10*time.Second, "b to see a lead", func() bool { return b.e.Holder() == "pod-a_uid-a" })
+
+	a.stop()
+	kubetest.WaitFor(t, leaseDuration, "b to lead after the release", func() bool { return leading(b) })
+	if api.gets.Load() < 2 {
+		t.Errorf("b read the Lease %d times; want polling", api.gets.Load())
+	}
+}
+
+// A watch that goes quiet while the holder renews must not make the
+// standby take a Lease that is still held: its write fails on the Lease's
+// resourceVersion and it falls back to polling, which sees the renewals.
+func TestStandbyWithStalledWatchDoesNotTakeHeldLease(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	a := start(t, ns, "pod-a_uid-a")
+	kubetest.WaitFor(t, 10*time.Second, "a to lead", func() bool { return leading(a) })
+	api := &leases{LeasesGetter: env.Client.CoordinationV1()}
+	b := startWith(t, ns, "pod-b_uid-b", api)
+	kubetest.WaitFor(t, 10*time.Second, "b to see a lead", func() bool { return b.e.Holder() == "pod-a_uid-a" })
+	api.silent.Store(true)
+
+	for end := time.Now().Add(2 * leaseDuration); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if leading(b) || !leading(a) {
+			t.Fatalf("a leading=%t, b leading=%t while a renews: want only a", leading(a), leading(b))
+		}
+	}
+	a.stop()
+	kubetest.WaitFor(t, leaseDuration, "b to lead after the release, by polling", func() bool { return leading(b) })
+}
