@@ -3,13 +3,17 @@ SHELL := /bin/bash
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build demo test unit lint kube-assets tools clean
+.PHONY: all build image demo test unit bench lint kube-assets tools clean
 
 all: build
 
 build:
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/handoff ./cmd/handoff
 	CGO_ENABLED=0 go build -trimpath -o bin/pgworker ./examples/pgworker
+
+# The container image, written as a tarball without a container engine.
+image: build
+	go run ./hack/image --binary bin/handoff --tag handoff:$(VERSION) --out bin/handoff-image.tar
 
 # Builds or reuses the control-plane binaries (cached under ~/.cache/handoff).
 kube-assets:
@@ -26,6 +30,13 @@ demo: build kube-assets
 # a real PostgreSQL, which the tests start themselves.
 test: kube-assets
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go test -race -count=1 ./...
+
+# The figures of docs/performance.md, on a real kube-apiserver + etcd: Lease
+# handover and API cost beside plain client-go, then the sidecar's memory,
+# CPU and shutdown time.
+bench: image kube-assets
+	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/takeover
+	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/sidecar --handoff bin/handoff --image bin/handoff-image.tar
 
 unit:
 	go test -count=1 ./config ./worker
