@@ -17,7 +17,7 @@ image: build
 
 # Builds or reuses the control-plane binaries (cached under ~/.cache/handoff).
 kube-assets:
-	@bash hack/kube-assets.sh >/dev/null
+	@bash hack/kube-assets.sh kube-controller-manager >/dev/null
 
 tools:
 	@bash hack/tools.sh >/dev/null
@@ -29,7 +29,7 @@ demo: build kube-assets
 # Every test: unit, and integration against a real kube-apiserver + etcd and
 # a real PostgreSQL, which the tests start themselves.
 test: kube-assets
-	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go test -race -count=1 ./...
+	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh kube-controller-manager) go test -race -count=1 ./...
 
 # The figures of docs/performance.md, on a real kube-apiserver + etcd: Lease
 # handover and API cost beside plain client-go, then the sidecar's memory,

@@ -13,6 +13,8 @@ set -euo pipefail
 # `go install` produces (the last element of the package path).
 TOOLS='
 golangci-lint=github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
+helm=helm.sh/helm/v3/cmd/helm@v3.22.0
+helm-unittest=github.com/helm-unittest/helm-unittest@v1.1.2
 '
 
 CACHE=${HANDOFF_CACHE:-$HOME/.cache/handoff}
@@ -37,5 +39,17 @@ while IFS= read -r line; do
   GOBIN="$BIN" GOFLAGS=-mod=mod go install "$pkg" >&2
   echo "$version" >"$stamp"
 done <<<"$TOOLS"
+
+# helm-unittest runs as a helm plugin: HELM_PLUGINS=$BIN/helm-plugins.
+plugin="$BIN/helm-plugins/unittest"
+mkdir -p "$plugin"
+ln -sf "$BIN/helm-unittest" "$plugin/helm-unittest"
+cat >"$plugin/plugin.yaml" <<'YAML'
+name: unittest
+version: 1.1.2
+usage: unit tests of a chart's templates
+description: helm-unittest, built from the Go module proxy by hack/tools.sh
+command: $HELM_PLUGIN_DIR/helm-unittest
+YAML
 
 echo "$BIN"

@@ -20,7 +20,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(sidecarCommand(), prestopCommand(), versionCommand())
+	root.AddCommand(sidecarCommand(), prestopCommand(), installCommand(), injectCommand(), webhookCommand(), versionCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "handoff:", err)
 		os.Exit(1)

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os/exec"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -18,34 +20,64 @@ func prestopCommand() *cobra.Command {
 		addr           string
 		timeout        time.Duration
 		connectTimeout time.Duration
+		thenSleep      time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "prestop",
+		Use:   "prestop [-- COMMAND [ARG...]]",
 		Short: "The preStop hook: run the handover in the sidecar and wait until it is over",
 		Long: `prestop asks the handoff sidecar on loopback to run the shutdown sequence
 (stop claiming, drain, hand back claims, release the Lease) and blocks until
 it is over, then prints what happened. It exits non-zero when the sidecar
-cannot be reached, so the kubelet records FailedPreStopHook.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+cannot be reached, so the kubelet records FailedPreStopHook.
+
+A hook the container had before injection runs after the handover, whatever
+its outcome: a COMMAND after "--" (an exec hook), or --then-sleep (a sleep
+hook).`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if n := cmd.ArgsLenAtDash(); n != 0 && len(args) > 0 {
+				return fmt.Errorf("unexpected argument %q: a command to run after the handover goes after --", args[0])
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
+			var errs []error
 			rep, err := prestop.Call(ctx, addr, connectTimeout)
-			if err != nil {
-				return err
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case len(rep.Errors) > 0:
+				printReport(cmd.OutOrStdout(), rep)
+				errs = append(errs, fmt.Errorf("handover finished with %d errors", len(rep.Errors)))
+			default:
+				printReport(cmd.OutOrStdout(), rep)
 			}
-			printReport(cmd.OutOrStdout(), rep)
-			if len(rep.Errors) > 0 {
-				return fmt.Errorf("handover finished with %d errors", len(rep.Errors))
-			}
-			return nil
+			errs = append(errs, then(ctx, cmd, args, thenSleep))
+			return errors.Join(errs...)
 		},
 	}
 	d, _ := config.Lookup("control-addr")
 	cmd.Flags().StringVar(&addr, "addr", d.Default, "address of the sidecar's control API")
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up waiting after this long (the kubelet also ends the hook at the grace period)")
 	cmd.Flags().DurationVar(&connectTimeout, "connect-timeout", 5*time.Second, "keep retrying a refused connection for this long")
+	cmd.Flags().DurationVar(&thenSleep, "then-sleep", 0, "sleep this long after the handover (a wrapped sleep hook)")
 	return cmd
+}
+
+// then runs the container's own hook, kept by injection, after the handover.
+func then(ctx context.Context, cmd *cobra.Command, args []string, sleep time.Duration) error {
+	if len(args) > 0 {
+		c := exec.CommandContext(ctx, args[0], args[1:]...)
+		c.Stdout, c.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
+		if err := c.Run(); err != nil {
+			return fmt.Errorf("the container's own preStop command %q: %w", args[0], err)
+		}
+	}
+	if sleep > 0 {
+		select {
+		case <-time.After(sleep):
+		case <-ctx.Done():
+		}
+	}
+	return nil
 }
 
 func printReport(w io.Writer, rep *protocol.Report) {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -28,6 +29,24 @@ type Env struct {
 	// Kubeconfig is the path of a kubeconfig file for the control plane, for
 	// subprocesses.
 	Kubeconfig string
+	// Webhook is where the apiserver sends admission requests for the
+	// webhooks installed with WithMutatingWebhooks: serve them on its
+	// LocalServingHost and LocalServingPort with the certificate in its
+	// LocalServingCertDir.
+	Webhook envtest.WebhookInstallOptions
+
+	assets string
+}
+
+// Option changes the control plane before it starts.
+type Option func(*envtest.Environment)
+
+// WithMutatingWebhooks installs the webhook configurations, their client
+// configs pointed at a local server (see Env.Webhook).
+func WithMutatingWebhooks(cfgs ...*admissionregistrationv1.MutatingWebhookConfiguration) Option {
+	return func(te *envtest.Environment) {
+		te.WebhookInstallOptions.MutatingWebhooks = append(te.WebhookInstallOptions.MutatingWebhooks, cfgs...)
+	}
 }
 
 var (
@@ -37,17 +56,31 @@ var (
 
 // Main starts the control plane, runs the tests, stops it, and exits with
 // the tests' code. Call it from TestMain.
-func Main(m *testing.M) {
-	os.Exit(run(m))
+func Main(m *testing.M, opts ...Option) {
+	MainWith(m, nil, opts...)
 }
 
-func run(m *testing.M) int {
-	env, stop, err := Start()
+// MainWith is Main with setup run once the control plane is up and before
+// the tests, for servers the tests need; its cleanup runs after them.
+func MainWith(m *testing.M, setup func(*Env) (cleanup func(), err error), opts ...Option) {
+	os.Exit(run(m, setup, opts))
+}
+
+func run(m *testing.M, setup func(*Env) (func(), error), opts []Option) int {
+	env, stop, err := Start(opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kubetest:", err)
 		return 1
 	}
 	defer stop()
+	if setup != nil {
+		cleanup, err := setup(env)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "kubetest setup:", err)
+			return 1
+		}
+		defer cleanup()
+	}
 	current = env
 	return m.Run()
 }
@@ -55,12 +88,15 @@ func run(m *testing.M) int {
 // Start starts a kube-apiserver and etcd and returns them with the func
 // that stops them and removes their files. It takes about 3 s once the
 // binaries are built.
-func Start() (*Env, func(), error) {
+func Start(opts ...Option) (*Env, func(), error) {
 	assets, err := assetsDir()
 	if err != nil {
 		return nil, nil, err
 	}
 	te := &envtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: time.Minute}
+	for _, o := range opts {
+		o(te)
+	}
 	cfg, err := te.Start()
 	if err != nil {
 		return nil, nil, fmt.Errorf("starting kube-apiserver and etcd: %w", err)
@@ -76,7 +112,40 @@ func Start() (*Env, func(), error) {
 		stop()
 		return nil, nil, err
 	}
-	return &Env{Config: cfg, Client: kubernetes.NewForConfigOrDie(cfg), Kubeconfig: kc}, stop, nil
+	return &Env{Config: cfg, Client: kubernetes.NewForConfigOrDie(cfg), Kubeconfig: kc,
+		Webhook: te.WebhookInstallOptions, assets: assets}, stop, nil
+}
+
+// StartControllerManager runs a real kube-controller-manager with only the
+// named controllers (e.g. deployment, replicaset) against the control plane,
+// and returns the func that stops it. Its binary comes from the assets
+// directory, built by hack/kube-assets.sh kube-controller-manager if missing.
+func (e *Env) StartControllerManager(controllers ...string) (func(), error) {
+	bin := filepath.Join(e.assets, "kube-controller-manager")
+	if _, err := os.Stat(bin); err != nil {
+		dir, err := assetsDir("kube-controller-manager")
+		if err != nil {
+			return nil, err
+		}
+		bin = filepath.Join(dir, "kube-controller-manager")
+	}
+	cmd := exec.Command(bin, "--kubeconfig="+e.Kubeconfig, "--controllers="+strings.Join(controllers, ","),
+		"--leader-elect=false", "--secure-port=0", "--concurrent-deployment-syncs=1", "--concurrent-replicaset-syncs=1")
+	log, err := os.CreateTemp("", "kube-controller-manager-*.log")
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		_ = log.Close()
+		return nil, fmt.Errorf("starting kube-controller-manager: %w", err)
+	}
+	return func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = log.Close()
+		_ = os.Remove(log.Name())
+	}, nil
 }
 
 // Get returns the control plane started by Main.
@@ -121,16 +190,16 @@ func (e *Env) Pod(t testing.TB, namespace, name string, gracePeriodSeconds int64
 }
 
 // assetsDir is KUBEBUILDER_ASSETS, or the directory hack/kube-assets.sh
-// prints (building the binaries on first use).
-func assetsDir() (string, error) {
-	if d := os.Getenv("KUBEBUILDER_ASSETS"); d != "" {
+// prints (building the binaries on first use, and the extra ones asked for).
+func assetsDir(extra ...string) (string, error) {
+	if d := os.Getenv("KUBEBUILDER_ASSETS"); d != "" && len(extra) == 0 {
 		return d, nil
 	}
 	root, err := moduleRoot()
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.CommandContext(context.Background(), "bash", filepath.Join(root, "hack", "kube-assets.sh"))
+	cmd := exec.CommandContext(context.Background(), "bash", append([]string{filepath.Join(root, "hack", "kube-assets.sh")}, extra...)...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/pmezard/go-difflib/difflib"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/handoff-dev/handoff/inject"
+)
+
+func injectCommand() *cobra.Command {
+	var (
+		files []string
+		diff  bool
+	)
+	o := injectFlags{}
+	cmd := &cobra.Command{
+		Use:   "inject [-f FILE]...",
+		Short: "Add the handoff sidecar to the pod templates of manifests, without a webhook",
+		Long: `inject reads YAML (or JSON) manifests, from the files given with -f or from
+standard input, and writes them to standard output with the handoff sidecar
+added to every Pod, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job and
+CronJob whose pod template has the annotation handoff.dev/inject: "true",
+exactly as the admission webhook would. Other documents are written as they
+were read. If any object cannot be injected nothing is written and every
+problem is reported. See docs/annotations.md.
+
+  handoff inject -f deploy.yaml | kubectl apply -f -
+  handoff inject --diff -f deploy.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts, err := o.options()
+			if err != nil {
+				return err
+			}
+			in, err := readInputs(cmd.InOrStdin(), files)
+			if err != nil {
+				return err
+			}
+			var out bytes.Buffer
+			changes, err := inject.Manifests(bytes.NewReader(in), &out, opts)
+			if err != nil {
+				return err
+			}
+			for _, c := range changes {
+				if c.Result == inject.Injected {
+					fmt.Fprintf(cmd.ErrOrStderr(), "injected %s %s\n", c.Kind, c.Name)
+				}
+			}
+			if !diff {
+				_, err := out.WriteTo(cmd.OutOrStdout())
+				return err
+			}
+			return difflib.WriteUnifiedDiff(cmd.OutOrStdout(), difflib.UnifiedDiff{
+				A: difflib.SplitLines(string(in)), B: difflib.SplitLines(out.String()),
+				FromFile: "before", ToFile: "injected", Context: 3,
+			})
+		},
+	}
+	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, `manifest file to read, "-" for standard input (repeatable; default standard input)`)
+	cmd.Flags().BoolVar(&diff, "diff", false, "print a unified diff of the change instead of the manifests")
+	o.add(cmd.Flags())
+	return cmd
+}
+
+func readInputs(stdin io.Reader, files []string) ([]byte, error) {
+	if len(files) == 0 {
+		files = []string{"-"}
+	}
+	var all bytes.Buffer
+	for i, f := range files {
+		var b []byte
+		var err error
+		if f == "-" {
+			b, err = io.ReadAll(stdin)
+		} else {
+			b, err = os.ReadFile(f)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if i > 0 {
+			all.WriteString("\n---\n")
+		}
+		all.Write(b)
+	}
+	return all.Bytes(), nil
+}
+
+// injectFlags are the injector's settings, shared by inject and webhook.
+type injectFlags struct {
+	image, pullPolicy                      string
+	cpuRequest, memoryRequest, memoryLimit string
+}
+
+func (f *injectFlags) add(fs *pflag.FlagSet) {
+	fs.StringVar(&f.image, "image", "ghcr.io/handoff-dev/handoff:"+version, "handoff image for the sidecar and its install step")
+	fs.StringVar(&f.pullPolicy, "image-pull-policy", string(corev1.PullIfNotPresent), "Always, IfNotPresent or Never")
+	fs.StringVar(&f.cpuRequest, "sidecar-cpu-request", "10m", "CPU request of the sidecar (a quantity, or empty for none)")
+	fs.StringVar(&f.memoryRequest, "sidecar-memory-request", "48Mi", "memory request of the sidecar (a quantity, or empty for none)")
+	fs.StringVar(&f.memoryLimit, "sidecar-memory-limit", "128Mi", "memory limit of the sidecar (a quantity, or empty for none)")
+}
+
+func (f *injectFlags) options() (inject.Options, error) {
+	o := inject.Options{Image: f.image, ImagePullPolicy: corev1.PullPolicy(f.pullPolicy),
+		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}}
+	var errs []error
+	switch o.ImagePullPolicy {
+	case corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+	default:
+		errs = append(errs, fmt.Errorf("--image-pull-policy %q: want Always, IfNotPresent or Never", f.pullPolicy))
+	}
+	if f.image == "" {
+		errs = append(errs, errors.New("--image: want an image reference, like ghcr.io/handoff-dev/handoff:v0.1.0"))
+	}
+	for _, q := range []struct {
+		flag, value string
+		list        corev1.ResourceList
+		name        corev1.ResourceName
+	}{
+		{"--sidecar-cpu-request", f.cpuRequest, o.Resources.Requests, corev1.ResourceCPU},
+		{"--sidecar-memory-request", f.memoryRequest, o.Resources.Requests, corev1.ResourceMemory},
+		{"--sidecar-memory-limit", f.memoryLimit, o.Resources.Limits, corev1.ResourceMemory},
+	} {
+		if q.value == "" {
+			continue
+		}
+		v, err := resource.ParseQuantity(q.value)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: want a quantity, like 10m or 64Mi", q.flag, q.value))
+			continue
+		}
+		q.list[q.name] = v
+	}
+	return o, errors.Join(errs...)
+}

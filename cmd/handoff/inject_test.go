@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const deployment = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: orders}
+spec:
+  selector: {matchLabels: {app: orders}}
+  template:
+    metadata:
+      labels: {app: orders}
+      annotations: {handoff.dev/inject: "true", handoff.dev/fallback: %s}
+    spec:
+      containers: [{name: worker, image: orders:1}]
+`
+
+func runInject(t *testing.T, stdin string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	cmd := injectCommand()
+	cmd.SilenceUsage = true // as under the root command
+	var out, errOut bytes.Buffer
+	cmd.SetIn(strings.NewReader(stdin))
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs(args)
+	err = cmd.Execute()
+	return out.String(), errOut.String(), err
+}
+
+func TestInjectCommand(t *testing.T) {
+	out, log, err := runInject(t, strings.Replace(deployment, "%s", "cancel", 1), "--image", "handoff:test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"name: handoff-install", "image: handoff:test", "value: cancel", "handoff.dev/status: injected"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(log, "injected Deployment orders") {
+		t.Errorf("stderr %q does not say what was injected", log)
+	}
+}
+
+func TestInjectCommandRefusesAndWritesNothing(t *testing.T) {
+	out, _, err := runInject(t, strings.Replace(deployment, "%s", "drop", 1))
+	if err == nil || !strings.Contains(err.Error(), "Deployment orders: ") || !strings.Contains(err.Error(), `"drop" for annotation handoff.dev/fallback`) ||
+		!strings.Contains(err.Error(), "one of return, cancel, abandon") {
+		t.Errorf("error %v: want the object, the annotation and the accepted form named", err)
+	}
+	if out != "" {
+		t.Errorf("wrote %q despite the error", out)
+	}
+}
+
+func TestInjectCommandDiff(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "deploy.yaml")
+	if err := os.WriteFile(f, []byte(strings.Replace(deployment, "%s", "return", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runInject(t, "", "--diff", "-f", f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out, "--- before\n+++ injected\n") || !strings.Contains(out, "+      - name: handoff-install") && !strings.Contains(out, "+        name: handoff-install") {
+		t.Errorf("diff:\n%s", out)
+	}
+}
+
+func TestInjectCommandRejectsBadFlags(t *testing.T) {
+	_, _, err := runInject(t, "", "--sidecar-memory-limit", "lots", "--image-pull-policy", "Sometimes")
+	if err == nil || !strings.Contains(err.Error(), "--sidecar-memory-limit") || !strings.Contains(err.Error(), "--image-pull-policy") {
+		t.Errorf("error %v: want both flags named", err)
+	}
+}
+
+func TestInstallCopiesThisBinary(t *testing.T) {
+	dst := filepath.Join(t.TempDir(), "handoff")
+	cmd := installCommand()
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SetArgs([]string{dst})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	self, _ := os.Executable()
+	a, err1 := os.Stat(self)
+	b, err2 := os.Stat(dst)
+	if err1 != nil || err2 != nil || a.Size() != b.Size() || b.Mode().Perm() != 0o755 {
+		t.Errorf("installed %v (%v), want a 0755 copy of %s (%v)", b, err2, self, err1)
+	}
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/go-logr/zapr"
+	"github.com/open-policy-agent/cert-controller/pkg/rotator"
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/handoff-dev/handoff/webhook"
+)
+
+func webhookCommand() *cobra.Command {
+	var (
+		kubeconfig, certDir, metricsAddr, healthAddr string
+		port                                         int
+		rotate                                       bool
+		namespace, secret, service, configName       string
+	)
+	o := injectFlags{}
+	cmd := &cobra.Command{
+		Use:   "webhook",
+		Short: "Serve the mutating admission webhook that adds the sidecar to annotated pods",
+		Long: `webhook serves HTTPS admission requests for pods at ` + webhook.Path + ` and adds the
+handoff sidecar to every pod annotated handoff.dev/inject: "true" (see
+docs/annotations.md); pods with invalid handoff annotations are refused with
+a message naming each problem. With --cert-rotation (the default) it makes
+and renews its own serving certificate and CA with cert-controller, storing
+them in --cert-secret and writing the CA into the caBundle of
+--webhook-config; without it, it reads tls.crt and tls.key from --cert-dir
+(for cert-manager).`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			opts, err := o.options()
+			if namespace == "" {
+				err = errors.Join(err, errors.New("--namespace: want the webhook's namespace (or POD_NAMESPACE set)"))
+			}
+			if err != nil {
+				return err
+			}
+			zl, err := zap.NewProduction()
+			if err != nil {
+				return err
+			}
+			log := zapr.NewLogger(zl)
+			ctrl.SetLogger(log)
+			klog.SetLogger(log.WithName("client-go"))
+
+			rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+			if err != nil {
+				return fmt.Errorf("kubernetes client configuration: %w", err)
+			}
+			rc.UserAgent = "handoff-webhook/" + version
+			mgr, err := manager.New(rc, manager.Options{
+				Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+				HealthProbeBindAddress: healthAddr,
+				// The rotator reads only its Secret (and the cluster-scoped webhook configuration).
+				Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{namespace: {}}},
+			})
+			if err != nil {
+				return err
+			}
+			certsReady := make(chan struct{})
+			if rotate {
+				err := rotator.AddRotator(mgr, &rotator.CertRotator{
+					SecretKey:      types.NamespacedName{Namespace: namespace, Name: secret},
+					CertDir:        certDir,
+					CAName:         "handoff-webhook-ca",
+					CAOrganization: "handoff",
+					DNSName:        fmt.Sprintf("%s.%s.svc", service, namespace),
+					ExtraDNSNames:  []string{service, fmt.Sprintf("%s.%s", service, namespace), fmt.Sprintf("%s.%s.svc.cluster.local", service, namespace)},
+					IsReady:        certsReady,
+					Webhooks:       []rotator.WebhookInfo{{Name: configName, Type: rotator.Mutating}},
+				})
+				if err != nil {
+					return err
+				}
+			} else {
+				close(certsReady)
+			}
+			srv := ctrlwebhook.NewServer(ctrlwebhook.Options{Port: port, CertDir: certDir})
+			webhook.NewInjector(opts, ctrlmetrics.Registry, log.WithName("webhook")).Register(srv)
+			// The server reads its certificate when it starts: start it once
+			// the rotator has written one.
+			go func() {
+				<-certsReady
+				if err := mgr.Add(srv); err != nil {
+					log.Error(err, "starting the webhook server")
+					os.Exit(1)
+				}
+			}()
+			if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+				return err
+			}
+			if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
+				return err
+			}
+			log.Info("starting", "version", version, "port", port, "certRotation", rotate)
+			return mgr.Start(ctrl.SetupSignalHandler())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
+	f.IntVar(&port, "port", 9443, "HTTPS port of the webhook")
+	f.StringVar(&certDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory of tls.crt and tls.key")
+	f.StringVar(&metricsAddr, "metrics-addr", ":8080", `address of /metrics, "0" to turn it off`)
+	f.StringVar(&healthAddr, "health-addr", ":8081", "address of /healthz and /readyz")
+	f.BoolVar(&rotate, "cert-rotation", true, "make and renew the serving certificate with cert-controller (off when cert-manager provides it)")
+	f.StringVar(&namespace, "namespace", os.Getenv("POD_NAMESPACE"), "namespace of the webhook's Service and certificate Secret")
+	f.StringVar(&secret, "cert-secret", "handoff-webhook-cert", "Secret holding the rotated certificate and CA")
+	f.StringVar(&service, "service", "handoff-webhook", "Service in front of the webhook (the certificate's DNS name)")
+	f.StringVar(&configName, "webhook-config", "handoff", "MutatingWebhookConfiguration whose caBundle the rotator writes")
+	o.add(f)
+	return cmd
+}

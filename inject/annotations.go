@@ -1,0 +1,130 @@
+package inject
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/handoff-dev/handoff/config"
+)
+
+// Annotation keys that drive injection. The sidecar's own settings are
+// annotations too; their keys, defaults and forms are in config.Table.
+const (
+	AnnotationInject      = config.AnnotationPrefix + "inject"
+	AnnotationLayout      = config.AnnotationPrefix + "layout"
+	AnnotationContainer   = config.AnnotationPrefix + "container"
+	AnnotationWrapPreStop = config.AnnotationPrefix + "wrap-prestop"
+	AnnotationStatus      = config.AnnotationPrefix + "status"
+)
+
+// Layouts, the values of AnnotationLayout.
+const (
+	// LayoutNative runs the sidecar as an init container with restartPolicy
+	// Always (a native sidecar, Kubernetes 1.29 and later): it starts before
+	// the worker and stops after it.
+	LayoutNative = "native"
+	// LayoutLegacy runs the sidecar as a plain container whose own preStop
+	// hook waits for the handover, so the kubelet's SIGTERM reaches it only
+	// once the handover is over.
+	LayoutLegacy = "legacy"
+)
+
+// StatusInjected is the value of AnnotationStatus on an injected pod.
+const StatusInjected = "injected"
+
+// Key documents one injection annotation.
+type Key struct {
+	Key, Default, Form, Usage string
+	// valid reports whether v is accepted; nil accepts anything.
+	valid func(v string) bool
+}
+
+// Keys lists the injection annotations, in documentation order.
+var Keys = []Key{
+	{Key: AnnotationInject, Default: "false", Form: `"true" or "false"`, valid: isBool,
+		Usage: "add the handoff sidecar to this pod; without it the pod is left alone"},
+	{Key: AnnotationLayout, Default: LayoutNative, Form: `"native" or "legacy"`,
+		valid: func(v string) bool { return v == LayoutNative || v == LayoutLegacy },
+		Usage: "native: the sidecar is an init container with restartPolicy Always (Kubernetes 1.29+); legacy: a plain container whose own preStop waits for the handover"},
+	{Key: AnnotationContainer, Form: "the name of one of the pod's containers",
+		Usage: "the worker container, which gets the preStop hook; without it, the first container"},
+	{Key: AnnotationWrapPreStop, Default: "false", Form: `"true" or "false"`, valid: isBool,
+		Usage: "when the worker container already has a preStop hook (exec or sleep), run it after the handover instead of refusing to inject"},
+	{Key: AnnotationStatus, Form: `"injected", set by handoff`, valid: func(v string) bool { return v == StatusInjected },
+		Usage: "marks an injected pod, which is then left alone; do not set it yourself"},
+}
+
+func isBool(v string) bool { return v == "true" || v == "false" }
+
+// lookupKey returns the injection annotation with key k.
+func lookupKey(k string) (Key, bool) {
+	i := slices.IndexFunc(Keys, func(x Key) bool { return x.Key == k })
+	if i < 0 {
+		return Key{}, false
+	}
+	return Keys[i], true
+}
+
+// knownKeys lists every handoff.dev/ annotation key, for error messages.
+func knownKeys() []string {
+	var keys []string
+	for _, k := range Keys {
+		keys = append(keys, k.Key)
+	}
+	for _, d := range config.Table {
+		if d.Annotation {
+			keys = append(keys, d.AnnotationKey())
+		}
+	}
+	return keys
+}
+
+// Markdown documents every handoff.dev/ annotation: the injection keys and
+// the sidecar settings. docs/annotations.md is this text.
+func Markdown() string {
+	var b strings.Builder
+	b.WriteString(`# Pod annotations
+
+Generated from inject.Keys and config.Table by ` + "`go test ./inject -run TestAnnotationsDoc -update`" + `;
+do not edit by hand.
+
+Every key has the prefix ` + "`" + config.AnnotationPrefix + "`" + `. Put them on the pod template
+(` + "`spec.template.metadata.annotations`" + ` of a Deployment, StatefulSet, ...).
+The webhook, and ` + "`handoff inject`" + `, refuse a pod whose handoff annotations
+are not valid, naming the annotation, the value and the accepted form. An
+unknown key under the prefix is refused too, so a misspelt key is not lost.
+
+## Injection
+
+| annotation | default | accepted | meaning |
+|---|---|---|---|
+`)
+	for _, k := range Keys {
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", k.Key, orDash(k.Default), k.Form, k.Usage)
+	}
+	b.WriteString(`
+## Sidecar settings
+
+Each becomes the sidecar's environment variable of the same name
+(` + "`" + config.EnvPrefix + "LEASE_DURATION`" + ` for ` + "`lease-duration`" + `). The grace period is read from
+the pod's ` + "`terminationGracePeriodSeconds`" + `; the pod's name, namespace and UID
+from the downward API.
+
+| annotation | default | accepted | meaning |
+|---|---|---|---|
+`)
+	for _, d := range config.Table {
+		if d.Annotation {
+			fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", d.AnnotationKey(), orDash(d.Default), d.Form, d.Usage)
+		}
+	}
+	return b.String()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "—"
+	}
+	return "`" + s + "`"
+}

@@ -1,0 +1,337 @@
+// Package inject adds the handoff sidecar to a pod as its handoff.dev/
+// annotations ask. The admission webhook and `handoff inject` both call Pod,
+// so a pod looks the same whichever path injected it.
+//
+// An injected pod has:
+//   - a volume handoff-bin (emptyDir) and an init container handoff-install
+//     that copies the handoff binary into it;
+//   - the sidecar container handoff: with the native layout an init
+//     container with restartPolicy Always, started before the worker and
+//     stopped after it; with the legacy layout a plain container whose own
+//     preStop hook waits for the handover;
+//   - on the worker container, handoff-bin mounted read-only at BinDir and
+//     a preStop exec hook running `handoff prestop`;
+//   - the annotation handoff.dev/status: injected.
+package inject
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/handoff-dev/handoff/config"
+)
+
+// Names and paths of what Pod adds.
+const (
+	SidecarName = "handoff"
+	InstallName = "handoff-install"
+	VolumeName  = "handoff-bin"
+	// BinDir is where the worker container finds the handoff binary.
+	BinDir = "/handoff/bin"
+	// ImageBinary is the handoff binary's path in the handoff image.
+	ImageBinary = "/handoff"
+	// MetricsPortName names the sidecar's metrics and probes port.
+	MetricsPortName = "handoff-metrics"
+
+	nonroot = 65532
+)
+
+// defaultGracePeriod is the API's default terminationGracePeriodSeconds.
+const defaultGracePeriod = 30
+
+// Options are the injector's own settings, the same for every pod.
+type Options struct {
+	// Image is the handoff image, for the sidecar and the install step.
+	Image           string
+	ImagePullPolicy corev1.PullPolicy
+	// Resources of the sidecar and the install step.
+	Resources corev1.ResourceRequirements
+}
+
+// Result says what Pod did.
+type Result string
+
+// Results of Pod.
+const (
+	Injected        Result = "injected"
+	Skipped         Result = "skipped"          // handoff.dev/inject absent or "false"
+	AlreadyInjected Result = "already-injected" // handoff.dev/status is "injected"
+)
+
+// Pod injects the sidecar into the pod (or pod template) described by meta
+// and spec, in place. It leaves them untouched and returns AlreadyInjected
+// when handoff.dev/status is "injected", and Skipped when handoff.dev/inject
+// is absent or "false". Otherwise it checks every handoff.dev/ annotation
+// and the pod itself first and, if anything is wrong, returns all the
+// problems joined, each naming the annotation or field, the value and the
+// accepted form, and changes nothing. It refuses a worker container that
+// already has a preStop hook unless handoff.dev/wrap-prestop is "true", and
+// a grace period no longer than deadline-margin plus handback-reserve.
+func Pod(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) (Result, error) {
+	if o.Image == "" {
+		return "", errors.New("inject: no handoff image configured")
+	}
+	a := meta.Annotations
+	if a[AnnotationStatus] == StatusInjected {
+		return AlreadyInjected, nil
+	}
+	switch v, ok := a[AnnotationInject]; {
+	case !ok || v == "false":
+		return Skipped, nil
+	case v != "true":
+		return "", annotationError(AnnotationInject, v)
+	}
+	p, err := newPlan(a, spec)
+	if err != nil {
+		return "", err
+	}
+	p.apply(meta, spec, o)
+	return Injected, nil
+}
+
+// plan is a checked injection, ready to apply.
+type plan struct {
+	settings *config.Settings
+	env      []corev1.EnvVar // settings given by annotation
+	worker   int             // index in spec.Containers
+	layout   string
+	grace    int64
+	hook     []string // the worker's preStop command
+}
+
+func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
+	var errs []error
+	keys := make([]string, 0, len(a))
+	for k := range a {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		name, ours := strings.CutPrefix(k, config.AnnotationPrefix)
+		if !ours {
+			continue
+		}
+		if key, ok := lookupKey(k); ok {
+			if key.valid != nil && !key.valid(a[k]) {
+				errs = append(errs, annotationError(k, a[k]))
+			}
+			continue
+		}
+		if d, ok := config.Lookup(name); !ok || !d.Annotation {
+			errs = append(errs, fmt.Errorf("annotation %s: not a handoff annotation; known: %s", k, strings.Join(knownKeys(), ", ")))
+		}
+	}
+
+	p := &plan{layout: LayoutNative, grace: defaultGracePeriod}
+	if v := a[AnnotationLayout]; v != "" {
+		p.layout = v
+	}
+	if spec.TerminationGracePeriodSeconds != nil {
+		p.grace = *spec.TerminationGracePeriodSeconds
+	}
+	s, err := config.Load(config.Annotations(a),
+		// Stand-ins for what the sidecar reads from the downward API.
+		config.Map(map[string]string{"pod-name": "pod", "pod-uid": "uid"}, "downward API"))
+	if err != nil {
+		errs = append(errs, err)
+	} else {
+		p.settings = s
+		if g := time.Duration(p.grace) * time.Second; g <= s.DeadlineMargin+s.HandbackReserve {
+			errs = append(errs, fmt.Errorf("spec.terminationGracePeriodSeconds %d: must be more than %s (%s) plus %s (%s), or the handover has no time; raise it or lower those",
+				p.grace, config.AnnotationPrefix+"deadline-margin", s.DeadlineMargin, config.AnnotationPrefix+"handback-reserve", s.HandbackReserve))
+		}
+	}
+	for _, d := range config.Table {
+		if v, ok := a[d.AnnotationKey()]; ok && d.Annotation {
+			p.env = append(p.env, corev1.EnvVar{Name: d.Env(), Value: v})
+		}
+	}
+
+	p.worker, err = workerIndex(a[AnnotationContainer], spec)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, conflicts(spec)...)
+	if err == nil && p.settings != nil {
+		p.hook, err = p.preStop(spec.Containers[p.worker], a[AnnotationWrapPreStop] == "true")
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func annotationError(k, v string) error {
+	key, _ := lookupKey(k)
+	return fmt.Errorf("annotation %s: %q is not accepted; want %s", k, v, key.Form)
+}
+
+func workerIndex(name string, spec *corev1.PodSpec) (int, error) {
+	if len(spec.Containers) == 0 {
+		return 0, errors.New("spec.containers: the pod has no container to hand over from")
+	}
+	if name == "" {
+		return 0, nil
+	}
+	var names []string
+	for i, c := range spec.Containers {
+		if c.Name == name {
+			return i, nil
+		}
+		names = append(names, c.Name)
+	}
+	return 0, fmt.Errorf("annotation %s: %q is not accepted; want the name of one of the pod's containers: %s",
+		AnnotationContainer, name, strings.Join(names, ", "))
+}
+
+// conflicts reports names Pod would add that the pod already uses.
+func conflicts(spec *corev1.PodSpec) []error {
+	var errs []error
+	for _, list := range []struct {
+		field      string
+		containers []corev1.Container
+	}{{"spec.containers", spec.Containers}, {"spec.initContainers", spec.InitContainers}} {
+		for _, c := range list.containers {
+			if c.Name == SidecarName || c.Name == InstallName {
+				errs = append(errs, fmt.Errorf("%s: the pod already has a container named %q, and %s is not %q; rename it",
+					list.field, c.Name, AnnotationStatus, StatusInjected))
+			}
+		}
+	}
+	for _, v := range spec.Volumes {
+		if v.Name == VolumeName {
+			errs = append(errs, fmt.Errorf("spec.volumes: the pod already has a volume named %q; rename it", VolumeName))
+		}
+	}
+	return errs
+}
+
+// preStop is the worker's hook command: handoff prestop, then the hook the
+// container had, when asked to wrap it.
+func (p *plan) preStop(w corev1.Container, wrap bool) ([]string, error) {
+	hook := []string{BinDir + "/handoff", "prestop", "--addr", p.settings.ControlAddr, "--timeout", fmt.Sprintf("%ds", p.grace)}
+	if w.Lifecycle == nil || w.Lifecycle.PreStop == nil {
+		return hook, nil
+	}
+	had := w.Lifecycle.PreStop
+	switch {
+	case !wrap:
+		return nil, fmt.Errorf("spec.containers[%s].lifecycle.preStop: the worker container already has a preStop hook; set %s: \"true\" to run it after the handover",
+			w.Name, AnnotationWrapPreStop)
+	case had.Exec != nil:
+		return append(append(hook, "--"), had.Exec.Command...), nil
+	case had.Sleep != nil:
+		return append(hook, "--then-sleep", fmt.Sprintf("%ds", had.Sleep.Seconds)), nil
+	}
+	return nil, fmt.Errorf("spec.containers[%s].lifecycle.preStop: only exec and sleep hooks can be wrapped, and this one is neither; remove it or make it an exec hook",
+		w.Name)
+}
+
+func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
+	if meta.Annotations == nil {
+		meta.Annotations = map[string]string{}
+	}
+	meta.Annotations[AnnotationStatus] = StatusInjected
+
+	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: VolumeName, VolumeSource: corev1.VolumeSource{
+		EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("64Mi"))}}})
+	install := corev1.Container{
+		Name: InstallName, Image: o.Image, ImagePullPolicy: o.ImagePullPolicy,
+		Args:            []string{"install", BinDir + "/handoff"},
+		VolumeMounts:    []corev1.VolumeMount{{Name: VolumeName, MountPath: BinDir}},
+		Resources:       o.Resources,
+		SecurityContext: securityContext(),
+	}
+	sidecar := p.sidecar(o)
+	spec.InitContainers = append(spec.InitContainers, install)
+	if p.layout == LayoutLegacy {
+		sidecar.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{
+			Command: []string{ImageBinary, "prestop", "--addr", p.settings.ControlAddr, "--timeout", fmt.Sprintf("%ds", p.grace)}}}}
+		spec.Containers = append(spec.Containers, sidecar)
+	} else {
+		sidecar.RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
+		sidecar.StartupProbe = p.probe("/readyz", 1, 60)
+		spec.InitContainers = append(spec.InitContainers, sidecar)
+	}
+
+	w := &spec.Containers[p.worker]
+	w.VolumeMounts = append(w.VolumeMounts, corev1.VolumeMount{Name: VolumeName, MountPath: BinDir, ReadOnly: true})
+	if w.Lifecycle == nil {
+		w.Lifecycle = &corev1.Lifecycle{}
+	}
+	w.Lifecycle.PreStop = &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: p.hook}}
+}
+
+func (p *plan) sidecar(o Options) corev1.Container {
+	fromPod := func(name, path string) corev1.EnvVar {
+		d, _ := config.Lookup(name)
+		return corev1.EnvVar{Name: d.Env(), ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
+	}
+	grace, _ := config.Lookup("grace-period")
+	env := []corev1.EnvVar{
+		fromPod("pod-name", "metadata.name"),
+		fromPod("pod-namespace", "metadata.namespace"),
+		fromPod("pod-uid", "metadata.uid"),
+		{Name: grace.Env(), Value: fmt.Sprintf("%ds", p.grace)},
+	}
+	c := corev1.Container{
+		Name: SidecarName, Image: o.Image, ImagePullPolicy: o.ImagePullPolicy,
+		Args:            []string{"sidecar"},
+		Env:             append(env, p.env...),
+		Resources:       o.Resources,
+		SecurityContext: securityContext(),
+	}
+	if port, ok := p.metricsPort(); ok {
+		c.Ports = []corev1.ContainerPort{{Name: MetricsPortName, ContainerPort: port, Protocol: corev1.ProtocolTCP}}
+		c.ReadinessProbe = p.probe("/readyz", 5, 3)
+		c.LivenessProbe = p.probe("/healthz", 10, 3)
+	}
+	return c
+}
+
+// metricsPort is the port of metrics-addr when the kubelet can reach it
+// (any interface), for the port entry and the probes.
+func (p *plan) metricsPort() (int32, bool) {
+	host, port, err := net.SplitHostPort(p.settings.MetricsAddr)
+	anyInterface := host == "" || host == "0.0.0.0" || host == "::"
+	if err != nil || !anyInterface {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(port, 10, 32)
+	return int32(n), err == nil && n > 0
+}
+
+func (p *plan) probe(path string, period, failures int32) *corev1.Probe {
+	if _, ok := p.metricsPort(); !ok {
+		return nil
+	}
+	return &corev1.Probe{
+		ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromString(MetricsPortName)}},
+		PeriodSeconds:    period,
+		FailureThreshold: failures,
+	}
+}
+
+func securityContext() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		RunAsNonRoot:             ptr.To(true),
+		RunAsUser:                ptr.To[int64](nonroot),
+		RunAsGroup:               ptr.To[int64](nonroot),
+		ReadOnlyRootFilesystem:   ptr.To(true),
+		AllowPrivilegeEscalation: ptr.To(false),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}

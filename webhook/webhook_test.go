@@ -1,0 +1,239 @@
+package webhook_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/handoff-dev/handoff/inject"
+	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/webhook"
+)
+
+// config is the chart's MutatingWebhookConfiguration in brief; envtest
+// points its service at the test's server.
+var config = &admissionregistrationv1.MutatingWebhookConfiguration{
+	ObjectMeta: metav1.ObjectMeta{Name: "handoff"},
+	Webhooks: []admissionregistrationv1.MutatingWebhook{{
+		Name: "inject.handoff.dev",
+		ClientConfig: admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{
+			Name: "handoff-webhook", Namespace: "handoff", Path: ptr.To(webhook.Path)}},
+		Rules: []admissionregistrationv1.RuleWithOperations{{
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+			Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+		}},
+		FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+		SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+		AdmissionReviewVersions: []string{"v1"},
+	}},
+}
+
+var (
+	registry = prometheus.NewRegistry()
+	injector = webhook.NewInjector(inject.Options{Image: "handoff:test", ImagePullPolicy: corev1.PullNever}, registry, logr.Discard())
+)
+
+func TestMain(m *testing.M) {
+	kubetest.MainWith(m, serve, kubetest.WithMutatingWebhooks(config))
+}
+
+// serve runs the webhook server where envtest sends admission requests, and
+// a kube-controller-manager that makes a Deployment's pods.
+func serve(env *kubetest.Env) (func(), error) {
+	srv := ctrlwebhook.NewServer(ctrlwebhook.Options{
+		Host: env.Webhook.LocalServingHost, Port: env.Webhook.LocalServingPort, CertDir: env.Webhook.LocalServingCertDir})
+	injector.Register(srv)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var serveErr error
+	go func() { serveErr = srv.Start(ctx); close(done) }()
+	for deadline := time.Now().Add(10 * time.Second); srv.StartedChecker()(nil) != nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			return nil, errors.Join(errors.New("webhook server did not start"), serveErr)
+		}
+	}
+	stopKCM, err := env.StartControllerManager("deployment", "replicaset")
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return func() { stopKCM(); cancel(); <-done }, nil
+}
+
+func newPod(name string, annotations map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "worker", Image: "worker:1"}}},
+	}
+}
+
+func names(cs []corev1.Container) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.Name)
+	}
+	return out
+}
+
+// checkInjected asserts the documented shape of an injected pod.
+func checkInjected(t *testing.T, pod *corev1.Pod, leases string) {
+	t.Helper()
+	if got := strings.Join(names(pod.Spec.InitContainers), ","); got != "handoff-install,handoff" {
+		t.Fatalf("init containers %s, want handoff-install,handoff", got)
+	}
+	if pod.Annotations[inject.AnnotationStatus] != inject.StatusInjected {
+		t.Errorf("annotation %s = %q", inject.AnnotationStatus, pod.Annotations[inject.AnnotationStatus])
+	}
+	sidecar := pod.Spec.InitContainers[1]
+	if sidecar.RestartPolicy == nil || *sidecar.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Error("sidecar is not a native sidecar (restartPolicy Always)")
+	}
+	env := map[string]string{}
+	for _, e := range sidecar.Env {
+		env[e.Name] = e.Value
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			env[e.Name] = e.ValueFrom.FieldRef.FieldPath
+		}
+	}
+	if env["HANDOFF_LEASES"] != leases || env["HANDOFF_POD_UID"] != "metadata.uid" || env["HANDOFF_GRACE_PERIOD"] != "30s" {
+		t.Errorf("sidecar env %v", env)
+	}
+	w := pod.Spec.Containers[0]
+	if w.Lifecycle == nil || w.Lifecycle.PreStop == nil || w.Lifecycle.PreStop.Exec == nil ||
+		w.Lifecycle.PreStop.Exec.Command[0] != inject.BinDir+"/handoff" {
+		t.Errorf("worker preStop %+v, want exec of %s/handoff", w.Lifecycle, inject.BinDir)
+	}
+}
+
+func TestAnnotatedPodIsInjected(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	pod, err := env.Client.CoreV1().Pods(ns).Create(context.Background(),
+		newPod("worker", map[string]string{"handoff.dev/inject": "true", "handoff.dev/leases": "work"}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkInjected(t, pod, "work")
+}
+
+func TestInvalidAnnotationsAreRefusedByName(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	before := outcomes(t, webhook.OutcomeRefused)
+	_, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), newPod("bad", map[string]string{
+		"handoff.dev/inject": "true", "handoff.dev/layout": "sideways", "handoff.dev/lease-duration": "fast"}), metav1.CreateOptions{})
+	if err == nil {
+		t.Fatal("created; want the webhook to refuse it")
+	}
+	for _, want := range []string{`handoff.dev/layout: "sideways" is not accepted; want "native" or "legacy"`,
+		"handoff.dev/lease-duration", `"fast"`, "a duration of at least 2s"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not contain %q", err, want)
+		}
+	}
+	if got := outcomes(t, webhook.OutcomeRefused); got != before+1 {
+		t.Errorf("refused count %v, want %v", got, before+1)
+	}
+}
+
+func TestPlainPodIsUntouched(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	pod, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), newPod("plain", nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pod.Spec.InitContainers) != 0 || len(pod.Spec.Volumes) != 0 || pod.Spec.Containers[0].Lifecycle != nil {
+		t.Errorf("plain pod changed: init %v, volumes %v", names(pod.Spec.InitContainers), pod.Spec.Volumes)
+	}
+}
+
+func TestInjectedPodIsNotInjectedTwice(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	first, err := env.Client.CoreV1().Pods(ns).Create(context.Background(),
+		newPod("first", map[string]string{"handoff.dev/inject": "true"}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "again", Annotations: first.Annotations}, Spec: *first.Spec.DeepCopy()}
+	again.Spec.NodeName = ""
+	second, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), again, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := names(first.Spec.InitContainers), names(second.Spec.InitContainers); fmt.Sprint(a) != fmt.Sprint(b) || len(second.Spec.Volumes) != len(first.Spec.Volumes) {
+		t.Errorf("second creation: init containers %v, volumes %d; first had %v, %d", b, len(second.Spec.Volumes), a, len(first.Spec.Volumes))
+	}
+}
+
+// The Deployment keeps its template; the pods its ReplicaSet creates come
+// back injected.
+func TestDeploymentPodsAreInjected(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	labels := map[string]string{"app": "orders"}
+	d, err := env.Client.AppsV1().Deployments(ns).Create(context.Background(), &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "orders"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](2),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{"handoff.dev/inject": "true", "handoff.dev/leases": "orders"}},
+				Spec:       newPod("", nil).Spec,
+			},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Spec.Template.Spec.InitContainers) != 0 {
+		t.Error("the Deployment's template was changed; only its pods should be")
+	}
+	var pods []corev1.Pod
+	kubetest.WaitFor(t, 60*time.Second, "the Deployment's 2 pods", func() bool {
+		list, err := env.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app=orders"})
+		if err != nil {
+			return false
+		}
+		pods = list.Items
+		return len(pods) == 2
+	})
+	for i := range pods {
+		checkInjected(t, &pods[i], "orders")
+	}
+}
+
+// outcomes reads handoff_webhook_admissions_total{outcome}.
+func outcomes(t *testing.T, outcome string) float64 {
+	t.Helper()
+	mfs, err := registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "handoff_webhook_admissions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == outcome {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
