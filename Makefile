@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build image demo test unit bench lint kube-assets tools clean
+.PHONY: all build image deploy demo test unit bench lint kube-assets tools clean
 
 all: build
 
@@ -14,6 +14,10 @@ build:
 # The container image, written as a tarball without a container engine.
 image: build
 	go run ./hack/image --binary bin/handoff --tag handoff:$(VERSION) --out bin/handoff-image.tar
+
+# deploy/handoff.yaml: the Helm chart rendered as plain manifests.
+deploy: tools
+	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go test ./deploy -run TestManifestsAreTheChartRendered -update
 
 # Builds or reuses the control-plane binaries (cached under ~/.cache/handoff).
 kube-assets:

@@ -10,11 +10,14 @@
 set -euo pipefail
 
 # One tool a line: name=module/path/to/cmd@version. name is the binary that
-# `go install` produces (the last element of the package path).
+# `go install` produces (the last element of the package path). A tool whose
+# own go.mod has replace directives, which `go install` refuses, lists them
+# after a "|" (old version => new version, separated by ";"); it is built in a
+# wrapper module that repeats them.
 TOOLS='
 golangci-lint=github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 helm=helm.sh/helm/v3/cmd/helm@v3.22.0
-helm-unittest=github.com/helm-unittest/helm-unittest@v1.1.2
+helm-unittest=github.com/helm-unittest/helm-unittest/cmd/helm-unittest@v1.1.2|github.com/vmware-labs/yaml-jsonpath v0.3.2 => github.com/helm-unittest/yaml-jsonpath v0.4.0
 '
 
 CACHE=${HANDOFF_CACHE:-$HOME/.cache/handoff}
@@ -26,7 +29,10 @@ log() { echo "tools: $*" >&2; }
 while IFS= read -r line; do
   [[ -z "$line" || "$line" == \#* ]] && continue
   name=${line%%=*}
-  pkg=${line#*=}
+  rest=${line#*=}
+  pkg=${rest%%|*}
+  replaces=""
+  [[ "$rest" == *"|"* ]] && replaces=${rest#*|}
   version=${pkg##*@}
   # A stamp beside the binary records the version installed, so a bumped pin
   # reinstalls and an unchanged one costs nothing.
@@ -35,8 +41,21 @@ while IFS= read -r line; do
     continue
   fi
   log "installing $name $version"
-  # GOFLAGS is reset: a caller's -mod=vendor would make `go install m@v` fail.
-  GOBIN="$BIN" GOFLAGS=-mod=mod go install "$pkg" >&2
+  if [[ -z "$replaces" ]]; then
+    # GOFLAGS is reset: a caller's -mod=vendor would make `go install m@v` fail.
+    GOBIN="$BIN" GOFLAGS=-mod=mod go install "$pkg" >&2
+  else
+    work="$CACHE/build/$name-$version"
+    rm -rf "$work" && mkdir -p "$work"
+    (
+      cd "$work"
+      go mod init handoff.local/tools >/dev/null 2>&1
+      IFS=';' read -ra reps <<<"$replaces"
+      for r in "${reps[@]}"; do echo "replace $r" >>go.mod; done
+      GOFLAGS=-mod=mod go get "${pkg%@*}@$version" >&2
+      CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -o "$BIN/$name" "${pkg%@*}" >&2
+    )
+  fi
   echo "$version" >"$stamp"
 done <<<"$TOOLS"
 

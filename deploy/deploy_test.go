@@ -1,0 +1,158 @@
+// Package deploy holds the chart rendered as plain manifests
+// (deploy/handoff.yaml). Its tests check the chart with helm lint --strict
+// and helm-unittest, that the manifests are the chart's current rendering,
+// and that a real kube-apiserver accepts every object (server-side dry run).
+package deploy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/yaml"
+
+	"github.com/handoff-dev/handoff/internal/kubetest"
+)
+
+var update = flag.Bool("update", false, "rewrite deploy/handoff.yaml from the chart")
+
+// Render is how deploy/handoff.yaml is made from the chart.
+var render = []string{"template", "handoff", "../charts/handoff", "--namespace", "handoff", "--kube-version", "1.35.0", "--set", "createNamespace=true"}
+
+func TestMain(m *testing.M) { kubetest.Main(m) }
+
+// helm runs the helm built by hack/tools.sh, with its helm-unittest plugin.
+func helm(t *testing.T, args ...string) []byte {
+	t.Helper()
+	out, err := exec.Command("bash", "../hack/tools.sh").Output()
+	if err != nil {
+		t.Fatalf("hack/tools.sh: %v", err)
+	}
+	bin := strings.TrimSpace(string(out))
+	cmd := exec.Command(filepath.Join(bin, "helm"), args...)
+	cmd.Env = append(os.Environ(), "HELM_PLUGINS="+filepath.Join(bin, "helm-plugins"))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, stdout, stderr.Bytes())
+	}
+	return stdout
+}
+
+func TestChartLints(t *testing.T) {
+	for _, set := range []string{"", "certs.certManager.enabled=true,rbac.sidecarBindings[0].namespace=shop,rbac.sidecarBindings[0].serviceAccount=orders"} {
+		args := []string{"lint", "--strict", "../charts/handoff"}
+		if set != "" {
+			args = append(args, "--set", set)
+		}
+		helm(t, args...)
+	}
+}
+
+func TestChartUnitTests(t *testing.T) {
+	helm(t, "unittest", "../charts/handoff")
+}
+
+func TestChartRefusesBadValues(t *testing.T) {
+	out, _ := exec.Command("bash", "../hack/tools.sh").Output()
+	cmd := exec.Command(filepath.Join(strings.TrimSpace(string(out)), "helm"), append(render, "--set", "webhook.failurePolicy=Sometimes")...)
+	msg, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(msg), "/webhook/failurePolicy") || !strings.Contains(string(msg), "'Ignore', 'Fail'") {
+		t.Errorf("helm template with a bad failurePolicy: %v\n%s", err, msg)
+	}
+}
+
+func TestManifestsAreTheChartRendered(t *testing.T) {
+	got := helm(t, render...)
+	if *update {
+		if err := os.WriteFile("handoff.yaml", got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile("handoff.yaml")
+	if err != nil || !bytes.Equal(got, want) {
+		t.Errorf("deploy/handoff.yaml is not the chart rendered (%v); run go test ./deploy -run TestManifests -update", err)
+	}
+}
+
+// The apiserver accepts every object of deploy/handoff.yaml: a server-side
+// apply with dryRun=All validates each against its schema.
+func TestAPIServerAcceptsManifests(t *testing.T) {
+	env := kubetest.Get(t)
+	ctx := context.Background()
+	objs := decode(t, "handoff.yaml")
+	dyn := dynamic.NewForConfigOrDie(env.Config)
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(discovery.NewDiscoveryClientForConfigOrDie(env.Config)))
+	// Namespaced objects cannot be dry-run into a namespace that does not exist.
+	if _, err := env.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "handoff"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	kinds := map[string]int{}
+	for _, obj := range objs {
+		gvk := obj.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Errorf("%s %s: %v", gvk.Kind, obj.GetName(), err)
+			continue
+		}
+		var r dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if m.Scope.Name() == meta.RESTScopeNameNamespace {
+			r = dyn.Resource(m.Resource).Namespace(obj.GetNamespace())
+		}
+		if _, err := r.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: "deploy-test", DryRun: []string{metav1.DryRunAll}}); err != nil {
+			t.Errorf("%s %s refused: %v", gvk.Kind, obj.GetName(), err)
+		}
+		kinds[gvk.Kind]++
+	}
+	for _, k := range []string{"Namespace", "Deployment", "Service", "MutatingWebhookConfiguration", "PodDisruptionBudget", "ClusterRole", "Role", "ServiceAccount", "Secret"} {
+		if kinds[k] == 0 {
+			t.Errorf("no %s in deploy/handoff.yaml", k)
+		}
+	}
+}
+
+func decode(t *testing.T, path string) []*unstructured.Unstructured {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	r := utilyaml.NewYAMLReader(bufio.NewReader(f))
+	var objs []*unstructured.Unstructured
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return objs
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		obj := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(doc, &obj.Object); err != nil {
+			t.Fatal(err)
+		}
+		if len(obj.Object) > 0 {
+			objs = append(objs, obj)
+		}
+	}
+}
