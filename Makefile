@@ -36,11 +36,12 @@ test: kube-assets
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh kube-controller-manager) go test -race -count=1 ./...
 
 # The figures of docs/performance.md, on a real kube-apiserver + etcd: Lease
-# handover and API cost beside plain client-go, then the sidecar's memory,
-# CPU and shutdown time.
+# handover and API cost beside plain client-go, the sidecar's memory, CPU and
+# shutdown time, and the webhook's admission latency.
 bench: image kube-assets
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/takeover
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/sidecar --handoff bin/handoff --image bin/handoff-image.tar
+	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh kube-controller-manager) go test -run '^$$' -bench Admission -benchtime 2000x ./webhook
 
 unit:
 	go test -count=1 ./config ./worker

@@ -1,0 +1,19 @@
+# The one handoff image: webhook, sidecar, prestop, install and inject.
+# Static binary on distroless's static nonroot base: no shell, no libc,
+# user 65532. hack/image writes the same layout without a container engine
+# (make image), on an empty base.
+#
+#   docker build --build-arg VERSION=$(git describe --always) -t handoff .
+
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/handoff ./cmd/handoff
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/handoff /handoff
+USER 65532:65532
+ENTRYPOINT ["/handoff"]
