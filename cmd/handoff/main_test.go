@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -14,8 +15,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv("HANDOFF_TEST_RUN_MAIN") != "" {
-		os.Args = []string{"handoff", "sidecar"}
+	// The test binary runs as handoff itself, with these arguments.
+	if args := os.Getenv("HANDOFF_TEST_RUN_MAIN"); args != "" {
+		os.Args = append([]string{"handoff"}, strings.Fields(args)...)
 		main()
 		os.Exit(0)
 	}
@@ -31,7 +33,7 @@ func TestSidecarProcessReleasesOnSIGTERM(t *testing.T) {
 	identity := "worker-0_" + string(pod.UID)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "HANDOFF_TEST_RUN_MAIN=1",
+	cmd.Env = append(os.Environ(), "HANDOFF_TEST_RUN_MAIN=sidecar",
 		"HANDOFF_POD_NAME=worker-0", "HANDOFF_POD_NAMESPACE="+ns, "HANDOFF_POD_UID="+string(pod.UID),
 		"HANDOFF_LEASES=work", "HANDOFF_KUBECONFIG="+env.Kubeconfig,
 		"HANDOFF_CONTROL_ADDR=127.0.0.1:0", "HANDOFF_METRICS_ADDR=127.0.0.1:0",

@@ -29,6 +29,7 @@ func webhookCommand() *cobra.Command {
 		port                                         int
 		rotate                                       bool
 		namespace, secret, service, configName       string
+		extraDNSNames                                []string
 	)
 	o := injectFlags{}
 	cmd := &cobra.Command{
@@ -81,9 +82,10 @@ them in --cert-secret and writing the CA into the caBundle of
 					CAName:         "handoff-webhook-ca",
 					CAOrganization: "handoff",
 					DNSName:        fmt.Sprintf("%s.%s.svc", service, namespace),
-					ExtraDNSNames:  []string{service, fmt.Sprintf("%s.%s", service, namespace), fmt.Sprintf("%s.%s.svc.cluster.local", service, namespace)},
-					IsReady:        certsReady,
-					Webhooks:       []rotator.WebhookInfo{{Name: configName, Type: rotator.Mutating}},
+					ExtraDNSNames: append([]string{service, fmt.Sprintf("%s.%s", service, namespace),
+						fmt.Sprintf("%s.%s.svc.cluster.local", service, namespace)}, extraDNSNames...),
+					IsReady:  certsReady,
+					Webhooks: []rotator.WebhookInfo{{Name: configName, Type: rotator.Mutating}},
 				})
 				if err != nil {
 					return err
@@ -123,6 +125,7 @@ them in --cert-secret and writing the CA into the caBundle of
 	f.StringVar(&secret, "cert-secret", "handoff-webhook-cert", "Secret holding the rotated certificate and CA")
 	f.StringVar(&service, "service", "handoff-webhook", "Service in front of the webhook (the certificate's DNS name)")
 	f.StringVar(&configName, "webhook-config", "handoff", "MutatingWebhookConfiguration whose caBundle the rotator writes")
+	f.StringSliceVar(&extraDNSNames, "cert-dns-names", nil, "more DNS names for the rotated certificate (e.g. localhost, for a webhook run outside the cluster)")
 	o.add(f)
 	return cmd
 }
