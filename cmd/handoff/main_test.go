@@ -60,17 +60,7 @@ func TestSidecarProcessReleasesOnSIGTERM(t *testing.T) {
 		}
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("sidecar exited with %v, want 0", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("sidecar did not exit after SIGTERM")
-	}
+	terminate(t, cmd, exited, "sidecar")
 	if h := holder(); h != "" {
 		t.Errorf("Lease holder after exit = %q, want released (empty)", h)
 	}
@@ -81,5 +71,22 @@ func TestSidecarProcessReleasesOnSIGTERM(t *testing.T) {
 	}
 	if len(events.Items) != 1 {
 		t.Errorf("LeaseReleased Events on the pod = %d, want 1", len(events.Items))
+	}
+}
+
+// terminate sends SIGTERM to cmd and fails the test unless it exits with
+// status 0 within 20 s; exited receives cmd.Wait's result.
+func terminate(t *testing.T, cmd *exec.Cmd, exited <-chan error, what string) {
+	t.Helper()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("%s exited with %v after SIGTERM, want 0", what, err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s did not exit after SIGTERM", what)
 	}
 }

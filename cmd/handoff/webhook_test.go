@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -100,15 +99,5 @@ func TestWebhookProcessRotatesItsCertificateAndInjects(t *testing.T) {
 		t.Errorf("pod init containers %v: want handoff-install and the handoff sidecar from handoff:test", pod.Spec.InitContainers)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("webhook exited with %v after SIGTERM, want 0", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("webhook did not exit after SIGTERM")
-	}
+	terminate(t, cmd, exited, "webhook")
 }
