@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -327,9 +328,9 @@ func setFallback(s *Settings, v string) error {
 }
 
 func setControlAddr(s *Settings, v string) error {
-	host, _, err := net.SplitHostPort(v)
+	host, err := hostPort(v)
 	if err != nil {
-		return errors.New("not a host:port")
+		return err
 	}
 	if !isLoopback(host) {
 		return errors.New("the control API never listens beyond loopback")
@@ -339,8 +340,8 @@ func setControlAddr(s *Settings, v string) error {
 }
 
 func setMetricsAddr(s *Settings, v string) error {
-	if _, _, err := net.SplitHostPort(v); err != nil {
-		return errors.New("not a host:port")
+	if _, err := hostPort(v); err != nil {
+		return err
 	}
 	s.MetricsAddr = v
 	return nil
@@ -351,11 +352,38 @@ func setAppURL(s *Settings, v string) error {
 	if err != nil || u.Scheme != "http" || u.Host == "" {
 		return errors.New("not an http:// URL")
 	}
+	if p := u.Port(); p != "" {
+		if _, err := Port(p); err != nil {
+			return err
+		}
+	}
 	if !isLoopback(u.Hostname()) {
 		return errors.New("the app is called on loopback only")
 	}
 	s.AppURL = strings.TrimSuffix(v, "/")
 	return nil
+}
+
+// hostPort checks a host:port whose port is a number from 0 to 65535 (0:
+// any free port) and returns the host.
+func hostPort(v string) (string, error) {
+	host, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return "", errors.New("not a host:port")
+	}
+	if _, err := Port(port); err != nil {
+		return "", err
+	}
+	return host, nil
+}
+
+// Port parses a port number, 0 to 65535.
+func Port(p string) (int, error) {
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 0 || n > 65535 {
+		return 0, fmt.Errorf("port %q is not a number from 0 to 65535", p)
+	}
+	return n, nil
 }
 
 func isLoopback(host string) bool {

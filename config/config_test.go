@@ -37,6 +37,9 @@ func TestBadValuesNameSettingOriginAndForm(t *testing.T) {
 		{map[string]string{"app-url": "http://10.0.0.1:80"}, []string{"app-url", "loopback only"}},
 		{map[string]string{"leases": "Work_Queue"}, []string{"leases", "not a DNS subdomain"}},
 		{map[string]string{"leases": "a,a"}, []string{"leases", "listed twice"}},
+		{map[string]string{"control-addr": "127.0.0.1:"}, []string{"control-addr", `port "" is not a number from 0 to 65535`}},
+		{map[string]string{"metrics-addr": ":99999"}, []string{"metrics-addr", `port "99999"`}},
+		{map[string]string{"app-url": "http://127.0.0.1:http"}, []string{"app-url"}},
 		{map[string]string{"leases": "a"}, []string{"pod-name", "pod-uid are required"}},
 	} {
 		_, err := config.Load(config.Map(tc.values, "annotation"))

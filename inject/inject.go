@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path"
 	"sort"
 	"strconv"
 	"strings"
@@ -117,6 +118,7 @@ func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	unknown := false
 	for _, k := range keys {
 		name, ours := strings.CutPrefix(k, config.AnnotationPrefix)
 		if !ours {
@@ -129,8 +131,12 @@ func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
 			continue
 		}
 		if d, ok := config.Lookup(name); !ok || !d.Annotation {
-			errs = append(errs, fmt.Errorf("annotation %s: not a handoff annotation; known: %s", k, strings.Join(knownKeys(), ", ")))
+			errs = append(errs, fmt.Errorf("annotation %s: not a handoff annotation", k))
+			unknown = true
 		}
+	}
+	if unknown {
+		errs = append(errs, fmt.Errorf("the handoff annotations are %s", strings.Join(knownKeys(), ", ")))
 	}
 
 	p := &plan{layout: LayoutNative, grace: defaultGracePeriod}
@@ -158,9 +164,22 @@ func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
 		}
 	}
 
+	if p.settings != nil {
+		errs = append(errs, p.checkPorts()...)
+	}
+	if spec.OS != nil && spec.OS.Name != corev1.Linux {
+		errs = append(errs, fmt.Errorf("spec.os.name %s: the handoff sidecar runs on Linux only", spec.OS.Name))
+	}
 	p.worker, err = workerIndex(a[AnnotationContainer], spec)
 	if err != nil {
 		errs = append(errs, err)
+	} else {
+		for _, m := range spec.Containers[p.worker].VolumeMounts {
+			if path.Clean(m.MountPath) == BinDir {
+				errs = append(errs, fmt.Errorf("spec.containers[%s].volumeMounts: %s is taken by volume %q; handoff mounts its binary there",
+					spec.Containers[p.worker].Name, BinDir, m.Name))
+			}
+		}
 	}
 	errs = append(errs, conflicts(spec)...)
 	if err == nil && p.settings != nil {
@@ -171,6 +190,42 @@ func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// checkPorts refuses ports the injected pod cannot use: the preStop hook
+// needs a fixed control port, and the sidecar's three ports share the pod's
+// network namespace.
+func (p *plan) checkPorts() []error {
+	var errs []error
+	ports := map[int]string{}
+	for _, x := range []struct{ setting, addr string }{
+		{"control-addr", p.settings.ControlAddr}, {"metrics-addr", p.settings.MetricsAddr}, {"app-url", appAddr(p.settings.AppURL)},
+	} {
+		_, port, _ := net.SplitHostPort(x.addr) // checked by config
+		n, _ := config.Port(port)
+		key := config.AnnotationPrefix + x.setting
+		switch {
+		case n == 0:
+			errs = append(errs, fmt.Errorf("annotation %s: port 0 is not accepted in a pod; want a fixed port", key))
+		case ports[n] != "":
+			errs = append(errs, fmt.Errorf("annotations %s and %s: both use port %d; want distinct ports", ports[n], key, n))
+		default:
+			ports[n] = key
+		}
+	}
+	return errs
+}
+
+// appAddr is the host:port of an http URL, port 80 when it has none.
+func appAddr(u string) string {
+	hostport := strings.TrimPrefix(u, "http://")
+	if i := strings.IndexByte(hostport, '/'); i >= 0 {
+		hostport = hostport[:i]
+	}
+	if _, _, err := net.SplitHostPort(hostport); err != nil {
+		return net.JoinHostPort(strings.Trim(hostport, "[]"), "80")
+	}
+	return hostport
 }
 
 func annotationError(k, v string) error {

@@ -116,7 +116,13 @@ func TestPodRefusesWithNamedCause(t *testing.T) {
 		{"bad layout", on("handoff.dev/layout", "sideways"), nil, nil,
 			[]string{"handoff.dev/layout", `"sideways"`, `"native" or "legacy"`}},
 		{"misspelt key", on("handoff.dev/lease", "work"), nil, nil,
-			[]string{"handoff.dev/lease:", "not a handoff annotation", "handoff.dev/leases"}},
+			[]string{"handoff.dev/lease:", "not a handoff annotation", "the handoff annotations are", "handoff.dev/leases"}},
+		{"control port 0", on("handoff.dev/control-addr", "127.0.0.1:0"), nil, nil,
+			[]string{"handoff.dev/control-addr: port 0", "fixed port"}},
+		{"ports shared", on("handoff.dev/metrics-addr", ":7452"), nil, nil,
+			[]string{"handoff.dev/metrics-addr and handoff.dev/app-url: both use port 7452", "distinct ports"}},
+		{"mount path taken", on(), []corev1.Container{{Name: "worker", VolumeMounts: []corev1.VolumeMount{{Name: "tools", MountPath: "/handoff/bin/"}}}}, nil,
+			[]string{"spec.containers[worker].volumeMounts", "/handoff/bin", `"tools"`}},
 		{"bad duration", on("handoff.dev/lease-duration", "fast"), nil, nil,
 			[]string{"handoff.dev/lease-duration", "fast", "a duration of at least 2s"}},
 		{"bad fallback", on("handoff.dev/fallback", "drop"), nil, nil,
@@ -180,5 +186,72 @@ func TestAnnotationsDoc(t *testing.T) {
 	want, err := os.ReadFile(path)
 	if err != nil || !bytes.Equal(got, want) {
 		t.Errorf("%s is not inject.Markdown() (%v); run go test ./inject -run TestAnnotationsDoc -update", path, err)
+	}
+}
+
+func TestManifestsEdges(t *testing.T) {
+	pod := func(name, inject string) string {
+		return `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + name + `","annotations":{"handoff.dev/inject":"` + inject + `"}},"spec":{"containers":[{"name":"w","image":"w"}]}}`
+	}
+	cases := []struct {
+		name, in string
+		wantOut  []string // in the output, in order
+		wantErr  []string // in the error
+		injected int
+	}{
+		{name: "JSON stream", in: pod("j", "true") + "\n" + pod("k", "true") + "\n",
+			wantOut: []string{"name: j", "---\n", "name: k"}, injected: 2},
+		{name: "unquoted boolean", in: "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {handoff.dev/inject: true}\nspec: {containers: [{name: w, image: w}]}\n",
+			wantErr: []string{"Pod p: annotation handoff.dev/inject: true is not a string; quote it, like \"true\""}},
+		{name: "not annotated, loose types pass through", in: "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: plain}\nspec:\n  template:\n    spec:\n      containers: [{name: w, image: w, env: [{name: PORT, value: 8080}]}]\n",
+			wantOut: []string{"value: 8080"}},
+		{name: "patch without a template", in: "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: scale}\nspec: {replicas: 3}\n",
+			wantOut: []string{"spec: {replicas: 3}"}},
+		{name: "unknown field is an error, not dropped", in: "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {handoff.dev/inject: \"true\"}\nspec: {containers: [{name: w, image: w, imagePullPolicyy: Always}]}\n",
+			wantErr: []string{"Pod p: reading the pod template", "imagePullPolicyy"}},
+		{name: "comments and separators kept", in: "# licence header\n--- # second\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
+			wantOut: []string{"# licence header\n--- # second\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n"}},
+		{name: "unsupported kind asking for injection", in: "apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata: {name: old}\nspec:\n  template:\n    metadata:\n      annotations: {handoff.dev/inject: \"true\"}\n",
+			wantErr: []string{"extensions/v1beta1 Deployment asks for injection", "apps/v1 Deployments"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			changes, err := inject.Manifests(strings.NewReader(tc.in), &out, opts)
+			if len(tc.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("no error; output:\n%s", out.String())
+				}
+				for _, w := range tc.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not contain %q", err, w)
+					}
+				}
+				if out.Len() > 0 {
+					t.Errorf("wrote output despite the error")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			rest := out.String()
+			for _, w := range tc.wantOut {
+				i := strings.Index(rest, w)
+				if i < 0 {
+					t.Fatalf("output lacks %q (in order):\n%s", w, out.String())
+				}
+				rest = rest[i+len(w):]
+			}
+			n := 0
+			for _, c := range changes {
+				if c.Result == inject.Injected {
+					n++
+				}
+			}
+			if n != tc.injected {
+				t.Errorf("injected %d objects, want %d", n, tc.injected)
+			}
+		})
 	}
 }

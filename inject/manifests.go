@@ -1,31 +1,33 @@
 package inject
 
 import (
-	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 )
 
 // templatePaths is where each workload kind keeps its pod template; the
 // pod itself is at the root.
 var templatePaths = map[schema.GroupKind][]string{
-	{Group: "", Kind: "Pod"}:             {},
-	{Group: "apps", Kind: "Deployment"}:  {"spec", "template"},
-	{Group: "apps", Kind: "StatefulSet"}: {"spec", "template"},
-	{Group: "apps", Kind: "DaemonSet"}:   {"spec", "template"},
-	{Group: "apps", Kind: "ReplicaSet"}:  {"spec", "template"},
-	{Group: "batch", Kind: "Job"}:        {"spec", "template"},
-	{Group: "batch", Kind: "CronJob"}:    {"spec", "jobTemplate", "spec", "template"},
+	{Group: "", Kind: "Pod"}:                   {},
+	{Group: "", Kind: "PodTemplate"}:           {"template"},
+	{Group: "", Kind: "ReplicationController"}: {"spec", "template"},
+	{Group: "apps", Kind: "Deployment"}:        {"spec", "template"},
+	{Group: "apps", Kind: "StatefulSet"}:       {"spec", "template"},
+	{Group: "apps", Kind: "DaemonSet"}:         {"spec", "template"},
+	{Group: "apps", Kind: "ReplicaSet"}:        {"spec", "template"},
+	{Group: "batch", Kind: "Job"}:              {"spec", "template"},
+	{Group: "batch", Kind: "CronJob"}:          {"spec", "jobTemplate", "spec", "template"},
 }
 
 // Change is what Manifests did to one object.
@@ -34,99 +36,147 @@ type Change struct {
 	Result                Result
 }
 
-// Manifests reads a stream of YAML documents (or JSON objects) and writes
-// it back with every pod template of a Pod, Deployment, StatefulSet,
-// DaemonSet, ReplicaSet, Job or CronJob injected as Pod does, including
-// the items of a List. Documents it does not change are written as they
-// were read; changed ones are written as YAML with sorted keys (comments in
-// them are lost). If any object cannot be injected it writes nothing and
-// returns every object's errors, each prefixed with its kind and name.
+// Manifests reads a stream of YAML documents, or of JSON objects, and
+// writes it back with the pod template of every Pod, PodTemplate,
+// ReplicationController, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job
+// and CronJob (and of the items of a List) injected as Pod does. Documents
+// it does not change are written as they were read, comments and
+// separators included; changed ones are written as YAML with sorted keys
+// (their comments are lost). A template is read strictly: a field the
+// Kubernetes API does not know is an error, not dropped. If any object
+// cannot be injected, Manifests writes nothing and returns every object's
+// errors, each prefixed with its kind and name.
 func Manifests(in io.Reader, out io.Writer, o Options) ([]Change, error) {
-	r := utilyaml.NewYAMLReader(bufio.NewReader(in))
+	raw, err := io.ReadAll(in)
+	if err != nil {
+		return nil, err
+	}
 	var (
 		buf     bytes.Buffer
 		changes []Change
 		errs    []error
-		docs    int
+		n       int
 	)
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
+	for _, doc := range splitDocuments(raw) {
+		buf.Write(doc.separator)
+		values, err := jsonValues(doc.body)
 		if err != nil {
-			return nil, fmt.Errorf("reading document %d: %w", docs+1, err)
+			return nil, fmt.Errorf("document %d: %w", n+1, err)
 		}
-		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
-			continue
+		if values == nil { // YAML: the whole document is one value
+			values = [][]byte{doc.body}
 		}
-		docs++
-		obj := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal(doc, &obj.Object); err != nil {
-			return nil, fmt.Errorf("document %d: %w", docs, err)
-		}
-		changed := false
-		items := []*unstructured.Unstructured{obj}
-		if obj.IsList() { // the items share the list's maps: injecting them changes it
-			items = nil
-			if err := obj.EachListItem(func(item runtime.Object) error {
-				items = append(items, item.(*unstructured.Unstructured))
-				return nil
-			}); err != nil {
-				return nil, fmt.Errorf("document %d: %w", docs, err)
+		for i, v := range values {
+			if i > 0 {
+				buf.WriteString("---\n") // several JSON values: one document each
 			}
-		}
-		for _, item := range items {
-			c, err := object(item, o)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s %s: %w", c.Kind, objectName(c), err))
+			if isBlank(v) {
+				buf.Write(v) // comments and blank lines, as read
 				continue
 			}
-			changes = append(changes, c)
-			changed = changed || c.Result == Injected
-		}
-		if docs > 1 {
-			buf.WriteString("---\n")
-		}
-		if !changed {
-			buf.Write(bytes.TrimLeft(doc, "\n"))
-			if !bytes.HasSuffix(doc, []byte("\n")) {
-				buf.WriteByte('\n')
+			n++
+			obj := &unstructured.Unstructured{}
+			if err := yaml.Unmarshal(v, &obj.Object); err != nil {
+				return nil, fmt.Errorf("document %d: %w", n, err)
 			}
-			continue
+			c, changed, err := injectObject(obj, o)
+			changes = append(changes, c...)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if !changed {
+				buf.Write(v)
+				if !bytes.HasSuffix(v, []byte("\n")) {
+					buf.WriteByte('\n')
+				}
+				continue
+			}
+			y, err := yaml.Marshal(obj.Object)
+			if err != nil {
+				return nil, err
+			}
+			buf.Write(y)
 		}
-		y, err := yaml.Marshal(obj.Object)
-		if err != nil {
-			return nil, err
-		}
-		buf.Write(y)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	_, err := buf.WriteTo(out)
+	_, err = buf.WriteTo(out)
 	return changes, err
 }
 
-// object injects the pod template of one object, if its kind has one.
+// injectObject injects obj, or each item of a List (their maps are the
+// List's, so injecting them changes it).
+func injectObject(obj *unstructured.Unstructured, o Options) ([]Change, bool, error) {
+	items := []*unstructured.Unstructured{obj}
+	if obj.IsList() {
+		items = nil
+		if err := obj.EachListItem(func(item runtime.Object) error {
+			items = append(items, item.(*unstructured.Unstructured))
+			return nil
+		}); err != nil {
+			return nil, false, fmt.Errorf("%s: %w", obj.GetKind(), err)
+		}
+	}
+	var (
+		changes []Change
+		errs    []error
+		changed bool
+	)
+	for _, item := range items {
+		c, err := object(item, o)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %s: %w", orNone(c.Kind), objectName(c), err))
+			continue
+		}
+		changes = append(changes, c)
+		changed = changed || c.Result == Injected
+	}
+	return changes, changed, errors.Join(errs...)
+}
+
+// object injects the pod template of one object, if it has one that asks
+// for it.
 func object(obj *unstructured.Unstructured, o Options) (Change, error) {
 	c := Change{Kind: obj.GetKind(), Namespace: obj.GetNamespace(), Name: obj.GetName(), Result: Skipped}
-	path, ok := templatePaths[obj.GroupVersionKind().GroupKind()]
-	if !ok {
+	path, known := templatePaths[obj.GroupVersionKind().GroupKind()]
+	if !known {
+		for _, p := range [][]string{{"spec", "template"}, {"template"}} {
+			if a, _, _ := unstructured.NestedStringMap(obj.Object, append(p, "metadata", "annotations")...); a[AnnotationInject] == "true" {
+				return c, fmt.Errorf("%s asks for injection, but handoff injects only Pods, PodTemplates, ReplicationControllers, apps/v1 Deployments, StatefulSets, DaemonSets, ReplicaSets and batch/v1 Jobs and CronJobs",
+					orNone(obj.GetAPIVersion()+" "+obj.GetKind()))
+			}
+		}
 		return c, nil
 	}
 	raw := obj.Object
 	if len(path) > 0 {
 		m, found, err := unstructured.NestedMap(obj.Object, path...)
 		if err != nil || !found {
-			return c, fmt.Errorf("%s: no pod template", strings.Join(path, "."))
+			return c, nil // no template (a patch, say): nothing to inject
 		}
 		raw = m
 	}
+	meta, _ := raw["metadata"].(map[string]any)
+	annotations, _ := meta["annotations"].(map[string]any)
+	for k, v := range annotations {
+		if _, isString := v.(string); !isString && strings.HasPrefix(k, "handoff.dev/") {
+			return c, fmt.Errorf("annotation %s: %v is not a string; quote it, like \"%v\"", k, v, v)
+		}
+	}
+	if v := annotations[AnnotationInject]; v == nil || v == "false" || annotations[AnnotationStatus] == StatusInjected {
+		c.Result = Skipped
+		if annotations[AnnotationStatus] == StatusInjected {
+			c.Result = AlreadyInjected
+		}
+		return c, nil
+	}
+
 	var t corev1.PodTemplateSpec
 	tmpl := map[string]any{"metadata": raw["metadata"], "spec": raw["spec"]}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(tmpl, &t); err != nil {
-		return c, err
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(tmpl, &t, true); err != nil {
+		return c, fmt.Errorf("reading the pod template: %w", err)
 	}
 	res, err := Pod(&t.ObjectMeta, &t.Spec, o)
 	if err != nil || res != Injected {
@@ -137,11 +187,11 @@ func object(obj *unstructured.Unstructured, o Options) (Change, error) {
 	if err != nil {
 		return c, err
 	}
-	meta, _ := out["metadata"].(map[string]any)
-	if meta != nil && meta["creationTimestamp"] == nil {
-		delete(meta, "creationTimestamp") // the converter's rendering of a zero time
+	outMeta, _ := out["metadata"].(map[string]any)
+	if outMeta != nil && outMeta["creationTimestamp"] == nil {
+		delete(outMeta, "creationTimestamp") // the converter's rendering of a zero time
 	}
-	raw["metadata"], raw["spec"] = meta, out["spec"]
+	raw["metadata"], raw["spec"] = outMeta, out["spec"]
 	if len(path) > 0 {
 		if err := unstructured.SetNestedMap(obj.Object, raw, path...); err != nil {
 			return c, err
@@ -161,14 +211,65 @@ func objectName(c Change) string {
 	return c.Namespace + "/" + c.Name
 }
 
-// stripComments drops whole-line YAML comments, to tell an empty document.
-func stripComments(doc []byte) []byte {
-	var b bytes.Buffer
+func orNone(s string) string {
+	if strings.TrimSpace(s) == "" {
+		return "(no kind)"
+	}
+	return s
+}
+
+// document is one YAML document: the separator line before it (kept as
+// read, comment and all) and its body.
+type document struct{ separator, body []byte }
+
+var separatorLine = regexp.MustCompile(`^---(\s.*)?$`)
+
+// splitDocuments splits a YAML stream at its "---" lines.
+func splitDocuments(raw []byte) []document {
+	var (
+		docs []document
+		cur  document
+	)
+	for _, line := range bytes.SplitAfter(raw, []byte("\n")) {
+		if separatorLine.Match(bytes.TrimRight(line, "\r\n")) {
+			docs = append(docs, cur)
+			cur = document{separator: line}
+			continue
+		}
+		cur.body = append(cur.body, line...)
+	}
+	return append(docs, cur)
+}
+
+// jsonValues splits a document that is a stream of JSON values; nil if it
+// is not JSON.
+func jsonValues(body []byte) ([][]byte, error) {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return nil, nil
+	}
+	d := json.NewDecoder(bytes.NewReader(body))
+	var values [][]byte
+	for {
+		var v json.RawMessage
+		err := d.Decode(&v)
+		if errors.Is(err, io.EOF) {
+			return values, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		values = append(values, append(v, '\n'))
+	}
+}
+
+// isBlank reports whether a document holds only comments and blank lines.
+func isBlank(doc []byte) bool {
 	for _, line := range bytes.Split(doc, []byte("\n")) {
-		if !bytes.HasPrefix(bytes.TrimSpace(line), []byte("#")) {
-			b.Write(line)
-			b.WriteByte('\n')
+		l := bytes.TrimSpace(line)
+		if len(l) > 0 && l[0] != '#' {
+			return false
 		}
 	}
-	return b.Bytes()
+	return true
 }

@@ -6,8 +6,9 @@
 {{- end -}}
 {{- end -}}
 
-{{- define "handoff.webhookName" -}}{{ include "handoff.fullname" . }}-webhook{{- end -}}
-{{- define "handoff.certSecret" -}}{{ include "handoff.fullname" . }}-webhook-cert{{- end -}}
+{{- /* Service names are DNS labels (63 characters): leave room for the suffix. */ -}}
+{{- define "handoff.webhookName" -}}{{ include "handoff.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
+{{- define "handoff.certSecret" -}}{{ include "handoff.webhookName" . }}-cert{{- end -}}
 
 {{- define "handoff.labels" -}}
 app.kubernetes.io/name: {{ .Chart.Name }}
