@@ -92,6 +92,10 @@ func New(cfg Config, cb Callbacks) (*Elector, error) {
 	if cfg.Name == "" || cfg.Namespace == "" || cfg.Identity == "" {
 		return nil, fmt.Errorf("lease name, namespace and identity are required (got %q/%q, identity %q)", cfg.Namespace, cfg.Name, cfg.Identity)
 	}
+	if TermLength(cfg.LeaseDuration, cfg.RenewDeadline) <= 0 {
+		return nil, fmt.Errorf("lease %s/%s: lease duration %s leaves no term (the whole seconds of the lease duration less 1s must be positive); want at least 2s",
+			cfg.Namespace, cfg.Name, cfg.LeaseDuration)
+	}
 	e := &Elector{cfg: cfg, cb: cb}
 	for _, retryPeriod := range []time.Duration{cfg.RetryPeriod, wakePeriod} {
 		if _, err := e.leaderElector(&rl.LeaseLock{LockConfig: rl.ResourceLockConfig{Identity: cfg.Identity}}, retryPeriod, true, func(context.Context) {}); err != nil {
@@ -135,8 +139,9 @@ func (e *Elector) standby(ctx context.Context, w *leaseWatch) bool {
 	defer cancel()
 	acquired := false
 	lock := &observedLock{
-		Interface: e.leaseLock(&watchedLeases{LeasesGetter: e.cfg.Leases, watch: w, retryPeriod: e.cfg.RetryPeriod}),
+		Interface: e.leaseLock(&watchedLeases{LeasesGetter: e.cfg.Leases, watch: w, retryPeriod: e.cfg.RetryPeriod, writeTimeout: e.cfg.RenewDeadline}),
 		e:         e,
+		restamp:   true,
 		// Stop before client-go's first renewal at the short retry period:
 		// the holder's elector renews from here.
 		acquired: func() { acquired = true; cancel() },
@@ -243,9 +248,16 @@ func (e *Elector) leaderElector(lock rl.Interface, retryPeriod time.Duration, ho
 }
 
 // wrote is called after a successful write of this candidate's record,
-// begun at start.
+// begun at start. The term counts from the record's renew time when that is
+// earlier: client-go stamps the record before its reads, and a standby that
+// sees the same record (equal to the second) as before keeps counting from
+// its earlier sighting, so a term counted from a late send could outlast it.
 func (e *Elector) wrote(r rl.LeaderElectionRecord, start time.Time) {
-	t := Term{Lease: e.cfg.Name, FencingToken: int64(r.LeaderTransitions), Until: start.Add(TermLength(e.cfg.LeaseDuration, e.cfg.RenewDeadline))}
+	from := start
+	if !r.RenewTime.IsZero() && r.RenewTime.Time.Before(from) {
+		from = r.RenewTime.Time
+	}
+	t := Term{Lease: e.cfg.Name, FencingToken: int64(r.LeaderTransitions), Until: from.Add(TermLength(e.cfg.LeaseDuration, e.cfg.RenewDeadline))}
 	e.mu.Lock()
 	e.term = &t
 	e.leading = true
@@ -288,6 +300,10 @@ type observedLock struct {
 	e        *Elector
 	lastRead string // holder identity in the last successful Get
 	acquired func() // if set, called after a successful write of our record
+	// restamp sets the record's renew time (and a new holder's acquire
+	// time) to the time of the write: the standby's elector stamps it
+	// before its Get, which may have waited on the watch.
+	restamp bool
 }
 
 func (l *observedLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
@@ -300,6 +316,9 @@ func (l *observedLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byt
 
 func (l *observedLock) Create(ctx context.Context, r rl.LeaderElectionRecord) error {
 	start := time.Now()
+	if l.restamp {
+		r = stamped(r, start)
+	}
 	if err := l.Interface.Create(ctx, r); err != nil {
 		return err
 	}
@@ -312,11 +331,24 @@ func (l *observedLock) Update(ctx context.Context, r rl.LeaderElectionRecord) er
 		return l.release(ctx, r)
 	}
 	start := time.Now()
+	if l.restamp {
+		r = stamped(r, start)
+	}
 	if err := l.Interface.Update(ctx, r); err != nil {
 		return err
 	}
 	l.wrote(r, start)
 	return nil
+}
+
+// stamped is r renewed at now, and acquired at now if it is a new holder's
+// (client-go gives those equal times).
+func stamped(r rl.LeaderElectionRecord, now time.Time) rl.LeaderElectionRecord {
+	if r.AcquireTime.Equal(&r.RenewTime) {
+		r.AcquireTime = metav1.NewTime(now)
+	}
+	r.RenewTime = metav1.NewTime(now)
+	return r
 }
 
 func (l *observedLock) wrote(r rl.LeaderElectionRecord, start time.Time) {

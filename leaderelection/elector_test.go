@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -232,5 +233,10 @@ func TestNewRejectsInconsistentTimings(t *testing.T) {
 		LeaseDuration: time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: time.Second}
 	if _, err := leaderelection.New(cfg, leaderelection.Callbacks{}); err == nil {
 		t.Fatal("New accepted renew deadline longer than the lease duration")
+	}
+	// client-go accepts these, but they leave no term (TermLength 0).
+	cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 1500*time.Millisecond, time.Second, 200*time.Millisecond
+	if _, err := leaderelection.New(cfg, leaderelection.Callbacks{}); err == nil || !strings.Contains(err.Error(), "leaves no term") {
+		t.Fatalf("New with lease duration 1.5s: %v, want an error saying it leaves no term", err)
 	}
 }

@@ -35,6 +35,9 @@ type watchedLeases struct {
 	coordinationv1client.LeasesGetter
 	watch       *leaseWatch
 	retryPeriod time.Duration
+	// writeTimeout bounds each write: client-go gives a standby's writes
+	// no deadline of their own.
+	writeTimeout time.Duration
 
 	answered bool      // a Get has been answered
 	last     []byte    // the record in the last answer
@@ -58,14 +61,16 @@ func (l *watchedLeaseClient) Get(ctx context.Context, name string, opts metav1.G
 }
 
 func (l *watchedLeaseClient) Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error) {
-	stampNow(&lease.Spec)
+	ctx, cancel := context.WithTimeout(ctx, l.c.writeTimeout)
+	defer cancel()
 	out, err := l.LeaseInterface.Create(ctx, lease, opts)
 	l.c.wrote(err)
 	return out, err
 }
 
 func (l *watchedLeaseClient) Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
-	stampNow(&lease.Spec)
+	ctx, cancel := context.WithTimeout(ctx, l.c.writeTimeout)
+	defer cancel()
 	out, err := l.LeaseInterface.Update(ctx, lease, opts)
 	l.c.wrote(err)
 	return out, err
@@ -143,17 +148,6 @@ func (c *watchedLeases) wrote(err error) {
 	_, _, events, _ := c.watch.current()
 	c.poll, c.pollFrom = true, events
 	c.nextPoll = time.Now().Add(wait.Jitter(c.retryPeriod, leaderelection.JitterFactor))
-}
-
-// stampNow sets the renew time, and the acquire time of a new holder, to
-// now: client-go's elector stamps its record before its Get, which here may
-// have waited for the Lease to change.
-func stampNow(spec *coordinationv1.LeaseSpec) {
-	now := metav1.NowMicro()
-	if spec.AcquireTime == nil || spec.RenewTime == nil || spec.AcquireTime.Equal(spec.RenewTime) {
-		spec.AcquireTime = &now
-	}
-	spec.RenewTime = &now
 }
 
 // recordOf is the Lease's election record as client-go's LeaseLock encodes

@@ -2,6 +2,7 @@ package leaderelection_test
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/leaderelection"
 )
 
 // leases is a standby's Lease client that counts its Gets and can refuse
@@ -25,6 +27,12 @@ type leases struct {
 	// getsAtWrite is the Get count at the first successful write.
 	getsAtWrite atomic.Int64
 	wrote       atomic.Bool
+	// failUpdate fails the next Update; slowGet delays the next Get.
+	failUpdate atomic.Bool
+	slowGet    atomic.Int64
+	// renewed lists the renewTime of every successful write.
+	mu      sync.Mutex
+	renewed []time.Time
 }
 
 func (l *leases) Leases(ns string) coordinationv1client.LeaseInterface {
@@ -38,13 +46,34 @@ type leaseClient struct {
 
 func (c *leaseClient) Get(ctx context.Context, name string, o metav1.GetOptions) (*coordinationv1.Lease, error) {
 	c.l.gets.Add(1)
+	if d := time.Duration(c.l.slowGet.Swap(0)); d > 0 {
+		time.Sleep(d)
+	}
 	return c.LeaseInterface.Get(ctx, name, o)
 }
 
+func (c *leaseClient) Create(ctx context.Context, lease *coordinationv1.Lease, o metav1.CreateOptions) (*coordinationv1.Lease, error) {
+	out, err := c.LeaseInterface.Create(ctx, lease, o)
+	if err == nil {
+		c.l.mu.Lock()
+		c.l.renewed = append(c.l.renewed, out.Spec.RenewTime.Time)
+		c.l.mu.Unlock()
+	}
+	return out, err
+}
+
 func (c *leaseClient) Update(ctx context.Context, lease *coordinationv1.Lease, o metav1.UpdateOptions) (*coordinationv1.Lease, error) {
+	if c.l.failUpdate.Swap(false) {
+		return nil, apierrors.NewServerTimeout(coordinationv1.Resource("leases"), "update", 1)
+	}
 	out, err := c.LeaseInterface.Update(ctx, lease, o)
 	if err == nil && !c.l.wrote.Swap(true) {
 		c.l.getsAtWrite.Store(c.l.gets.Load())
+	}
+	if err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "" {
+		c.l.mu.Lock()
+		c.l.renewed = append(c.l.renewed, out.Spec.RenewTime.Time)
+		c.l.mu.Unlock()
 	}
 	return out, err
 }
@@ -129,4 +158,41 @@ func TestStandbyWithStalledWatchDoesNotTakeHeldLease(t *testing.T) {
 	}
 	a.stop()
 	kubetest.WaitFor(t, leaseDuration, "b to lead after the release, by polling", func() bool { return leading(b) })
+}
+
+// A renewal that falls back to client-go's slow path (its optimistic write
+// failed) and whose read is slow writes a record stamped before the read,
+// possibly equal to the second to the last one: standbys keep counting from
+// their earlier sighting. The holder's term must count from the stamp, not
+// from the late write.
+func TestSlowRenewalDoesNotStretchTheTerm(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	api := &leases{LeasesGetter: env.Client.CoordinationV1()}
+	a := startWith(t, ns, "pod-a_uid-a", api)
+	kubetest.WaitFor(t, 10*time.Second, "a to lead", func() bool { return leading(a) })
+	time.Sleep(2 * retryPeriod) // the holder's own elector renews
+
+	api.slowGet.Store(int64(1500 * time.Millisecond))
+	api.failUpdate.Store(true)
+	kubetest.WaitFor(t, 5*time.Second, "the slow renewal", func() bool { return api.slowGet.Load() == 0 })
+	time.Sleep(2 * retryPeriod)
+	a.stop()
+
+	// Each write of a's record gave one term, in order.
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.terms) != len(api.renewed) {
+		t.Fatalf("%d terms for %d writes", len(a.terms), len(api.renewed))
+	}
+	length := leaderelection.TermLength(leaseDuration, renewDeadline)
+	for i, tm := range a.terms {
+		// The Lease keeps microseconds.
+		if limit := api.renewed[i].Add(length + time.Microsecond); tm.Until.After(limit) {
+			t.Errorf("write %d: term until %s is %s later than its record's renewTime plus the term length",
+				i, tm.Until.Format(time.StampMicro), tm.Until.Sub(limit))
+		}
+	}
 }
