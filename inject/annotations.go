@@ -93,7 +93,8 @@ Every key has the prefix ` + "`" + config.AnnotationPrefix + "`" + `. Put them o
 (` + "`spec.template.metadata.annotations`" + ` of a Deployment, StatefulSet, ...).
 The webhook, and ` + "`handoff inject`" + `, refuse a pod whose handoff annotations
 are not valid, naming the annotation, the value and the accepted form. An
-unknown key under the prefix is refused too, so a misspelt key is not lost.
+unknown key under the prefix is refused on any pod, even one that does not
+ask for injection, so a misspelt key (` + "`handoff.dev/injct`" + `) is not lost.
 
 ## Injection
 

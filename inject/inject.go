@@ -17,8 +17,10 @@ package inject
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"path"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -89,6 +91,10 @@ func Pod(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) (Result, erro
 	}
 	switch v, ok := a[AnnotationInject]; {
 	case !ok || v == "false":
+		// A misspelt key, handoff.dev/injct say, must not pass unnoticed.
+		if err := unknownKeys(a); err != nil {
+			return "", err
+		}
 		return Skipped, nil
 	case v != "true":
 		return "", annotationError(AnnotationInject, v)
@@ -118,26 +124,12 @@ func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	unknown := false
 	for _, k := range keys {
-		name, ours := strings.CutPrefix(k, config.AnnotationPrefix)
-		if !ours {
-			continue
-		}
-		if key, ok := lookupKey(k); ok {
-			if key.valid != nil && !key.valid(a[k]) {
-				errs = append(errs, annotationError(k, a[k]))
-			}
-			continue
-		}
-		if d, ok := config.Lookup(name); !ok || !d.Annotation {
-			errs = append(errs, fmt.Errorf("annotation %s: not a handoff annotation", k))
-			unknown = true
+		if key, ok := lookupKey(k); ok && key.valid != nil && !key.valid(a[k]) {
+			errs = append(errs, annotationError(k, a[k]))
 		}
 	}
-	if unknown {
-		errs = append(errs, fmt.Errorf("the handoff annotations are %s", strings.Join(knownKeys(), ", ")))
-	}
+	errs = append(errs, unknownKeys(a))
 
 	p := &plan{layout: LayoutNative, grace: defaultGracePeriod}
 	if v := a[AnnotationLayout]; v != "" {
@@ -150,7 +142,7 @@ func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
 		// Stand-ins for what the sidecar reads from the downward API.
 		config.Map(map[string]string{"pod-name": "pod", "pod-uid": "uid"}, "downward API"))
 	if err != nil {
-		errs = append(errs, err)
+		errs = append(errs, namedAnnotations(err))
 	} else {
 		p.settings = s
 		if g := time.Duration(p.grace) * time.Second; g <= s.DeadlineMargin+s.HandbackReserve {
@@ -226,6 +218,61 @@ func appAddr(u string) string {
 		return net.JoinHostPort(strings.Trim(hostport, "[]"), "80")
 	}
 	return hostport
+}
+
+// unknownKeys refuses annotations under the handoff.dev/ prefix that are
+// neither injection keys nor sidecar settings, listing the known ones once.
+func unknownKeys(a map[string]string) error {
+	var errs []error
+	for _, k := range slices.Sorted(maps.Keys(a)) {
+		name, ours := strings.CutPrefix(k, config.AnnotationPrefix)
+		if !ours {
+			continue
+		}
+		if _, ok := lookupKey(k); ok {
+			continue
+		}
+		if d, ok := config.Lookup(name); !ok || !d.Annotation {
+			errs = append(errs, fmt.Errorf("annotation %s: not a handoff annotation", k))
+		}
+	}
+	if len(errs) > 0 {
+		errs = append(errs, fmt.Errorf("the handoff annotations are %s", strings.Join(knownKeys(), ", ")))
+	}
+	return errors.Join(errs...)
+}
+
+// namedAnnotations makes each setting error of config.Load name the
+// annotation it is about.
+func namedAnnotations(err error) error {
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return err
+	}
+	var out []error
+	for _, e := range joined.Unwrap() {
+		var ce *config.Error
+		if errors.As(e, &ce) {
+			key := config.AnnotationPrefix + ce.Setting
+			if d, ok := config.Lookup(ce.Setting); ok && d.Annotation && !strings.Contains(e.Error(), key) {
+				e = fmt.Errorf("annotation %s: %w", key, e)
+			}
+		}
+		out = append(out, e)
+	}
+	return errors.Join(out...)
+}
+
+// AcceptedForm is the accepted form of the handoff annotation k, "" for
+// an unknown key.
+func AcceptedForm(k string) string {
+	if key, ok := lookupKey(k); ok {
+		return key.Form
+	}
+	if d, ok := config.Lookup(strings.TrimPrefix(k, config.AnnotationPrefix)); ok && d.Annotation {
+		return d.Form
+	}
+	return ""
 }
 
 func annotationError(k, v string) error {

@@ -161,6 +161,20 @@ func TestPodRefusesWithNamedCause(t *testing.T) {
 	}
 }
 
+func TestPodRefusesMisspeltInjectKey(t *testing.T) {
+	meta, spec := pod(map[string]string{"handoff.dev/Inject": "true"})
+	if _, err := inject.Pod(meta, spec, opts); err == nil || !strings.Contains(err.Error(), "handoff.dev/Inject: not a handoff annotation") {
+		t.Errorf("error %v: want the misspelt key named", err)
+	}
+}
+
+func TestPodNamesTheAnnotationOfARelationError(t *testing.T) {
+	meta, spec := pod(map[string]string{"handoff.dev/inject": "true", "handoff.dev/renew-deadline": "20s"})
+	if _, err := inject.Pod(meta, spec, opts); err == nil || !strings.Contains(err.Error(), "annotation handoff.dev/renew-deadline: ") {
+		t.Errorf("error %v: want it to name handoff.dev/renew-deadline", err)
+	}
+}
+
 func TestPodLeavesOthersAlone(t *testing.T) {
 	for _, a := range []map[string]string{nil, {"handoff.dev/inject": "false"}, {"handoff.dev/leases": "x"}} {
 		meta, spec := pod(a)
@@ -202,7 +216,9 @@ func TestManifestsEdges(t *testing.T) {
 		{name: "JSON stream", in: pod("j", "true") + "\n" + pod("k", "true") + "\n",
 			wantOut: []string{"name: j", "---\n", "name: k"}, injected: 2},
 		{name: "unquoted boolean", in: "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {handoff.dev/inject: true}\nspec: {containers: [{name: w, image: w}]}\n",
-			wantErr: []string{"Pod p: annotation handoff.dev/inject: true is not a string; quote it, like \"true\""}},
+			wantErr: []string{"Pod p: annotation handoff.dev/inject: true is not a string (annotation values are quoted); want \"true\" or \"false\""}},
+		{name: "misspelt inject key", in: "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {handoff.dev/injct: \"true\"}\nspec: {containers: [{name: w, image: w}]}\n",
+			wantErr: []string{"Pod p: annotation handoff.dev/injct: not a handoff annotation", "handoff.dev/inject"}},
 		{name: "not annotated, loose types pass through", in: "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: plain}\nspec:\n  template:\n    spec:\n      containers: [{name: w, image: w, env: [{name: PORT, value: 8080}]}]\n",
 			wantOut: []string{"value: 8080"}},
 		{name: "patch without a template", in: "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: scale}\nspec: {replicas: 3}\n",

@@ -160,17 +160,20 @@ func object(obj *unstructured.Unstructured, o Options) (Change, error) {
 	}
 	meta, _ := raw["metadata"].(map[string]any)
 	annotations, _ := meta["annotations"].(map[string]any)
+	strs := map[string]string{}
 	for k, v := range annotations {
-		if _, isString := v.(string); !isString && strings.HasPrefix(k, "handoff.dev/") {
-			return c, fmt.Errorf("annotation %s: %v is not a string; quote it, like \"%v\"", k, v, v)
+		str, isString := v.(string)
+		if !isString && strings.HasPrefix(k, "handoff.dev/") {
+			return c, fmt.Errorf("annotation %s: %v is not a string (annotation values are quoted); want %s", k, v, orAny(AcceptedForm(k)))
 		}
+		strs[k] = str
 	}
-	if v := annotations[AnnotationInject]; v == nil || v == "false" || annotations[AnnotationStatus] == StatusInjected {
-		c.Result = Skipped
-		if annotations[AnnotationStatus] == StatusInjected {
-			c.Result = AlreadyInjected
-		}
+	if strs[AnnotationStatus] == StatusInjected {
+		c.Result = AlreadyInjected
 		return c, nil
+	}
+	if v, ok := strs[AnnotationInject]; !ok || v == "false" {
+		return c, unknownKeys(strs) // a misspelt inject key must not pass unnoticed
 	}
 
 	var t corev1.PodTemplateSpec
@@ -209,6 +212,13 @@ func objectName(c Change) string {
 		return c.Name
 	}
 	return c.Namespace + "/" + c.Name
+}
+
+func orAny(form string) string {
+	if form == "" {
+		return "a quoted string"
+	}
+	return form
 }
 
 func orNone(s string) string {

@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/pmezard/go-difflib/difflib"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
 
 	"github.com/handoff-dev/handoff/inject"
 )
@@ -59,8 +62,16 @@ problem is reported. See docs/annotations.md.
 				_, err := out.WriteTo(cmd.OutOrStdout())
 				return err
 			}
+			before, err := normalized(in)
+			if err != nil {
+				return err
+			}
+			after, err := normalized(out.Bytes())
+			if err != nil {
+				return err
+			}
 			return difflib.WriteUnifiedDiff(cmd.OutOrStdout(), difflib.UnifiedDiff{
-				A: difflib.SplitLines(string(in)), B: difflib.SplitLines(out.String()),
+				A: difflib.SplitLines(before), B: difflib.SplitLines(after),
 				FromFile: "before", ToFile: "injected", Context: 3,
 			})
 		},
@@ -69,6 +80,34 @@ problem is reported. See docs/annotations.md.
 	cmd.Flags().BoolVar(&diff, "diff", false, "print a unified diff of the change instead of the manifests")
 	o.add(cmd.Flags())
 	return cmd
+}
+
+// normalized writes every document of a YAML stream the same way (sorted
+// keys, block style, no comments), so a diff shows only what changed.
+func normalized(stream []byte) (string, error) {
+	r := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(stream), 4096)
+	var b strings.Builder
+	for {
+		var v any
+		err := r.Decode(&v)
+		if errors.Is(err, io.EOF) {
+			return b.String(), nil
+		}
+		if err != nil {
+			return "", err
+		}
+		if v == nil {
+			continue
+		}
+		y, err := yaml.Marshal(v)
+		if err != nil {
+			return "", err
+		}
+		if b.Len() > 0 {
+			b.WriteString("---\n")
+		}
+		b.Write(y)
+	}
 }
 
 func readInputs(stdin io.Reader, files []string) ([]byte, error) {
@@ -95,6 +134,10 @@ func readInputs(stdin io.Reader, files []string) ([]byte, error) {
 	return all.Bytes(), nil
 }
 
+// defaultImage is the released image of this version of the chart
+// (charts/handoff appVersion; a test keeps them equal).
+const defaultImage = "ghcr.io/handoff-dev/handoff:0.1.0"
+
 // injectFlags are the injector's settings, shared by inject and webhook.
 type injectFlags struct {
 	image, pullPolicy                      string
@@ -102,7 +145,7 @@ type injectFlags struct {
 }
 
 func (f *injectFlags) add(fs *pflag.FlagSet) {
-	fs.StringVar(&f.image, "image", "ghcr.io/handoff-dev/handoff:"+version, "handoff image for the sidecar and its install step")
+	fs.StringVar(&f.image, "image", defaultImage, "handoff image for the sidecar and its install step")
 	fs.StringVar(&f.pullPolicy, "image-pull-policy", string(corev1.PullIfNotPresent), "Always, IfNotPresent or Never")
 	fs.StringVar(&f.cpuRequest, "sidecar-cpu-request", "10m", "CPU request of the sidecar (a quantity, or empty for none)")
 	fs.StringVar(&f.memoryRequest, "sidecar-memory-request", "48Mi", "memory request of the sidecar (a quantity, or empty for none)")

@@ -69,8 +69,14 @@ func TestInjectCommandDiff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(out, "--- before\n+++ injected\n") || !strings.Contains(out, "+      - name: handoff-install") && !strings.Contains(out, "+        name: handoff-install") {
+	if !strings.HasPrefix(out, "--- before\n+++ injected\n") || !strings.Contains(out, "+        name: handoff-install") {
 		t.Errorf("diff:\n%s", out)
+	}
+	// Only additions: the input's own lines, formatted differently, are not shown as changed.
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "-") && !strings.HasPrefix(line, "---") {
+			t.Errorf("diff removes %q", line)
+		}
 	}
 }
 
@@ -94,5 +100,21 @@ func TestInstallCopiesThisBinary(t *testing.T) {
 	b, err2 := os.Stat(dst)
 	if err1 != nil || err2 != nil || a.Size() != b.Size() || b.Mode().Perm() != 0o755 {
 		t.Errorf("installed %v (%v), want a 0755 copy of %s (%v)", b, err2, self, err1)
+	}
+}
+
+func TestDefaultImageIsTheChartsAppVersion(t *testing.T) {
+	chart, err := os.ReadFile("../../charts/handoff/Chart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var appVersion string
+	for _, line := range strings.Split(string(chart), "\n") {
+		if v, ok := strings.CutPrefix(line, "appVersion:"); ok {
+			appVersion = strings.Trim(strings.TrimSpace(v), `"`)
+		}
+	}
+	if want := "ghcr.io/handoff-dev/handoff:" + appVersion; defaultImage != want {
+		t.Errorf("default image %s, chart appVersion gives %s", defaultImage, want)
 	}
 }

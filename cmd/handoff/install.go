@@ -11,9 +11,9 @@ import (
 
 func installCommand() *cobra.Command {
 	return &cobra.Command{
-		Use:   "install PATH",
-		Short: "Copy this binary to PATH (the init step that gives the worker container its preStop hook)",
-		Long: `install copies the running handoff binary to PATH with mode 0755. Injected
+		Use:   "install DEST",
+		Short: "Copy this binary to the file DEST (the init step that gives the worker container its preStop hook)",
+		Long: `install copies the running handoff binary to the file DEST with mode 0755. Injected
 pods run it in the handoff-install init container, so that the worker
 container, whatever its image, can run "handoff prestop" from a shared
 emptyDir volume.`,
