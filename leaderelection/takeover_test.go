@@ -96,16 +96,24 @@ func (c *leaseClient) Watch(ctx context.Context, o metav1.ListOptions) (watch.In
 	return watch.Filter(w, func(e watch.Event) (watch.Event, bool) { return e, !c.l.silent.Load() }), nil
 }
 
+// leaderAndStandby starts candidate a, and once it leads, candidate b
+// whose Lease traffic goes through api; it returns when b has seen a lead.
+func leaderAndStandby(t *testing.T, api *leases) (ns string, a, b *candidate, _ *leases) {
+	t.Helper()
+	env := kubetest.Get(t)
+	ns = env.Namespace(t)
+	a = start(t, ns, "pod-a_uid-a")
+	kubetest.WaitFor(t, 10*time.Second, "a to lead", func() bool { return leading(a) })
+	api.LeasesGetter = env.Client.CoordinationV1()
+	b = startWith(t, ns, "pod-b_uid-b", api)
+	kubetest.WaitFor(t, 10*time.Second, "b to see a lead", func() bool { return b.e.Holder() == "pod-a_uid-a" })
+	return ns, a, b, api
+}
+
 // A standby learns of the release from its watch and takes the Lease
 // without reading it from the API.
 func TestStandbyTakesReleasedLeaseFromWatch(t *testing.T) {
-	env := kubetest.Get(t)
-	ns := env.Namespace(t)
-	a := start(t, ns, "pod-a_uid-a")
-	kubetest.WaitFor(t, 10*time.Second, "a to lead", func() bool { return leading(a) })
-	api := &leases{LeasesGetter: env.Client.CoordinationV1()}
-	b := startWith(t, ns, "pod-b_uid-b", api)
-	kubetest.WaitFor(t, 10*time.Second, "b to see a lead", func() bool { return b.e.Holder() == "pod-a_uid-a" })
+	ns, a, b, api := leaderAndStandby(t, &leases{})
 	time.Sleep(3 * retryPeriod) // several renewals by a, seen by b
 
 	gets := api.gets.Load()
@@ -123,13 +131,7 @@ func TestStandbyTakesReleasedLeaseFromWatch(t *testing.T) {
 
 // Without list and watch permission a standby polls, as client-go does.
 func TestStandbyPollsWhenItCannotWatch(t *testing.T) {
-	env := kubetest.Get(t)
-	ns := env.Namespace(t)
-	a := start(t, ns, "pod-a_uid-a")
-	kubetest.WaitFor(t, 10*time.Second, "a to lead", func() bool { return leading(a) })
-	api := &leases{LeasesGetter: env.Client.CoordinationV1(), forbidden: true}
-	b := startWith(t, ns, "pod-b_uid-b", api)
-	kubetest.WaitFor(t, 10*time.Second, "b to see a lead", func() bool { return b.e.Holder() == "pod-a_uid-a" })
+	_, a, b, api := leaderAndStandby(t, &leases{forbidden: true})
 
 	a.stop()
 	kubetest.WaitFor(t, leaseDuration, "b to lead after the release", func() bool { return leading(b) })
@@ -142,13 +144,7 @@ func TestStandbyPollsWhenItCannotWatch(t *testing.T) {
 // standby take a Lease that is still held: its write fails on the Lease's
 // resourceVersion and it falls back to polling, which sees the renewals.
 func TestStandbyWithStalledWatchDoesNotTakeHeldLease(t *testing.T) {
-	env := kubetest.Get(t)
-	ns := env.Namespace(t)
-	a := start(t, ns, "pod-a_uid-a")
-	kubetest.WaitFor(t, 10*time.Second, "a to lead", func() bool { return leading(a) })
-	api := &leases{LeasesGetter: env.Client.CoordinationV1()}
-	b := startWith(t, ns, "pod-b_uid-b", api)
-	kubetest.WaitFor(t, 10*time.Second, "b to see a lead", func() bool { return b.e.Holder() == "pod-a_uid-a" })
+	_, a, b, api := leaderAndStandby(t, &leases{})
 	api.silent.Store(true)
 
 	for end := time.Now().Add(2 * leaseDuration); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
