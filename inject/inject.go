@@ -40,8 +40,10 @@ const (
 	SidecarName = "handoff"
 	InstallName = "handoff-install"
 	VolumeName  = "handoff-bin"
-	// BinDir is where the worker container finds the handoff binary.
-	BinDir = "/handoff/bin"
+	// BinDir is where the install step and the worker container mount the
+	// volume with the handoff binary: a top-level directory, since the
+	// handoff image's own /handoff is a file, not a directory.
+	BinDir = "/handoff-bin"
 	// ImageBinary is the handoff binary's path in the handoff image.
 	ImageBinary = "/handoff"
 	// MetricsPortName names the sidecar's metrics and probes port.

@@ -1,7 +1,8 @@
-// Command image writes the handoff container image without a container
-// engine: one layer holding the static binary at /handoff on an empty base
+// Command image writes the handoff container image (or another static
+// binary's) without a container engine: one layer holding the binary at
+// --path (/handoff) on an empty base
 // (no shell, no libc), run as the non-root user 65532, entrypoint
-// /handoff. The result is a docker-archive tarball that `ctr images import`
+// --path. The result is a docker-archive tarball that `ctr images import`
 // and `docker load` read. It prints the image's size.
 //
 // Usage: go run ./hack/image --binary bin/handoff --tag handoff:dev --out bin/handoff-image.tar
@@ -14,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -27,6 +29,7 @@ var (
 	binary = flag.String("binary", "bin/handoff", "static handoff binary (make build)")
 	tag    = flag.String("tag", "handoff:dev", "image reference recorded in the tarball")
 	out    = flag.String("out", "bin/handoff-image.tar", "tarball to write")
+	path   = flag.String("path", "/handoff", "where the binary goes in the image; also the entrypoint")
 )
 
 // nonroot is distroless's nonroot user and group.
@@ -49,7 +52,7 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("--tag: %w", err)
 	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return rootfs(bin) })
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return rootfs(bin, strings.TrimPrefix(*path, "/")) })
 	if err != nil {
 		return err
 	}
@@ -58,7 +61,7 @@ func run() error {
 		return err
 	}
 	user := fmt.Sprintf("%d:%d", nonroot, nonroot)
-	img, err = mutate.Config(img, v1.Config{Entrypoint: []string{"/handoff"}, User: user, WorkingDir: "/"})
+	img, err = mutate.Config(img, v1.Config{Entrypoint: []string{*path}, User: user, WorkingDir: "/"})
 	if err != nil {
 		return err
 	}
@@ -89,15 +92,16 @@ func withPlatform(img v1.Image) *v1.ConfigFile {
 	return cf
 }
 
-// rootfs is the layer: /handoff, and an empty /tmp for a writable mount.
-func rootfs(bin []byte) (io.ReadCloser, error) {
+// rootfs is the layer: the binary at name, and an empty /tmp for a
+// writable mount.
+func rootfs(bin []byte, name string) (io.ReadCloser, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	epoch := time.Unix(0, 0)
 	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "tmp/", Mode: 0o1777, ModTime: epoch}); err != nil {
 		return nil, err
 	}
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "handoff", Mode: 0o755, Size: int64(len(bin)), ModTime: epoch, Uid: 0, Gid: 0}); err != nil {
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o755, Size: int64(len(bin)), ModTime: epoch, Uid: 0, Gid: 0}); err != nil {
 		return nil, err
 	}
 	if _, err := tw.Write(bin); err != nil {

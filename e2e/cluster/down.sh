@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Stops the cluster e2e/cluster/up.sh started in RUN_DIR, by the PIDs it
+# recorded, with the containers' shims and mounts, and undoes its host
+# changes (sysctls, the bridge, iptables chains, /var/lib/kubelet).
+#
+# Usage: e2e/cluster/down.sh [RUN_DIR] [--keep]   (--keep leaves RUN_DIR's logs)
+set -uo pipefail
+RUN=${1:-${HANDOFF_E2E_DIR:-${TMPDIR:-/tmp}/handoff-e2e}}
+log() { echo "cluster: $*" >&2; }
+[ -f "$RUN/pids" ] || { log "no cluster in $RUN"; exit 0; }
+
+# Newest first: the kubelet and containerd before the control plane.
+tac "$RUN/pids" | while read -r pid name; do
+  kill -TERM "$pid" 2>/dev/null || continue
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null && log "killed $name ($pid)"
+done
+# The shims outlive containerd; their containers go with them.
+for pid in $(pgrep -f "containerd-shim.*$RUN/containerd" || true); do kill -KILL "$pid" 2>/dev/null; done
+sleep 0.5
+grep " $RUN/" /proc/mounts | awk '{print $2}' | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
+
+for t in filter nat mangle; do
+  for c in KUBE-FIREWALL KUBE-KUBELET-CANARY; do
+    for parent in INPUT OUTPUT PREROUTING POSTROUTING; do
+      while iptables -t "$t" -D "$parent" -j "$c" 2>/dev/null; do :; done
+    done
+    iptables -t "$t" -F "$c" 2>/dev/null && iptables -t "$t" -X "$c" 2>/dev/null
+  done
+done
+tac "$RUN/undo" | while read -r line; do eval "$line" >/dev/null 2>&1 || log "could not undo: $line"; done
+rm -f "$RUN/pids"
+if [ "${2:-}" != --keep ]; then rm -rf "$RUN"; fi
+log "stopped"

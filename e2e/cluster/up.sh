@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Boots a single-node Kubernetes v1.35 on this machine without Docker: etcd,
+# kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and a
+# kubelet on containerd + runc (Debian packages, installed if missing). The
+# node and the control plane share the host; pods get addresses on the
+# bridge handoff0 (10.89.0.0/24, the host is 10.89.0.1, where the API
+# listens). Every file is under one run directory; e2e/cluster/down.sh stops
+# what this started (by PID) and undoes the host changes it recorded.
+#
+# Usage: e2e/cluster/up.sh [RUN_DIR]     (default $TMPDIR/handoff-e2e)
+# Prints the kubeconfig path on stdout when the node is Ready.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RUN=${1:-${HANDOFF_E2E_DIR:-${TMPDIR:-/tmp}/handoff-e2e}}
+BRIDGE=handoff0 HOST_IP=10.89.0.1 POD_CIDR=10.89.0.0/24 SERVICE_CIDR=10.96.0.0/24 SERVICE_IP=10.96.0.1
+log() { echo "cluster: $*" >&2; }
+
+if [ -f "$RUN/pids" ]; then
+  log "$RUN already has a cluster; run e2e/cluster/down.sh $RUN first"
+  exit 1
+fi
+missing=()
+for p in containerd runc iptables openssl; do command -v "$p" >/dev/null || missing+=("$p"); done
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]} from Debian"
+  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq containerd runc containernetworking-plugins iptables openssl >&2
+fi
+BIN=$(bash hack/kube-assets.sh kube-controller-manager kube-scheduler kube-proxy kubelet)
+mkdir -p "$RUN"/{pki,logs,etcd,containerd,cni/net.d,cni/ipam,kubelet/root,kubelet/plugins,kubelet/logs,images}
+: >"$RUN/pids"
+: >"$RUN/undo"
+
+# Host changes, each with its undo, so down.sh can revert them.
+for s in vm.overcommit_memory kernel.panic kernel.panic_on_oops net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables; do
+  echo "sysctl -qw $s=$(sysctl -n "$s" 2>/dev/null || echo 0)" >>"$RUN/undo"
+done
+[ -d /var/lib/kubelet ] || echo "rm -rf /var/lib/kubelet" >>"$RUN/undo"
+sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
+if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+  ip link add "$BRIDGE" type bridge
+  ip addr add "$HOST_IP/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  echo "ip link del $BRIDGE" >>"$RUN/undo"
+fi
+
+# Certificates: one CA; the apiserver's serving certificate; one
+# system:masters client for every component; the service-account keys.
+pki=$RUN/pki
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=handoff-e2e-ca -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
+cert() { # name subject [SANs]
+  openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$pki/$1.key" -out "$pki/$1.csr" 2>/dev/null
+  local ext=$pki/$1.ext
+  echo "basicConstraints=CA:FALSE" >"$ext"
+  [ -n "${3:-}" ] && echo "subjectAltName=$3" >>"$ext"
+  openssl x509 -req -in "$pki/$1.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 2 -extfile "$ext" -out "$pki/$1.crt" 2>/dev/null
+}
+cert apiserver /CN=kube-apiserver "IP:$HOST_IP,IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+cert admin "/O=system:masters/CN=admin"
+openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+KUBECONFIG=$RUN/kubeconfig
+cat >"$KUBECONFIG" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: e2e, cluster: {server: "https://$HOST_IP:6443", certificate-authority: $pki/ca.crt}}]
+users: [{name: admin, user: {client-certificate: $pki/admin.crt, client-key: $pki/admin.key}}]
+contexts: [{name: e2e, context: {cluster: e2e, user: admin}}]
+current-context: e2e
+EOF
+
+start() { # name command...
+  local name=$1; shift
+  "$@" >"$RUN/logs/$name.log" 2>&1 &
+  echo "$! $name" >>"$RUN/pids"
+}
+wait_for() { # what seconds command...
+  local what=$1 secs=$2; shift 2
+  for _ in $(seq $((secs * 5))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  log "$what not up after ${secs}s; see $RUN/logs"; return 1
+}
+kctl() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
+
+start etcd "$BIN/etcd" --data-dir "$RUN/etcd" --listen-client-urls http://127.0.0.1:23790 \
+  --advertise-client-urls http://127.0.0.1:23790 --listen-peer-urls http://127.0.0.1:23800 --unsafe-no-fsync
+start kube-apiserver "$BIN/kube-apiserver" --etcd-servers http://127.0.0.1:23790 \
+  --bind-address "$HOST_IP" --advertise-address "$HOST_IP" --secure-port 6443 \
+  --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" --client-ca-file "$pki/ca.crt" \
+  --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$pki/sa.pub" \
+  --service-account-signing-key-file "$pki/sa.key" --service-cluster-ip-range "$SERVICE_CIDR" \
+  --authorization-mode Node,RBAC --allow-privileged \
+  --kubelet-client-certificate "$pki/admin.crt" --kubelet-client-key "$pki/admin.key" \
+  --kubelet-preferred-address-types Hostname,InternalIP
+wait_for kube-apiserver 60 kctl get --raw /readyz
+start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig "$KUBECONFIG" --leader-elect=false \
+  --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" --use-service-account-credentials \
+  --secure-port 0 --controllers '*,-nodeipam,-cloud-node-lifecycle'
+start kube-scheduler "$BIN/kube-scheduler" --kubeconfig "$KUBECONFIG" --leader-elect=false --secure-port 0
+start kube-proxy "$BIN/kube-proxy" --kubeconfig "$KUBECONFIG" --hostname-override 127.0.0.1 \
+  --cluster-cidr "$POD_CIDR" --proxy-mode iptables --conntrack-max-per-core 0 \
+  --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256
+echo "$BIN/kube-proxy --cleanup" >>"$RUN/undo"
+
+# containerd, with the sandbox image built here (no registry).
+cat >"$RUN/containerd/config.toml" <<EOF
+version = 2
+root = "$RUN/containerd/root"
+state = "$RUN/containerd/state"
+[grpc]
+  address = "$RUN/containerd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "handoff.local/pause:e2e"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$RUN/cni/net.d"
+EOF
+cat >"$RUN/cni/net.d/10-handoff.conflist" <<EOF
+{"cniVersion": "0.4.0", "name": "handoff", "plugins": [
+  {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "dataDir": "$RUN/cni/ipam", "routes": [{"dst": "0.0.0.0/0"}],
+            "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$HOST_IP"}]]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+EOF
+start containerd containerd --config "$RUN/containerd/config.toml"
+SOCK=$RUN/containerd/containerd.sock
+wait_for containerd 30 ctr --address "$SOCK" version
+CGO_ENABLED=0 go build -trimpath -o "$RUN/images/pause" ./e2e/cluster/pause
+go run ./hack/image --binary "$RUN/images/pause" --path /pause --tag handoff.local/pause:e2e --out "$RUN/images/pause.tar" >&2
+ctr --address "$SOCK" -n k8s.io images import "$RUN/images/pause.tar" >&2
+
+cat >"$RUN/kubelet/config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication: {anonymous: {enabled: false}, webhook: {enabled: true}, x509: {clientCAFile: $pki/ca.crt}}
+authorization: {mode: Webhook}
+containerRuntimeEndpoint: unix://$SOCK
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+volumePluginDir: $RUN/kubelet/plugins
+podLogsDir: $RUN/kubelet/logs
+readOnlyPort: 0
+serializeImagePulls: false
+evictionHard: {memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%"}
+EOF
+start kubelet "$BIN/kubelet" --config "$RUN/kubelet/config.yaml" --kubeconfig "$KUBECONFIG" \
+  --root-dir "$RUN/kubelet/root" --hostname-override 127.0.0.1
+wait_for "node 127.0.0.1 Ready" 90 kctl wait --for=condition=Ready node/127.0.0.1 --timeout=1s
+log "node Ready; kubeconfig $KUBECONFIG; stop with e2e/cluster/down.sh $RUN"
+echo "$KUBECONFIG"
