@@ -15,9 +15,18 @@ tac "$RUN/pids" | while read -r pid name; do
   for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   kill -KILL "$pid" 2>/dev/null && log "killed $name ($pid)"
 done
-# The shims outlive containerd; their containers go with them.
+# The shims and the containers outlive containerd: kill every process in
+# the pods' cgroups (the kubelet's kubepods, in each hierarchy), then the
+# shims, then remove the cgroups, deepest first.
+for round in 1 2 3; do
+  pids=$(find /sys/fs/cgroup -path '*/kubepods*' -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
+  [ -z "$pids" ] && break
+  kill -KILL $pids 2>/dev/null
+  sleep 0.5
+done
 for pid in $(pgrep -f "containerd-shim.*$RUN/containerd" || true); do kill -KILL "$pid" 2>/dev/null; done
 sleep 0.5
+find /sys/fs/cgroup -depth -type d -path '*/kubepods*' -exec rmdir {} \; 2>/dev/null
 grep " $RUN/" /proc/mounts | awk '{print $2}' | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
 
 for t in filter nat mangle; do

@@ -147,5 +147,6 @@ EOF
 start kubelet "$BIN/kubelet" --config "$RUN/kubelet/config.yaml" --kubeconfig "$KUBECONFIG" \
   --root-dir "$RUN/kubelet/root" --hostname-override 127.0.0.1
 wait_for "node 127.0.0.1 Ready" 90 kctl wait --for=condition=Ready node/127.0.0.1 --timeout=1s
+wait_for "the default ServiceAccount" 30 kctl -n default get serviceaccount default
 log "node Ready; kubeconfig $KUBECONFIG; stop with e2e/cluster/down.sh $RUN"
 echo "$KUBECONFIG"
