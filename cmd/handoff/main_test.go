@@ -32,20 +32,12 @@ func TestSidecarProcessReleasesOnSIGTERM(t *testing.T) {
 	pod := env.Pod(t, ns, "worker-0", 30)
 	identity := "worker-0_" + string(pod.UID)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "HANDOFF_TEST_RUN_MAIN=sidecar",
+	cmd, exited := runMain(t, "sidecar",
 		"HANDOFF_POD_NAME=worker-0", "HANDOFF_POD_NAMESPACE="+ns, "HANDOFF_POD_UID="+string(pod.UID),
 		"HANDOFF_LEASES=work", "HANDOFF_KUBECONFIG="+env.Kubeconfig,
 		"HANDOFF_CONTROL_ADDR=127.0.0.1:0", "HANDOFF_METRICS_ADDR=127.0.0.1:0",
 		"HANDOFF_APP_URL=http://127.0.0.1:1", // no app: nothing to drain
 		"HANDOFF_LEASE_DURATION=3s", "HANDOFF_RENEW_DEADLINE=2s", "HANDOFF_RETRY_PERIOD=250ms")
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
 
 	holder := func() string {
 		l, err := env.Client.CoordinationV1().Leases(ns).Get(context.Background(), "work", metav1.GetOptions{})
@@ -89,4 +81,21 @@ func terminate(t *testing.T, cmd *exec.Cmd, exited <-chan error, what string) {
 	case <-time.After(20 * time.Second):
 		t.Fatalf("%s did not exit after SIGTERM", what)
 	}
+}
+
+// runMain starts the test binary as handoff with args (space-separated) and
+// the extra environment env; exited receives its Wait result. The process
+// is killed at the end of the test if it still runs.
+func runMain(t *testing.T, args string, env ...string) (*exec.Cmd, <-chan error) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), "HANDOFF_TEST_RUN_MAIN="+args), env...)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return cmd, exited
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -60,16 +59,8 @@ func TestWebhookProcessRotatesItsCertificateAndInjects(t *testing.T) {
 	})
 
 	certDir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("HANDOFF_TEST_RUN_MAIN=webhook --kubeconfig %s --port %d --cert-dir %s --namespace %s --webhook-config %s --cert-dns-names localhost --metrics-addr 0 --health-addr 127.0.0.1:0 --image handoff:test",
+	cmd, exited := runMain(t, fmt.Sprintf("webhook --kubeconfig %s --port %d --cert-dir %s --namespace %s --webhook-config %s --cert-dns-names localhost --metrics-addr 0 --health-addr 127.0.0.1:0 --image handoff:test",
 		env.Kubeconfig, port, certDir, ns, cfgName))
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
 
 	kubetest.WaitFor(t, 30*time.Second, "the rotator to write the CA into the webhook configuration", func() bool {
 		c, err := env.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, cfgName, metav1.GetOptions{})
