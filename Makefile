@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build image deploy demo test unit bench lint kube-assets tools clean
+.PHONY: all build image deploy demo test e2e unit bench lint kube-assets tools clean
 
 all: build
 
@@ -42,6 +42,11 @@ bench: image kube-assets
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/takeover
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/sidecar --handoff bin/handoff --image bin/handoff-image.tar
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh kube-controller-manager) go test -run '^$$' -bench Admission -benchtime 2000x ./webhook
+
+# End to end on a real kubelet (root; boots and stops its own cluster with
+# e2e/cluster, containerd and runc from Debian). Not yet part of .ci/run.
+e2e: kube-assets tools
+	go test -tags e2e -count=1 -v ./e2e/
 
 unit:
 	go test -count=1 ./config ./worker

@@ -18,6 +18,9 @@
 # it is installed with apt-get.
 #
 # Environment:
+#   HANDOFF_PG_LISTEN     more addresses to listen on (comma-separated, e.g. a
+#                         bridge address pods reach), each trusted for its /24;
+#                         read when DIR is initialised.
 #   HANDOFF_PG_WATCH_PID  if set, start also leaves a watchdog that stops the
 #                         server once that process exits (used by
 #                         internal/pgtest, so an interrupted test binary does
@@ -118,13 +121,16 @@ start() {
     cat >>"$DATA/postgresql.conf" <<EOF
 
 # hack/postgres.sh: throwaway server, durability off.
-listen_addresses = '127.0.0.1'
+listen_addresses = '127.0.0.1${HANDOFF_PG_LISTEN:+,$HANDOFF_PG_LISTEN}'
 unix_socket_directories = '$DIR'
 fsync = off
 synchronous_commit = off
 full_page_writes = off
 max_connections = 200
 EOF
+    for a in ${HANDOFF_PG_LISTEN//,/ }; do
+      echo "host all all ${a%.*}.0/24 trust" >>"$DATA/pg_hba.conf"
+    done
   fi
 
   log "starting PostgreSQL $("$BIN/postgres" --version | awk '{print $3}') in $DIR on 127.0.0.1:$port"
