@@ -54,6 +54,7 @@ unit:
 lint: tools
 	gofmt -l . | (! grep .)
 	go vet ./...
+	go vet -tags e2e ./e2e/
 	$$(bash hack/tools.sh)/golangci-lint run ./...
 
 clean:
