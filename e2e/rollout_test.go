@@ -72,6 +72,27 @@ func (h *holderLog) watch(ctx context.Context) {
 	}
 }
 
+// deploy creates d, waits until it has rolled out, and deletes it (and
+// waits for its pods to go) at the end of the test.
+func deploy(t *testing.T, d *appsv1.Deployment) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := cluster.kube.AppsV1().Deployments(namespace).Create(ctx, d, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cluster.kube.AppsV1().Deployments(namespace).Delete(ctx, d.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)})
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			pods, err := cluster.kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + d.Name})
+			if err == nil && len(pods.Items) == 0 {
+				return
+			}
+		}
+		t.Errorf("the pods of %s did not go within a minute", d.Name)
+	})
+	waitRollout(t, d.Name, 2*time.Minute)
+}
+
 func waitRollout(t *testing.T, name string, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -96,10 +117,7 @@ func waitRollout(t *testing.T, name string, timeout time.Duration) {
 func TestRolloutRestartHandsOver(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := cluster.kube.AppsV1().Deployments(namespace).Create(ctx, worker("orders", 3, 20), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitRollout(t, "orders", 2*time.Minute)
+	deploy(t, worker("orders", 3, 20))
 
 	// A steady load: 20 messages a second, each 100-600 ms of work.
 	var load sync.WaitGroup
