@@ -17,13 +17,21 @@ import (
 // A worker whose work outlasts the grace period given at deletion (kubectl
 // delete pod --grace-period=6): the sequence follows that deadline, hands
 // the unfinished claims back, releases the Lease, and the pod is gone
-// within its grace period; a survivor finishes the work, once.
+// within its grace period; a survivor finishes the work, once. In the
+// legacy layout the sidecar is a plain container: its own preStop keeps it
+// up until the handover is over.
 func TestShortGracePeriodReturnsUnfinishedClaims(t *testing.T) {
+	for _, layout := range []string{"native", "legacy"} {
+		t.Run(layout, func(t *testing.T) { shortGracePeriod(t, layout) })
+	}
+}
+
+func shortGracePeriod(t *testing.T, layout string) {
 	ctx := context.Background()
-	deploy(t, worker("slow", 2, 30))
+	deploy(t, worker("slow-"+layout, 2, 30, "handoff.dev/layout", layout))
 	msgs := []queue.Message{
-		{DedupKey: "slow-1", Amount: 1, WorkMillis: 15000}, {DedupKey: "slow-2", Amount: 2, WorkMillis: 15000},
-		{DedupKey: "slow-3", Amount: 3, WorkMillis: 15000}, {DedupKey: "slow-4", Amount: 4, WorkMillis: 15000},
+		{DedupKey: layout + "-1", Amount: 1, WorkMillis: 15000}, {DedupKey: layout + "-2", Amount: 2, WorkMillis: 15000},
+		{DedupKey: layout + "-3", Amount: 3, WorkMillis: 15000}, {DedupKey: layout + "-4", Amount: 4, WorkMillis: 15000},
 	}
 	if err := queue.Enqueue(ctx, cluster.pool, msgs); err != nil {
 		t.Fatal(err)

@@ -21,17 +21,21 @@ import (
 
 const leaseName = "pgworker-leader"
 
-// worker is the example worker's Deployment, injected by the webhook.
-func worker(name string, replicas int32, grace int64) *appsv1.Deployment {
+// worker is the example worker's Deployment, injected by the webhook with
+// the given handoff annotations besides inject and leases.
+func worker(name string, replicas int32, grace int64, annotations ...string) *appsv1.Deployment {
 	labels := map[string]string{"app": name}
+	ann := map[string]string{"handoff.dev/inject": "true", "handoff.dev/leases": leaseName}
+	for i := 0; i+1 < len(annotations); i += 2 {
+		ann[annotations[i]] = annotations[i+1]
+	}
 	return &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: appsv1.DeploymentSpec{
 			Replicas: ptr.To(replicas),
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{
-					"handoff.dev/inject": "true", "handoff.dev/leases": leaseName}},
+				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: ann},
 				Spec: corev1.PodSpec{
 					TerminationGracePeriodSeconds: ptr.To(grace),
 					Containers: []corev1.Container{{
