@@ -19,9 +19,9 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/url"
 	"path"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -88,18 +88,8 @@ func Pod(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) (Result, erro
 		return "", errors.New("inject: no handoff image configured")
 	}
 	a := meta.Annotations
-	if a[AnnotationStatus] == StatusInjected {
-		return AlreadyInjected, nil
-	}
-	switch v, ok := a[AnnotationInject]; {
-	case !ok || v == "false":
-		// A misspelt key, handoff.dev/injct say, must not pass unnoticed.
-		if err := unknownKeys(a); err != nil {
-			return "", err
-		}
-		return Skipped, nil
-	case v != "true":
-		return "", annotationError(AnnotationInject, v)
+	if res, err := wanted(a); res != "" || err != nil {
+		return res, err
 	}
 	p, err := newPlan(a, spec)
 	if err != nil {
@@ -107,6 +97,26 @@ func Pod(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) (Result, erro
 	}
 	p.apply(meta, spec, o)
 	return Injected, nil
+}
+
+// wanted tells from a pod's annotations whether it asks for injection: ""
+// when it does, AlreadyInjected or Skipped when it does not, or an error for
+// an invalid handoff.dev/inject or, on a pod that does not ask, an unknown
+// handoff.dev/ key (a misspelt handoff.dev/injct must not pass unnoticed).
+func wanted(a map[string]string) (Result, error) {
+	if a[AnnotationStatus] == StatusInjected {
+		return AlreadyInjected, nil
+	}
+	switch v, ok := a[AnnotationInject]; {
+	case !ok || v == "false":
+		if err := unknownKeys(a); err != nil {
+			return "", err
+		}
+		return Skipped, nil
+	case v != "true":
+		return "", annotationError(AnnotationInject, v)
+	}
+	return "", nil
 }
 
 // plan is a checked injection, ready to apply.
@@ -121,14 +131,9 @@ type plan struct {
 
 func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
 	var errs []error
-	keys := make([]string, 0, len(a))
-	for k := range a {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if key, ok := lookupKey(k); ok && key.valid != nil && !key.valid(a[k]) {
-			errs = append(errs, annotationError(k, a[k]))
+	for _, key := range Keys {
+		if v, ok := a[key.Key]; ok && key.valid != nil && !key.valid(v) {
+			errs = append(errs, annotationError(key.Key, v))
 		}
 	}
 	errs = append(errs, unknownKeys(a))
@@ -210,16 +215,15 @@ func (p *plan) checkPorts() []error {
 	return errs
 }
 
-// appAddr is the host:port of an http URL, port 80 when it has none.
-func appAddr(u string) string {
-	hostport := strings.TrimPrefix(u, "http://")
-	if i := strings.IndexByte(hostport, '/'); i >= 0 {
-		hostport = hostport[:i]
+// appAddr is the host:port of an http URL (checked by config), port 80 when
+// it has none.
+func appAddr(raw string) string {
+	u, _ := url.Parse(raw)
+	port := u.Port()
+	if port == "" {
+		port = "80"
 	}
-	if _, _, err := net.SplitHostPort(hostport); err != nil {
-		return net.JoinHostPort(strings.Trim(hostport, "[]"), "80")
-	}
-	return hostport
+	return net.JoinHostPort(u.Hostname(), port)
 }
 
 // unknownKeys refuses annotations under the handoff.dev/ prefix that are

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
+
+	"github.com/handoff-dev/handoff/config"
 )
 
 // templatePaths is where each workload kind keeps its pod template; the
@@ -163,17 +165,16 @@ func object(obj *unstructured.Unstructured, o Options) (Change, error) {
 	strs := map[string]string{}
 	for k, v := range annotations {
 		str, isString := v.(string)
-		if !isString && strings.HasPrefix(k, "handoff.dev/") {
+		if !isString && strings.HasPrefix(k, config.AnnotationPrefix) {
 			return c, fmt.Errorf("annotation %s: %v is not a string (annotation values are quoted); want %s", k, v, orAny(AcceptedForm(k)))
 		}
 		strs[k] = str
 	}
-	if strs[AnnotationStatus] == StatusInjected {
-		c.Result = AlreadyInjected
-		return c, nil
-	}
-	if v, ok := strs[AnnotationInject]; !ok || v == "false" {
-		return c, unknownKeys(strs) // a misspelt inject key must not pass unnoticed
+	// Decided before the template is read: one that does not ask for
+	// injection is passed through, however loosely typed.
+	if res, err := wanted(strs); res != "" || err != nil {
+		c.Result = res
+		return c, err
 	}
 
 	var t corev1.PodTemplateSpec
