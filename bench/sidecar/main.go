@@ -33,6 +33,7 @@ import (
 	"github.com/handoff-dev/handoff/bench/internal/benchenv"
 	"github.com/handoff-dev/handoff/bench/internal/stats"
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/internal/procstat"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/worker"
@@ -242,7 +243,7 @@ func (b *bench) idle(n int) error {
 	if err != nil {
 		return err
 	}
-	mem, err := memory(pid)
+	mem, err := procstat.Memory(pid)
 	if err != nil {
 		return err
 	}
@@ -332,23 +333,4 @@ func cpuTime(pid int) (time.Duration, error) {
 		return 0, err
 	}
 	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
-}
-
-// memory reads the kB fields of /proc/<pid>/status, in MiB.
-func memory(pid int) (map[string]float64, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]float64{}
-	for _, line := range strings.Split(string(raw), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok || !strings.HasSuffix(v, " kB") {
-			continue
-		}
-		if kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(v, " kB")), 64); err == nil {
-			out[k] = kb / 1024
-		}
-	}
-	return out, nil
 }

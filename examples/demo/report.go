@@ -2,12 +2,10 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
+	"github.com/handoff-dev/handoff/internal/procstat"
 )
 
 // summary prints both timelines, the comparison and the queue check.
@@ -64,17 +62,11 @@ func back(r *replacement) string {
 	return ms(r.lastBack)
 }
 
-// rss reads VmRSS of pid from /proc.
+// rss is the resident memory of pid, from /proc.
 func rss(pid int) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	mem, err := procstat.Memory(pid)
 	if err != nil {
 		return "unknown"
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
-			return fmt.Sprintf("%.1f MiB", float64(kb)/1024)
-		}
-	}
-	return "unknown"
+	return fmt.Sprintf("%.1f MiB", mem["VmRSS"])
 }
