@@ -128,7 +128,8 @@ synchronous_commit = off
 full_page_writes = off
 max_connections = 200
 EOF
-    for a in ${HANDOFF_PG_LISTEN//,/ }; do
+    listen=${HANDOFF_PG_LISTEN:-}
+    for a in ${listen//,/ }; do
       echo "host all all ${a%.*}.0/24 trust" >>"$DATA/pg_hba.conf"
     done
   fi
