@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build image deploy demo test e2e unit bench lint kube-assets tools clean
+.PHONY: all build image deploy demo test integration e2e rollout-figures unit bench lint kube-assets tools clean
 
 all: build
 
@@ -30,9 +30,12 @@ tools:
 demo: build kube-assets
 	go run ./examples/demo --handoff bin/handoff --worker bin/pgworker
 
-# Every test: unit, and integration against a real kube-apiserver + etcd and
-# a real PostgreSQL, which the tests start themselves.
-test: kube-assets
+# Every test: unit and integration, then end to end on a real kubelet.
+test: integration e2e
+
+# Unit, and integration against a real kube-apiserver + etcd (and
+# kube-controller-manager) and a real PostgreSQL, which the tests start.
+integration: kube-assets
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh kube-controller-manager) go test -race -count=1 ./...
 
 # The figures of docs/performance.md, on a real kube-apiserver + etcd: Lease
@@ -44,9 +47,14 @@ bench: image kube-assets
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh kube-controller-manager) go test -run '^$$' -bench Admission -benchtime 2000x ./webhook
 
 # End to end on a real kubelet (root; boots and stops its own cluster with
-# e2e/cluster, containerd and runc from Debian). Not yet part of .ci/run.
+# e2e/cluster, containerd and runc from Debian), or on the cluster named by
+# HANDOFF_E2E_KUBECONFIG (see e2e/e2e_test.go).
 e2e: kube-assets tools
-	go test -tags e2e -count=1 -v ./e2e/
+	go test -tags e2e -count=1 -v -timeout 30m ./e2e/
+
+# The rollout figures, handoff beside the baseline, from one e2e run.
+rollout-figures:
+	bash e2e/rollout-figures.sh
 
 unit:
 	go test -count=1 ./config ./worker

@@ -4,6 +4,9 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,56 +17,91 @@ import (
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
 )
 
-// A worker whose work outlasts the grace period given at deletion (kubectl
-// delete pod --grace-period=6): the sequence follows that deadline, hands
-// the unfinished claims back, releases the Lease, and the pod is gone
-// within its grace period; a survivor finishes the work, once. In the
-// legacy layout the sidecar is a plain container: its own preStop keeps it
-// up until the handover is over.
-func TestShortGracePeriodReturnsUnfinishedClaims(t *testing.T) {
-	for _, layout := range []string{"native", "legacy"} {
-		t.Run(layout, func(t *testing.T) { shortGracePeriod(t, layout) })
+// A worker whose work cannot finish before its pod must be gone: the
+// sequence follows the deadline, hands the unfinished claims back (the
+// count is in the pod's DrainDeadlineExceeded Event), releases the Lease,
+// and the pod is gone within its grace period; the survivor finishes the
+// work, once.
+//
+//   - delete-grace-6: kubectl delete pod --grace-period=6 on a pod whose
+//     spec gives 30 s: the sequence follows the shorter deadline.
+//   - legacy: the same in the legacy layout, where the sidecar is a plain
+//     container that the kubelet would stop at once; its own preStop keeps
+//     it up until the handover is over.
+//   - never-drains: a plain delete of a pod whose grace period (10 s) is
+//     shorter than any of its work.
+func TestDeadlineHandsBackUnfinishedClaims(t *testing.T) {
+	for _, c := range []struct {
+		name, layout  string
+		podGrace      int64
+		deleteGrace   *int64
+		work, maxWork time.Duration
+	}{
+		{"delete-grace-6", "native", 30, ptr.To[int64](6), 15 * time.Second, 25 * time.Second},
+		{"legacy", "legacy", 30, ptr.To[int64](6), 15 * time.Second, 25 * time.Second},
+		{"never-drains", "native", 10, nil, 20 * time.Second, 30 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			grace := c.podGrace
+			if c.deleteGrace != nil {
+				grace = *c.deleteGrace
+			}
+			deadlineHandsBack(t, c.name, c.layout, c.podGrace, c.deleteGrace, grace, c.work, c.maxWork)
+		})
 	}
 }
 
-func shortGracePeriod(t *testing.T, layout string) {
+var returnedCount = regexp.MustCompile(`fallback return: (\d+) returned`)
+
+func deadlineHandsBack(t *testing.T, name, layout string, podGrace int64, deleteGrace *int64, grace int64, work, maxWork time.Duration) {
 	ctx := context.Background()
-	deploy(t, worker("slow-"+layout, 2, 30, "handoff.dev/layout", layout))
-	msgs := []queue.Message{
-		{DedupKey: layout + "-1", Amount: 1, WorkMillis: 15000}, {DedupKey: layout + "-2", Amount: 2, WorkMillis: 15000},
-		{DedupKey: layout + "-3", Amount: 3, WorkMillis: 15000}, {DedupKey: layout + "-4", Amount: 4, WorkMillis: 15000},
+	d := annotate(worker(name, 2, podGrace, "--concurrency", "8"), "handoff.dev/layout", layout)
+	deploy(t, d)
+	rec := record(t, name, name+"-leader")
+	// 12 slow messages: each pod claims at most 8, so the Lease holder has
+	// some.
+	var msgs []queue.Message
+	for i := range 12 {
+		w := work + time.Duration(i)*(maxWork-work)/12
+		msgs = append(msgs, queue.Message{DedupKey: fmt.Sprintf("%s-%d", name, i), Amount: int64(i + 1), WorkMillis: int(w.Milliseconds())})
 	}
 	if err := queue.Enqueue(ctx, cluster.pool, msgs); err != nil {
 		t.Fatal(err)
 	}
-	// The pod with the most claims leaves.
 	var victim string
-	var claims int
-	for deadline := time.Now().Add(30 * time.Second); claims == 0; time.Sleep(100 * time.Millisecond) {
+	var claims, unclaimed int
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("no worker claimed the slow messages")
+			t.Fatalf("the Lease holder %q has %d claims, %d messages unclaimed, 30s after the enqueue", victim, claims, unclaimed)
 		}
-		_ = cluster.pool.QueryRow(ctx, `SELECT claimed_by, count(*) FROM handoff_queue WHERE claimed_by IS NOT NULL
-			GROUP BY claimed_by ORDER BY count(*) DESC LIMIT 1`).Scan(&victim, &claims)
+		victim = podOf(rec.holderAt(time.Now()))
+		err := cluster.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE claimed_by = $1), count(*) FILTER (WHERE claimed_by IS NULL)
+			FROM handoff_queue WHERE dedup_key LIKE $2`, victim, name+"-%").Scan(&claims, &unclaimed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if victim != "" && claims > 0 && unclaimed == 0 {
+			break
+		}
 	}
+
 	deleted := time.Now()
-	if err := cluster.kube.CoreV1().Pods(namespace).Delete(ctx, victim, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](6)}); err != nil {
+	if err := cluster.kube.CoreV1().Pods(namespace).Delete(ctx, victim, metav1.DeleteOptions{GracePeriodSeconds: deleteGrace}); err != nil {
 		t.Fatal(err)
 	}
 	for {
-		_, err := cluster.kube.CoreV1().Pods(namespace).Get(ctx, victim, metav1.GetOptions{})
-		if err != nil {
+		if _, err := cluster.kube.CoreV1().Pods(namespace).Get(ctx, victim, metav1.GetOptions{}); err != nil {
 			break
 		}
-		if time.Since(deleted) > 15*time.Second {
-			t.Fatalf("pod %s still there %s after a delete with a 6s grace period", victim, time.Since(deleted))
+		if time.Since(deleted) > time.Duration(grace+10)*time.Second {
+			t.Fatalf("pod %s still there %s after a delete with a %ds grace period", victim, time.Since(deleted), grace)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	gone := time.Since(deleted)
-	t.Logf("pod %s with %d claims gone %s after the delete (grace period 6s)", victim, claims, gone.Round(time.Millisecond))
-	if gone > 6*time.Second+2*time.Second {
-		t.Errorf("pod took %s to go, more than its 6s grace period (and 2s for the kubelet's bookkeeping)", gone)
+	t.Logf("Lease holder %s with %d claims gone %s after the delete (grace period %ds)", victim, claims, gone.Round(time.Millisecond), grace)
+	if gone > time.Duration(grace+2)*time.Second {
+		t.Errorf("pod took %s to go, more than its %ds grace period (and 2s for the kubelet's bookkeeping)", gone, grace)
 	}
 
 	events, err := cluster.kube.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + victim})
@@ -75,18 +113,23 @@ func shortGracePeriod(t *testing.T, layout string) {
 		seen = append(seen, e.Reason+": "+e.Message)
 	}
 	all := strings.Join(seen, "\n")
-	for _, want := range []string{"DrainDeadlineExceeded: Drain deadline exceeded with", "fallback return: ", "LeaseReleased", "DrainStarted"} {
-		if want == "LeaseReleased" && !strings.Contains(all, "LeaseAcquired") {
-			continue // this pod never held the Lease
-		}
+	for _, want := range []string{"DrainStarted: ", "DrainDeadlineExceeded: Drain deadline exceeded with", "LeaseReleased: Lease ", name + "-leader released"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("no %q among the pod's Events:\n%s", want, all)
 		}
 	}
+	if m := returnedCount.FindStringSubmatch(all); m == nil {
+		t.Errorf("no count of returned claims among the pod's Events:\n%s", all)
+	} else if n, _ := strconv.Atoi(m[1]); n != claims {
+		t.Errorf("the Event says %d claims returned; the pod held %d", n, claims)
+	}
+	if h := rec.holderAt(time.Now()); podOf(h) == victim {
+		t.Errorf("Lease %s-leader still names %s after its pod is gone", name, h)
+	}
 
 	// The survivor finishes the returned work, each message once.
 	var rep queue.Report
-	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+	for deadline := time.Now().Add(maxWork + 60*time.Second); ; time.Sleep(500 * time.Millisecond) {
 		if rep, err = queue.Check(ctx, cluster.pool); err != nil {
 			t.Fatal(err)
 		}

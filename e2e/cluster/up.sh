@@ -19,6 +19,17 @@ if [ -f "$RUN/pids" ]; then
   log "$RUN already has a cluster; run e2e/cluster/down.sh $RUN first"
   exit 1
 fi
+# One cluster per machine: clusters would share the bridge, the ports and
+# the kubelet's cgroups, which down.sh clears.
+OWNER=/run/handoff-e2e-cluster
+if other=$(cat "$OWNER" 2>/dev/null) && [ -f "$other/pids" ]; then
+  while read -r pid name; do
+    if kill -0 "$pid" 2>/dev/null; then
+      log "another e2e cluster runs from $other ($name, pid $pid); wait for it, or stop it with e2e/cluster/down.sh $other"
+      exit 1
+    fi
+  done <"$other/pids"
+fi
 missing=()
 for p in containerd runc iptables openssl; do command -v "$p" >/dev/null || missing+=("$p"); done
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
@@ -30,6 +41,8 @@ BIN=$(bash hack/kube-assets.sh kube-controller-manager kube-scheduler kube-proxy
 mkdir -p "$RUN"/{pki,logs,etcd,containerd,cni/net.d,cni/ipam,kubelet/root,kubelet/plugins,kubelet/logs,images}
 : >"$RUN/pids"
 : >"$RUN/undo"
+echo "$RUN" >"$OWNER"
+echo "rm -f $OWNER" >>"$RUN/undo"
 
 # Host changes, each with its undo, so down.sh can revert them.
 for s in vm.overcommit_memory kernel.panic kernel.panic_on_oops net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables; do

@@ -9,6 +9,10 @@
 //     once instead of after the visibility timeout.
 //   - With --lease, the leader of that Lease runs a fenced leader job every
 //     --leader-interval, passing its fencing token to PostgreSQL.
+//   - With --without-handoff it runs as a worker without the sidecar does,
+//     for baselines: it holds --lease itself with client-go's leader
+//     election and, on a signal, just exits, leaving its claims to their
+//     visibility timeout and the Lease to its lease duration.
 //
 // On SIGTERM or SIGINT it exits at once without waiting for work: by then
 // the sidecar's preStop has stopped claiming and handed the rest back.
@@ -57,6 +61,7 @@ type options struct {
 	lease             string
 	leaderInterval    time.Duration
 	migrate           bool
+	withoutHandoff    bool
 }
 
 // parseFlags parses args (without the program name) and fills in the
@@ -73,6 +78,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.lease, "lease", "", "name of the Lease whose leader runs the leader job (empty: no leader job)")
 	fs.DurationVar(&o.leaderInterval, "leader-interval", time.Second, "how often the leader runs the leader job")
 	fs.BoolVar(&o.migrate, "migrate", true, "create the queue's tables at start if they do not exist")
+	fs.BoolVar(&o.withoutHandoff, "without-handoff", false, "baseline: hold --lease in this process with client-go leader election (lease duration 15s, renew deadline 10s, retry period 2s, not released at exit; API from $KUBECONFIG or in-cluster) instead of through the handoff sidecar")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -153,6 +159,9 @@ type app struct {
 	log   logr.Logger
 	pool  *pgxpool.Pool
 	agent *worker.Agent
+	// beginLeading is the Agent's, or with --without-handoff the in-process
+	// elector's.
+	beginLeading func(ctx context.Context, lease string) (context.Context, worker.Leadership, func(), error)
 }
 
 // run works until ctx ends (a signal) and returns nil then, or returns the
@@ -181,6 +190,15 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 		ReturnClaims: a.returnClaims,
 		Logger:       log.WithName("handoff"),
 	})
+	a.beginLeading = a.agent.BeginLeading
+	var elector *elector
+	if opts.withoutHandoff && opts.lease != "" {
+		if elector, err = newElector(opts.lease, "", opts.workerID, log.WithName("leaderelection")); err != nil {
+			pool.Close()
+			return err
+		}
+		a.beginLeading = elector.beginLeading
+	}
 
 	// Listen before the first claim: from then on the sidecar must be able
 	// to stop claiming and hand work back.
@@ -204,8 +222,11 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 	if opts.lease != "" {
 		loops.Go(func() { a.leaderLoop(ctx) })
 	}
+	if elector != nil {
+		loops.Go(func() { elector.run(ctx) })
+	}
 	log.Info("started", "concurrency", opts.concurrency, "visibilityTimeout", opts.visibilityTimeout,
-		"handoffAddr", opts.handoffAddr, "lease", opts.lease)
+		"handoffAddr", opts.handoffAddr, "lease", opts.lease, "withoutHandoff", opts.withoutHandoff)
 
 	select {
 	case <-ctx.Done():
@@ -322,7 +343,7 @@ func (a *app) leaderLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		lctx, lead, done, err := a.agent.BeginLeading(ctx, a.opts.lease)
+		lctx, lead, done, err := a.beginLeading(ctx, a.opts.lease)
 		if err != nil { // worker.ErrNotLeader
 			continue
 		}

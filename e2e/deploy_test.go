@@ -1,0 +1,97 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// worker is the example worker's Deployment, asking the webhook to inject
+// handoff for the Lease name-leader, whose leader runs the leader job; args
+// are added to the worker's.
+func worker(name string, replicas int32, grace int64, args ...string) *appsv1.Deployment {
+	labels := map[string]string{"app": name}
+	lease := name + "-leader"
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{
+					"handoff.dev/inject": "true", "handoff.dev/leases": lease,
+				}},
+				Spec: corev1.PodSpec{
+					TerminationGracePeriodSeconds: ptr.To(grace),
+					Containers: []corev1.Container{{
+						Name: "worker", Image: images.pgworker, ImagePullPolicy: images.pullPolicy,
+						Args: append([]string{"--database-url", cluster.podDBURL, "--lease", lease}, args...),
+					}},
+				},
+			},
+		},
+	}
+}
+
+// annotate sets a pod template annotation of d.
+func annotate(d *appsv1.Deployment, key, value string) *appsv1.Deployment {
+	d.Spec.Template.Annotations[key] = value
+	return d
+}
+
+// withoutHandoff turns d into the baseline: handoff's annotation off, and
+// the worker holding its Lease itself with client-go, as a worker without
+// handoff does.
+func withoutHandoff(d *appsv1.Deployment) *appsv1.Deployment {
+	d.Spec.Template.Annotations = map[string]string{}
+	c := &d.Spec.Template.Spec.Containers[0]
+	c.Args = append(c.Args, "--without-handoff")
+	return d
+}
+
+// deploy creates d, waits until it has rolled out, and deletes it (and
+// waits for its pods to go) at the end of the test.
+func deploy(t *testing.T, d *appsv1.Deployment) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := cluster.kube.AppsV1().Deployments(namespace).Create(ctx, d, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cluster.kube.AppsV1().Deployments(namespace).Delete(ctx, d.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)})
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			pods, err := cluster.kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + d.Name})
+			if err == nil && len(pods.Items) == 0 {
+				return
+			}
+		}
+		t.Errorf("the pods of %s did not go within a minute", d.Name)
+	})
+	waitRollout(t, d.Name, 2*time.Minute)
+}
+
+// waitRollout waits until Deployment name has all its replicas updated and
+// available, and no other pods.
+func waitRollout(t *testing.T, name string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		d, err := cluster.kube.AppsV1().Deployments(namespace).Get(context.Background(), name, metav1.GetOptions{})
+		if err == nil && d.Status.ObservedGeneration >= d.Generation && d.Status.UpdatedReplicas == *d.Spec.Replicas &&
+			d.Status.AvailableReplicas == *d.Spec.Replicas && d.Status.Replicas == *d.Spec.Replicas {
+			pods, err := cluster.kube.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app=" + name})
+			if err == nil && len(pods.Items) == int(*d.Spec.Replicas) {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("deployment %s did not finish rolling out within %s", name, timeout)
+}

@@ -1,0 +1,121 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
+)
+
+// recorder keeps what two informers saw of one Deployment's pods and its
+// Lease, each stamped with the time this process received it.
+type recorder struct {
+	mu      sync.Mutex
+	holders []holderSeen
+	pods    map[string]*podSeen
+}
+
+// holderSeen is one observation of the Lease: every update, not only the
+// changes of holder.
+type holderSeen struct {
+	at     time.Time
+	holder string // holder identity, "" when free
+}
+
+// podSeen is one pod's life as observed.
+type podSeen struct {
+	name        string
+	terminating time.Time // deletionTimestamp first seen set
+	deadline    time.Time // the pod's deletionTimestamp (whole seconds)
+	gone        time.Time // the delete seen
+}
+
+// record starts informers on the pods labelled app=app and on the Lease
+// lease, until the test ends.
+func record(t *testing.T, app, lease string) *recorder {
+	r := &recorder{pods: map[string]*podSeen{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	pods := informers.NewSharedInformerFactoryWithOptions(cluster.kube, 0, informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "app=" + app }))
+	leases := informers.NewSharedInformerFactoryWithOptions(cluster.kube, 0, informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + lease }))
+	_, _ = pods.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { r.pod(o, false) },
+		UpdateFunc: func(_, o any) { r.pod(o, false) },
+		DeleteFunc: func(o any) { r.pod(o, true) },
+	})
+	_, _ = leases.Coordination().V1().Leases().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    r.lease,
+		UpdateFunc: func(_, o any) { r.lease(o) },
+	})
+	pods.Start(ctx.Done())
+	leases.Start(ctx.Done())
+	pods.WaitForCacheSync(ctx.Done())
+	leases.WaitForCacheSync(ctx.Done())
+	return r
+}
+
+func (r *recorder) pod(o any, deleted bool) {
+	now := time.Now()
+	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = d.Obj
+	}
+	p, ok := o.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.pods[p.Name]
+	if s == nil {
+		s = &podSeen{name: p.Name}
+		r.pods[p.Name] = s
+	}
+	if p.DeletionTimestamp != nil && s.terminating.IsZero() {
+		s.terminating, s.deadline = now, p.DeletionTimestamp.Time
+	}
+	if deleted && s.gone.IsZero() {
+		s.gone = now
+	}
+}
+
+func (r *recorder) lease(o any) {
+	now := time.Now()
+	l, ok := o.(*coordinationv1.Lease)
+	if !ok {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.holders = append(r.holders, holderSeen{now, ptr.Deref(l.Spec.HolderIdentity, "")})
+}
+
+// podOf returns the pod name in a holder identity (pod name, "_", UID or
+// random suffix).
+func podOf(holder string) string {
+	name, _, _ := strings.Cut(holder, "_")
+	return name
+}
+
+// holderAt returns the holder last observed at or before t.
+func (r *recorder) holderAt(t time.Time) string {
+	h := ""
+	for _, o := range r.holders {
+		if o.at.After(t) {
+			break
+		}
+		h = o.holder
+	}
+	return h
+}

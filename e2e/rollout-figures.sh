@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Prints the rollout figures of one run: a kubectl rollout restart of the
+# example worker under load, with handoff and, as the baseline, without it,
+# on a cluster booted for the run (as root; or the cluster named by
+# HANDOFF_E2E_KUBECONFIG, see e2e/e2e_test.go). Per replaced pod: time from
+# termination start to the Lease held by a successor, how long its
+# unfinished claims stayed out of circulation, messages lost or applied
+# twice; then both rollouts side by side, and their ratio.
+#
+# Usage: e2e/rollout-figures.sh   (the test's log goes to $TMPDIR/handoff-rollout-figures.log)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+log=${TMPDIR:-/tmp}/handoff-rollout-figures.log
+figures=$(mktemp)
+trap 'rm -f "$figures"' EXIT
+bash hack/kube-assets.sh kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
+bash hack/tools.sh >/dev/null
+echo "running TestRolloutRestart (about 3 minutes; log: $log)" >&2
+if ! HANDOFF_E2E_FIGURES=$figures go test -tags e2e -count=1 -v -run '^TestRolloutRestart$' ./e2e/ >"$log" 2>&1; then
+  echo "TestRolloutRestart failed; the end of its log:" >&2
+  tail -40 "$log" >&2
+  [ -s "$figures" ] && cat "$figures"
+  exit 1
+fi
+cat "$figures"
