@@ -22,11 +22,17 @@ package e2e
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -57,10 +63,66 @@ var images = struct {
 	pullPolicy                 corev1.PullPolicy
 }{"handoff.local/handoff", "e2e", "handoff.local/pgworker:e2e", corev1.PullNever}
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
+func TestMain(m *testing.M) {
+	var c cleanups
+	code := run(m, &c)
+	c.run()
+	os.Exit(code)
+}
 
-func run(m *testing.M) int {
+// cleanups are run once, last added first: at the end, or on SIGINT or
+// SIGTERM, or a minute before go test's -timeout would kill the process
+// without running them.
+type cleanups struct {
+	mu   sync.Mutex
+	fns  []func()
+	done bool
+}
+
+func (c *cleanups) add(f func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.fns = append(c.fns, f)
+}
+
+func (c *cleanups) run() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done {
+		return
+	}
+	c.done = true
+	for _, f := range slices.Backward(c.fns) {
+		f()
+	}
+}
+
+// onInterrupt runs c and exits on a signal, or before the test timeout.
+func (c *cleanups) onInterrupt() {
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	var before <-chan time.Time
+	if f := flag.Lookup("test.timeout"); f != nil {
+		if d, ok := f.Value.(flag.Getter).Get().(time.Duration); ok && d > 2*time.Minute {
+			before = time.After(d - time.Minute)
+		}
+	}
+	go func() {
+		select {
+		case s := <-signals:
+			fmt.Fprintf(os.Stderr, "e2e: %v: stopping the cluster and PostgreSQL\n", s)
+		case <-before:
+			fmt.Fprintln(os.Stderr, "e2e: a minute before the test timeout: stopping the cluster and PostgreSQL")
+		}
+		c.run()
+		os.Exit(1)
+	}()
+}
+
+func run(m *testing.M, c *cleanups) int {
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "e2e:", err); return 1 }
+	flag.Parse()
+	c.onInterrupt()
 	root, err := filepath.Abs("..")
 	if err != nil {
 		return fail(err)
@@ -69,7 +131,7 @@ func run(m *testing.M) int {
 	if err != nil {
 		return fail(err)
 	}
-	defer func() { _ = os.RemoveAll(dir) }()
+	c.add(func() { _ = os.RemoveAll(dir) })
 	if err := os.Chmod(dir, 0o755); err != nil { // PostgreSQL runs as its own user
 		return fail(err)
 	}
@@ -90,7 +152,7 @@ func run(m *testing.M) int {
 	if kubeconfig == "" {
 		runDir := filepath.Join(dir, "cluster")
 		kubeconfig, err = sh(nil, "bash", "e2e/cluster/up.sh", runDir)
-		defer func() { _, _ = sh(nil, "bash", "e2e/cluster/down.sh", runDir) }()
+		c.add(func() { _, _ = sh(nil, "bash", "e2e/cluster/down.sh", runDir) })
 		if err != nil {
 			return fail(err)
 		}
@@ -126,8 +188,10 @@ func run(m *testing.M) int {
 
 	// PostgreSQL on this machine, reachable from the pods at hostIP.
 	pgDir := filepath.Join(dir, "pg")
-	url, err := sh([]string{"HANDOFF_PG_LISTEN=" + hostIP}, "bash", "hack/postgres.sh", "start", pgDir, pgPort)
-	defer func() { _, _ = sh(nil, "bash", "hack/postgres.sh", "stop", pgDir) }()
+	// Its watchdog stops it should this process be killed.
+	url, err := sh([]string{"HANDOFF_PG_LISTEN=" + hostIP, "HANDOFF_PG_WATCH_PID=" + strconv.Itoa(os.Getpid())},
+		"bash", "hack/postgres.sh", "start", pgDir, pgPort)
+	c.add(func() { _, _ = sh(nil, "bash", "hack/postgres.sh", "stop", pgDir) })
 	if err != nil {
 		return fail(err)
 	}
@@ -136,7 +200,7 @@ func run(m *testing.M) int {
 	if cluster.pool, err = pgxpool.New(ctx, url); err != nil {
 		return fail(err)
 	}
-	defer cluster.pool.Close()
+	c.add(cluster.pool.Close)
 	if err := queue.Migrate(ctx, cluster.pool); err != nil {
 		return fail(err)
 	}
@@ -154,12 +218,12 @@ func run(m *testing.M) int {
 		return fail(err)
 	}
 	if os.Getenv("HANDOFF_E2E_KUBECONFIG") != "" {
-		defer func() {
+		c.add(func() {
 			_, _ = helm("uninstall", "handoff", "--namespace", "handoff", "--wait")
 			for _, ns := range []string{namespace, "handoff"} {
 				_ = cluster.kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
 			}
-		}()
+		})
 	}
 	if _, err := helm("install", "handoff", "charts/handoff",
 		"--namespace", "handoff", "--create-namespace", "--wait", "--timeout", "2m",

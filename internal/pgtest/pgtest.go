@@ -132,14 +132,17 @@ func startServer() (string, string, error) {
 	if err != nil {
 		return "", "", err
 	}
-	// Not t.TempDir: its parent is private to root, and the server may run
-	// as the postgres user. MkdirTemp's directory is chowned by the script.
-	dir, err := os.MkdirTemp("", "handoff-pgtest-")
-	if err != nil {
-		return "", "", err
-	}
-	// Another test binary may take the free port first; try a few.
+	// Another test binary may take the free port first; try a few times,
+	// each in a new directory, so a retry never starts from what a failed
+	// attempt left half made.
 	for attempt := 1; ; attempt++ {
+		// Not t.TempDir: its parent is private to root, and the server may
+		// run as the postgres user. MkdirTemp's directory is chowned by the
+		// script.
+		dir, err := os.MkdirTemp("", "handoff-pgtest-")
+		if err != nil {
+			return "", "", err
+		}
 		port, err := freePort()
 		if err != nil {
 			return "", dir, err
@@ -159,6 +162,10 @@ func startServer() (string, string, error) {
 		if attempt == 3 {
 			return "", dir, fmt.Errorf("%s start %s %d: %w\n%s", script, dir, port, err, stderr.Bytes())
 		}
+		ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+		_ = exec.CommandContext(ctx, "bash", script, "stop", dir).Run()
+		cancel()
+		_ = os.RemoveAll(dir)
 	}
 }
 
