@@ -9,10 +9,11 @@ import (
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
-	"k8s.io/client-go/kubernetes"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/worker"
 )
@@ -38,25 +39,15 @@ type elector struct {
 	token int64
 }
 
-// newElector returns an elector for lease in namespace (empty: the pod's
-// own, from the service account, or the kubeconfig's), with holder identity
-// id_<random>. The API client comes from $KUBECONFIG or in-cluster.
-func newElector(lease, namespace, id string, log logr.Logger) (*elector, error) {
-	kc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(clientcmd.NewDefaultClientConfigLoadingRules(), nil)
-	cfg, err := kc.ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("--without-handoff needs the Kubernetes API: %w", err)
-	}
-	if namespace == "" {
-		if namespace, _, err = kc.Namespace(); err != nil {
-			return nil, fmt.Errorf("--without-handoff: the namespace of Lease %s: %w", lease, err)
-		}
-	}
+// newElector returns an elector for the Lease namespace/lease through
+// leases, with holder identity id_<random UUID>.
+func newElector(leases coordinationv1client.LeasesGetter, namespace, lease, id string, log logr.Logger) (*elector, error) {
 	e := &elector{log: log, lock: &resourcelock.LeaseLock{
-		Client:     kubernetes.NewForConfigOrDie(cfg).CoordinationV1(),
+		Client:     leases,
 		LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: lease},
 		LockConfig: resourcelock.ResourceLockConfig{Identity: id + "_" + string(uuid.NewUUID())},
 	}}
+	var err error
 	e.le, err = leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock:          e.lock,
 		LeaseDuration: leaseDuration,
@@ -74,6 +65,25 @@ func newElector(lease, namespace, id string, log logr.Logger) (*elector, error) 
 	return e, nil
 }
 
+// leasesClient returns a Leases client from $KUBECONFIG, or in-cluster, and
+// the namespace to use: the kubeconfig context's, or the pod's own.
+func leasesClient() (coordinationv1client.LeasesGetter, string, error) {
+	kc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(clientcmd.NewDefaultClientConfigLoadingRules(), nil)
+	cfg, err := kc.ClientConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("--without-handoff needs the Kubernetes API ($KUBECONFIG, or in-cluster): %w", err)
+	}
+	namespace, _, err := kc.Namespace()
+	if err != nil {
+		return nil, "", fmt.Errorf("--without-handoff: the namespace of the Lease: %w", err)
+	}
+	client, err := coordinationv1client.NewForConfig(cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("--without-handoff: %w", err)
+	}
+	return client, namespace, nil
+}
+
 // run campaigns for the Lease until ctx ends, again after each lost term.
 func (e *elector) run(ctx context.Context) {
 	for ctx.Err() == nil {
@@ -82,17 +92,21 @@ func (e *elector) run(ctx context.Context) {
 }
 
 // started records a term; its fencing token is the Lease's leaseTransitions,
-// as handoff gives it.
+// as handoff gives it. It reads the Lease itself: the lock is the elector's.
 func (e *elector) started(ctx context.Context) {
-	rec, _, err := e.lock.Get(ctx)
+	meta := e.lock.LeaseMeta
+	l, err := e.lock.Client.Leases(meta.Namespace).Get(ctx, meta.Name, metav1.GetOptions{})
+	if err == nil && ptr.Deref(l.Spec.HolderIdentity, "") != e.lock.Identity() {
+		err = fmt.Errorf("held by %q already", ptr.Deref(l.Spec.HolderIdentity, ""))
+	}
 	if err != nil {
-		e.log.Error(err, "read the Lease after acquiring it; no leader job this term", "lease", e.lock.LeaseMeta.Name)
+		e.log.Error(err, "read the Lease after acquiring it; no leader job this term", "lease", meta.Name)
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.term, e.token = ctx, int64(rec.LeaderTransitions)
-	e.log.Info("leading", "lease", e.lock.LeaseMeta.Name, "fencingToken", e.token, "identity", e.lock.Identity())
+	e.term, e.token = ctx, int64(ptr.Deref(l.Spec.LeaseTransitions, 0))
+	e.log.Info("leading", "lease", meta.Name, "fencingToken", e.token, "identity", e.lock.Identity())
 }
 
 func (e *elector) stopped() {

@@ -193,7 +193,11 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 	a.beginLeading = a.agent.BeginLeading
 	var elector *elector
 	if opts.withoutHandoff && opts.lease != "" {
-		if elector, err = newElector(opts.lease, "", opts.workerID, log.WithName("leaderelection")); err != nil {
+		leases, namespace, err := leasesClient()
+		if err == nil {
+			elector, err = newElector(leases, namespace, opts.lease, opts.workerID, log.WithName("leaderelection"))
+		}
+		if err != nil {
 			pool.Close()
 			return err
 		}
