@@ -26,18 +26,15 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -70,59 +67,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// cleanups are run once, last added first: at the end, or on SIGINT or
-// SIGTERM, or a minute before go test's -timeout would kill the process
-// without running them.
-type cleanups struct {
-	mu   sync.Mutex
-	fns  []func()
-	done bool
-}
-
-func (c *cleanups) add(f func()) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.fns = append(c.fns, f)
-}
-
-func (c *cleanups) run() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.done {
-		return
-	}
-	c.done = true
-	for _, f := range slices.Backward(c.fns) {
-		f()
-	}
-}
-
-// onInterrupt runs c and exits on a signal, or before the test timeout.
-func (c *cleanups) onInterrupt() {
-	signals := make(chan os.Signal, 1)
-	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
-	var before <-chan time.Time
-	if f := flag.Lookup("test.timeout"); f != nil {
-		if d, ok := f.Value.(flag.Getter).Get().(time.Duration); ok && d > 2*time.Minute {
-			before = time.After(d - time.Minute)
-		}
-	}
-	go func() {
-		select {
-		case s := <-signals:
-			fmt.Fprintf(os.Stderr, "e2e: %v: stopping the cluster and PostgreSQL\n", s)
-		case <-before:
-			fmt.Fprintln(os.Stderr, "e2e: a minute before the test timeout: stopping the cluster and PostgreSQL")
-		}
-		c.run()
-		os.Exit(1)
-	}()
-}
-
 func run(m *testing.M, c *cleanups) int {
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "e2e:", err); return 1 }
 	flag.Parse()
-	c.onInterrupt()
+	c.stopOnInterrupt()
 	root, err := filepath.Abs("..")
 	if err != nil {
 		return fail(err)
@@ -131,7 +79,14 @@ func run(m *testing.M, c *cleanups) int {
 	if err != nil {
 		return fail(err)
 	}
-	c.add(func() { _ = os.RemoveAll(dir) })
+	var keepDir bool // when the cluster could not be stopped: down.sh needs its record
+	c.add(func() {
+		if keepDir {
+			fmt.Fprintf(os.Stderr, "e2e: kept %s\n", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
 	if err := os.Chmod(dir, 0o755); err != nil { // PostgreSQL runs as its own user
 		return fail(err)
 	}
@@ -139,7 +94,7 @@ func run(m *testing.M, c *cleanups) int {
 		cmd := exec.Command(name, args...)
 		cmd.Dir, cmd.Stderr = root, os.Stderr
 		cmd.Env = append(os.Environ(), env...)
-		out, err := cmd.Output()
+		out, err := c.output(cmd)
 		if err != nil {
 			return "", fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
 		}
@@ -151,8 +106,13 @@ func run(m *testing.M, c *cleanups) int {
 	load := strings.Fields(os.Getenv("HANDOFF_E2E_LOAD"))
 	if kubeconfig == "" {
 		runDir := filepath.Join(dir, "cluster")
-		kubeconfig, err = sh(nil, "bash", "e2e/cluster/up.sh", runDir)
-		c.add(func() { _, _ = sh(nil, "bash", "e2e/cluster/down.sh", runDir) })
+		kubeconfig, err = sh([]string{"HANDOFF_E2E_WATCH_PID=" + strconv.Itoa(os.Getpid())}, "bash", "e2e/cluster/up.sh", runDir)
+		c.add(func() {
+			if _, err := sh(nil, "bash", "e2e/cluster/down.sh", runDir); err != nil {
+				keepDir = true
+				fmt.Fprintf(os.Stderr, "e2e: %v; run e2e/cluster/down.sh %s\n", err, runDir)
+			}
+		})
 		if err != nil {
 			return fail(err)
 		}
@@ -214,16 +174,15 @@ func run(m *testing.M, c *cleanups) int {
 	helm := func(args ...string) (string, error) {
 		return sh([]string{"KUBECONFIG=" + kubeconfig}, filepath.Join(tools, "helm"), args...)
 	}
-	if _, err := cluster.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
+	_, err = cluster.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return fail(fmt.Errorf("namespace %s exists, from an earlier run? Remove it and the chart: helm uninstall handoff -n handoff; kubectl delete namespace %s handoff", namespace, namespace))
+	}
+	if err != nil {
 		return fail(err)
 	}
 	if os.Getenv("HANDOFF_E2E_KUBECONFIG") != "" {
-		c.add(func() {
-			_, _ = helm("uninstall", "handoff", "--namespace", "handoff", "--wait")
-			for _, ns := range []string{namespace, "handoff"} {
-				_ = cluster.kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
-			}
-		})
+		c.add(func() { removeNamespaces(helm, namespace, "handoff") })
 	}
 	if _, err := helm("install", "handoff", "charts/handoff",
 		"--namespace", "handoff", "--create-namespace", "--wait", "--timeout", "2m",

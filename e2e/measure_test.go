@@ -27,7 +27,7 @@ func (r *rolloutRun) measure(t *testing.T, pod string) *replacedPod {
 	if !s.gone.IsZero() {
 		p.gone = s.gone.Sub(s.terminating)
 	}
-	p.leader = podOf(r.rec.holderAt(s.terminating)) == pod
+	p.leader = podOf(r.rec.holderAtLocked(s.terminating)) == pod
 	if p.leader {
 		var freeSince time.Time
 		for _, o := range r.rec.holders {

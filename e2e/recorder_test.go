@@ -110,6 +110,12 @@ func podOf(holder string) string {
 
 // holderAt returns the holder last observed at or before t.
 func (r *recorder) holderAt(t time.Time) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.holderAtLocked(t)
+}
+
+func (r *recorder) holderAtLocked(t time.Time) string {
 	h := ""
 	for _, o := range r.holders {
 		if o.at.After(t) {

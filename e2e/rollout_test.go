@@ -207,16 +207,19 @@ func (r *rolloutRun) assertHandedOver(t *testing.T) {
 		t.Errorf("none of the replaced pods held Lease %s when it began terminating", r.lease)
 	}
 
+	// Every holder seen is a pod of the Deployment, and no pod still holds
+	// the Lease when it is gone: a pod that is gone writes no more, so its
+	// name would stay on the Lease until a successor took it.
 	r.rec.mu.Lock()
 	defer r.rec.mu.Unlock()
 	for _, o := range r.rec.holders {
-		if o.holder == "" {
-			continue
-		}
-		if p := r.rec.pods[podOf(o.holder)]; p == nil {
+		if o.holder != "" && r.rec.pods[podOf(o.holder)] == nil {
 			t.Errorf("%s: Lease %s held by %q, not a pod of %s", o.at.Format("15:04:05.000"), r.lease, o.holder, r.name)
-		} else if !p.gone.IsZero() && p.gone.Before(o.at) {
-			t.Errorf("%s: Lease %s held by %q, whose pod was gone at %s", o.at.Format("15:04:05.000"), r.lease, o.holder, p.gone.Format("15:04:05.000"))
+		}
+	}
+	for _, p := range r.rec.pods {
+		if !p.gone.IsZero() && podOf(r.rec.holderAtLocked(p.gone)) == p.name {
+			t.Errorf("%s: pod %s gone while Lease %s still named it", p.gone.Format("15:04:05.000"), p.name, r.lease)
 		}
 	}
 

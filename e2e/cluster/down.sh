@@ -5,7 +5,7 @@
 #
 # Usage: e2e/cluster/down.sh [RUN_DIR] [--keep]   (--keep leaves RUN_DIR's logs)
 set -uo pipefail
-RUN=${1:-${HANDOFF_E2E_DIR:-${TMPDIR:-/tmp}/handoff-e2e}}
+RUN=$(realpath -m "${1:-${HANDOFF_E2E_DIR:-${TMPDIR:-/tmp}/handoff-e2e}}")
 log() { echo "cluster: $*" >&2; }
 [ -f "$RUN/pids" ] || { log "no cluster in $RUN"; exit 0; }
 

@@ -9,9 +9,13 @@
 #
 # Usage: e2e/cluster/up.sh [RUN_DIR]     (default $TMPDIR/handoff-e2e)
 # Prints the kubeconfig path on stdout when the node is Ready.
+#
+# HANDOFF_E2E_WATCH_PID  if set, also leaves a watchdog that runs down.sh
+#                        once that process exits (the e2e tests set it, so a
+#                        killed test binary does not leave a cluster).
 set -euo pipefail
+RUN=$(realpath -m "${1:-${HANDOFF_E2E_DIR:-${TMPDIR:-/tmp}/handoff-e2e}}")
 cd "$(dirname "$0")/../.."
-RUN=${1:-${HANDOFF_E2E_DIR:-${TMPDIR:-/tmp}/handoff-e2e}}
 BRIDGE=handoff0 HOST_IP=10.89.0.1 POD_CIDR=10.89.0.0/24 SERVICE_CIDR=10.96.0.0/24 SERVICE_IP=10.96.0.1
 log() { echo "cluster: $*" >&2; }
 
@@ -20,15 +24,20 @@ if [ -f "$RUN/pids" ]; then
   exit 1
 fi
 # One cluster per machine: clusters would share the bridge, the ports and
-# the kubelet's cgroups, which down.sh clears.
+# the kubelet's cgroups, which down.sh clears. $OWNER names the run until
+# its down.sh has undone everything.
 OWNER=/run/handoff-e2e-cluster
-if other=$(cat "$OWNER" 2>/dev/null) && [ -f "$other/pids" ]; then
-  while read -r pid name; do
-    if kill -0 "$pid" 2>/dev/null; then
-      log "another e2e cluster runs from $other ($name, pid $pid); wait for it, or stop it with e2e/cluster/down.sh $other"
-      exit 1
-    fi
-  done <"$other/pids"
+if other=$(cat "$OWNER" 2>/dev/null); then
+  if [ -f "$other/pids" ]; then
+    log "another e2e cluster runs, or was not stopped, from $other; wait for it, or stop it with e2e/cluster/down.sh $other"
+  else
+    log "the e2e cluster of $other was not stopped cleanly and its record is gone: stop what is left by hand (kube-*, etcd, containerd, the bridge $BRIDGE, KUBE-* iptables chains), then remove $OWNER"
+  fi
+  exit 1
+fi
+if ip link show "$BRIDGE" >/dev/null 2>&1; then
+  log "the bridge $BRIDGE exists but no e2e cluster owns it (a run that was not stopped cleanly?): stop what is left, then ip link del $BRIDGE"
+  exit 1
 fi
 missing=()
 for p in containerd runc iptables openssl; do command -v "$p" >/dev/null || missing+=("$p"); done
@@ -43,8 +52,19 @@ mkdir -p "$RUN"/{pki,logs,etcd,containerd,cni/net.d,cni/ipam,kubelet/root,kubele
 : >"$RUN/undo"
 echo "$RUN" >"$OWNER"
 echo "rm -f $OWNER" >>"$RUN/undo"
+if [ -n "${HANDOFF_E2E_WATCH_PID:-}" ]; then
+  [[ "$HANDOFF_E2E_WATCH_PID" =~ ^[0-9]+$ ]] || { log "HANDOFF_E2E_WATCH_PID $HANDOFF_E2E_WATCH_PID: want a process id"; exit 1; }
+  # In a session of its own, so the signal that stops a process group (^C)
+  # does not stop it too; down.sh is copied, so it outlives the checkout.
+  cp e2e/cluster/down.sh "$RUN/down.sh"
+  setsid -f bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done
+    [ -f "$2/pids" ] && echo "process $1 is gone; stopping its cluster" && bash "$2/down.sh" "$2"' \
+    watchdog "$HANDOFF_E2E_WATCH_PID" "$RUN" </dev/null >>"$RUN/watchdog.log" 2>&1
+  log "will stop the cluster when process $HANDOFF_E2E_WATCH_PID exits"
+fi
 
 # Host changes, each with its undo, so down.sh can revert them.
+[ -e /proc/sys/net/bridge ] || modprobe br_netfilter
 for s in vm.overcommit_memory kernel.panic kernel.panic_on_oops net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables; do
   echo "sysctl -qw $s=$(sysctl -n "$s" 2>/dev/null || echo 0)" >>"$RUN/undo"
 done

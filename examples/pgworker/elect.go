@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -68,6 +71,11 @@ func newElector(leases coordinationv1client.LeasesGetter, namespace, lease, id s
 // leasesClient returns a Leases client from $KUBECONFIG, or in-cluster, and
 // the namespace to use: the kubeconfig context's, or the pod's own.
 func leasesClient() (coordinationv1client.LeasesGetter, string, error) {
+	// clientcmd ignores a $KUBECONFIG whose files are all missing, and then
+	// blames KUBERNETES_MASTER: name the file instead.
+	if env := os.Getenv("KUBECONFIG"); env != "" && !slices.ContainsFunc(filepath.SplitList(env), exists) {
+		return nil, "", fmt.Errorf("--without-handoff: KUBECONFIG=%s: no such file", env)
+	}
 	kc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(clientcmd.NewDefaultClientConfigLoadingRules(), nil)
 	cfg, err := kc.ClientConfig()
 	if err != nil {
@@ -82,6 +90,11 @@ func leasesClient() (coordinationv1client.LeasesGetter, string, error) {
 		return nil, "", fmt.Errorf("--without-handoff: %w", err)
 	}
 	return client, namespace, nil
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // run campaigns for the Lease until ctx ends, again after each lost term.

@@ -41,6 +41,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"k8s.io/klog/v2"
 
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
 	"github.com/handoff-dev/handoff/worker"
@@ -111,6 +112,8 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("--poll-interval %v: want more than 0", o.pollInterval)
 	case o.leaderInterval <= 0:
 		return o, fmt.Errorf("--leader-interval %v: want more than 0", o.leaderInterval)
+	case o.withoutHandoff && o.lease == "":
+		return o, errors.New("--without-handoff: want --lease too, the Lease to hold (without a Lease the flag changes nothing)")
 	}
 	return o, nil
 }
@@ -142,6 +145,7 @@ func main1() int {
 		return 2
 	}
 	log = log.WithValues("worker", opts.workerID)
+	klog.SetLogger(log.WithName("client-go")) // client-go's leader election logs through klog
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -167,6 +171,16 @@ type app struct {
 // run works until ctx ends (a signal) and returns nil then, or returns the
 // error that stopped it.
 func run(ctx context.Context, log logr.Logger, opts options) error {
+	var elector *elector
+	if opts.withoutHandoff {
+		leases, namespace, err := leasesClient()
+		if err == nil {
+			elector, err = newElector(leases, namespace, opts.lease, opts.workerID, log.WithName("leaderelection"))
+		}
+		if err != nil {
+			return err
+		}
+	}
 	cfg, err := pgxpool.ParseConfig(opts.databaseURL)
 	if err != nil {
 		return fmt.Errorf("--database-url: %w", err)
@@ -191,16 +205,7 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 		Logger:       log.WithName("handoff"),
 	})
 	a.beginLeading = a.agent.BeginLeading
-	var elector *elector
-	if opts.withoutHandoff && opts.lease != "" {
-		leases, namespace, err := leasesClient()
-		if err == nil {
-			elector, err = newElector(leases, namespace, opts.lease, opts.workerID, log.WithName("leaderelection"))
-		}
-		if err != nil {
-			pool.Close()
-			return err
-		}
+	if elector != nil {
 		a.beginLeading = elector.beginLeading
 	}
 
