@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"text/tabwriter"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -67,7 +68,8 @@ type rolloutRun struct {
 	lease    string
 	rec      *recorder
 	replaced []*replacedPod
-	report   queue.Report
+	before   queue.Report // the queue check before the run
+	report   queue.Report // and after it
 	enqueued int
 }
 
@@ -105,6 +107,10 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 	}
 	deploy(t, d)
 	run := &rolloutRun{name: name, handoff: handoff, lease: lease, rec: record(t, name, lease)}
+	var err error
+	if run.before, err = queue.Check(ctx, cluster.pool); err != nil {
+		t.Fatal(err)
+	}
 
 	var load sync.WaitGroup
 	loadCtx, stopLoad := context.WithCancel(ctx)
@@ -269,19 +275,26 @@ func podNames(t *testing.T, app string) []string {
 }
 
 // rolloutFigures is the comparison of the two rollouts, per replaced pod
-// and in summary.
+// and in summary, with a legend.
 func rolloutFigures(with, without *rolloutRun) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "kubectl rollout restart of 3 replicas; grace period %ds; visibility timeout %s; load %d messages/s, 1 in %d takes %s\n",
 		rolloutGrace, rolloutVisibility, loadRate, slowEvery, slowWork)
-	fmt.Fprintf(&b, "times from each pod's termination start (deletionTimestamp seen; the preStop hook runs ~0.1 s later);\n")
-	fmt.Fprintf(&b, "with handoff a leaving leader keeps the Lease, and leads, until its drain ends; then it releases it\n\n")
-	fmt.Fprintf(&b, "%-9s %-32s %-9s %-22s %-10s %-26s %-13s %s\n", "", "replaced pod", "pod gone", "Lease held by successor", "unfinished", "claimed again (last)", "returned", "lost/dup")
+	b.WriteString(`Times are from each pod's termination start (its deletionTimestamp seen; the kubelet runs the preStop hook about 0.1 s later).
+  pod gone                 until the Pod object was deleted
+  Lease held by successor  for the pod that held the Lease at termination start: until another pod was seen holding it;
+                           "free": how long it was seen free between the release and the takeover ("-": not the holder)
+  unfinished               claims the pod took and did not complete itself
+  claimed again            until the last of those was claimed by another pod
+  returned                 how many of those the pod handed back, and when, from its drain deadline
+  lost/dup                 its messages lost / delivered again after being applied
+With handoff a leaving leader keeps the Lease, and leads, until its drain ends, then releases it: "held by successor"
+includes the drain, which lasts until the deadline when the pod holds work longer than that (here the 20 s messages).
+
+`)
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "\treplaced pod\tpod gone\tLease held by successor\tunfinished\tclaimed again\treturned\tlost/dup")
 	for _, r := range []*rolloutRun{with, without} {
-		kind := "baseline"
-		if r.handoff {
-			kind = "handoff"
-		}
 		for _, p := range r.replaced {
 			held := "-"
 			if p.leader {
@@ -298,32 +311,53 @@ func rolloutFigures(with, without *rolloutRun) string {
 				claimed = secs(p.claimed)
 			}
 			if p.returned > 0 && !p.drainBy.IsZero() {
-				returned = fmt.Sprintf("%d, deadline %s", p.returned, signedMs(p.terminating.Add(p.returnedAt).Sub(p.drainBy)))
+				returned = fmt.Sprintf("%d at deadline %s", p.returned, signedMs(p.terminating.Add(p.returnedAt).Sub(p.drainBy)))
 			}
-			fmt.Fprintf(&b, "%-9s %-32s %-9s %-22s %-10d %-26s %-13s %d/%d\n", kind, p.name, secs(p.gone), held, p.unfinished, claimed, returned, p.lost, p.duplicates)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d/%d\n", r.kind(), p.name, secs(p.gone), held, p.unfinished, claimed, returned, p.lost, p.duplicates)
 		}
 	}
+	_ = tw.Flush()
+
 	w, wo := with.summary(), without.summary()
-	fmt.Fprintf(&b, "\n%-52s %12s %12s %8s\n", "", "handoff", "baseline", "ratio")
+	b.WriteString("\n")
+	tw = tabwriter.NewWriter(&b, 0, 0, 3, ' ', 0)
+	fmt.Fprintln(tw, "\thandoff\tbaseline\tratio")
 	row := func(name string, a, b2 time.Duration) {
 		ratio := "-"
 		if a > 0 && b2 > 0 {
 			ratio = fmt.Sprintf("%.1fx", float64(b2)/float64(a))
 		}
-		fmt.Fprintf(&b, "%-52s %12s %12s %8s\n", name, secs(a), secs(b2), ratio)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, secs(a), secs(b2), ratio)
 	}
 	row("no live pod holding the Lease (total)", w.vacant, wo.vacant)
 	row("Lease held by a successor (worst leader)", w.held, wo.held)
 	row("unfinished claims claimed again (worst)", w.claimed, wo.claimed)
-	fmt.Fprintf(&b, "%-52s %12d %12d\n", "unfinished claims at termination (all pods)", w.unfinished, wo.unfinished)
+	fmt.Fprintf(tw, "unfinished claims at termination (all pods)\t%d\t%d\n", w.unfinished, wo.unfinished)
 	late := "-"
 	if w.returned > 0 {
 		late = signedMs(w.returnLate)
 	}
-	fmt.Fprintf(&b, "%-52s %12s %12s\n", "claims handed back, from the drain deadline (worst)", late, "-")
-	fmt.Fprintf(&b, "%-52s %12s %12s\n", "messages lost / applied twice", lostDup(with.report), lostDup(without.report))
-	fmt.Fprintf(&b, "%-52s %12d %12d\n", "messages enqueued during the run", with.enqueued, without.enqueued)
+	fmt.Fprintf(tw, "claims handed back, from the drain deadline (worst)\t%s\t-\n", late)
+	fmt.Fprintf(tw, "messages lost / applied twice\t%s\t%s\n", with.lostDup(), without.lostDup())
+	fmt.Fprintf(tw, "messages enqueued during the run\t%d\t%d\n", with.enqueued, without.enqueued)
+	_ = tw.Flush()
 	return b.String()
+}
+
+func (r *rolloutRun) kind() string {
+	if r.handoff {
+		return "handoff"
+	}
+	return "baseline"
+}
+
+// lostDup is this run's messages lost and effects applied twice: the queue
+// check after the run less the one before it.
+func (r *rolloutRun) lostDup() string {
+	a, b := r.before, r.report
+	lost := (b.Enqueued - a.Enqueued) - (b.Applied - a.Applied) - (b.Pending - a.Pending)
+	double := (b.Total - a.Total) + (b.PendingTotal - a.PendingTotal) - (b.WantTotal - a.WantTotal)
+	return fmt.Sprintf("%d / %d", lost, double)
 }
 
 type runSummary struct {
@@ -349,11 +383,6 @@ func (r *rolloutRun) summary() runSummary {
 	}
 	s.vacant = r.rec.vacant()
 	return s
-}
-
-func lostDup(r queue.Report) string {
-	lost := r.Enqueued - r.Applied - r.Pending
-	return fmt.Sprintf("%d / %d", lost, r.Total+r.PendingTotal-r.WantTotal)
 }
 
 func secs(d time.Duration) string {

@@ -29,12 +29,17 @@ sleep 0.5
 find /sys/fs/cgroup -depth -type d -path '*/kubepods*' -exec rmdir {} \; 2>/dev/null
 grep " $RUN/" /proc/mounts | awk '{print $2}' | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
 
-for t in filter nat mangle; do
-  for c in KUBE-FIREWALL KUBE-KUBELET-CANARY; do
-    for parent in INPUT OUTPUT PREROUTING POSTROUTING; do
-      while iptables -t "$t" -D "$parent" -j "$c" 2>/dev/null; do :; done
+# The chains the kubelet and kube-proxy leave in both families, which
+# kube-proxy --cleanup (in the undo list) does not remove.
+for ipt in iptables ip6tables; do
+  command -v "$ipt" >/dev/null || continue
+  for t in filter nat mangle; do
+    for c in KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT; do
+      for parent in INPUT OUTPUT PREROUTING POSTROUTING; do
+        while "$ipt" -t "$t" -D "$parent" -j "$c" 2>/dev/null; do :; done
+      done
+      "$ipt" -t "$t" -F "$c" 2>/dev/null && "$ipt" -t "$t" -X "$c" 2>/dev/null
     done
-    iptables -t "$t" -F "$c" 2>/dev/null && iptables -t "$t" -X "$c" 2>/dev/null
   done
 done
 tac "$RUN/undo" | while read -r line; do eval "$line" >/dev/null 2>&1 || log "could not undo: $line"; done

@@ -44,7 +44,7 @@ for p in containerd runc iptables openssl; do command -v "$p" >/dev/null || miss
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]} from Debian"
-  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq containerd runc containernetworking-plugins iptables openssl >&2
+  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 BIN=$(bash hack/kube-assets.sh kube-controller-manager kube-scheduler kube-proxy kubelet)
 mkdir -p "$RUN"/{pki,logs,etcd,containerd,cni/net.d,cni/ipam,kubelet/root,kubelet/plugins,kubelet/logs,images}
