@@ -11,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/handoff-dev/handoff/examples/pgworker/queue"
 )
 
 // worker is the example worker's Deployment, asking the webhook to inject
@@ -94,4 +96,29 @@ func waitRollout(t *testing.T, name string, timeout time.Duration) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Fatalf("deployment %s did not finish rolling out within %s", name, timeout)
+}
+
+// checkQueue waits up to timeout for the queue to be empty, then asserts
+// that its history is sound (nothing lost or applied twice, no stale
+// leader run) and nothing is left pending, and returns the check.
+func checkQueue(t *testing.T, timeout time.Duration) queue.Report {
+	t.Helper()
+	var rep queue.Report
+	for deadline := time.Now().Add(timeout); ; time.Sleep(500 * time.Millisecond) {
+		var err error
+		if rep, err = queue.Check(context.Background(), cluster.pool); err != nil {
+			t.Fatal(err)
+		}
+		if rep.Pending == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	t.Logf("queue: %s", rep)
+	if err := rep.Err(); err != nil {
+		t.Error(err)
+	}
+	if rep.Pending != 0 {
+		t.Errorf("%d messages still pending after %s", rep.Pending, timeout)
+	}
+	return rep
 }

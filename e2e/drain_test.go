@@ -128,17 +128,5 @@ func deadlineHandsBack(t *testing.T, name, layout string, podGrace int64, delete
 	}
 
 	// The survivor finishes the returned work, each message once.
-	var rep queue.Report
-	for deadline := time.Now().Add(maxWork + 60*time.Second); ; time.Sleep(500 * time.Millisecond) {
-		if rep, err = queue.Check(ctx, cluster.pool); err != nil {
-			t.Fatal(err)
-		}
-		if rep.Pending == 0 || time.Now().After(deadline) {
-			break
-		}
-	}
-	t.Logf("queue: %s", rep)
-	if err := rep.Err(); err != nil || rep.Pending != 0 {
-		t.Errorf("after the handover: %v, %d pending", err, rep.Pending)
-	}
+	checkQueue(t, maxWork+60*time.Second)
 }

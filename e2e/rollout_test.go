@@ -155,24 +155,7 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 
 	// Every message processed: the handed-back ones within their work, the
 	// stranded ones after their visibility timeout and their work.
-	deadline := time.Now().Add(rolloutVisibility + slowWork + 30*time.Second)
-	for {
-		var err error
-		if run.report, err = queue.Check(ctx, cluster.pool); err != nil {
-			t.Fatal(err)
-		}
-		if run.report.Pending == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	t.Logf("queue: %s", run.report)
-	if err := run.report.Err(); err != nil {
-		t.Error(err)
-	}
-	if run.report.Pending != 0 {
-		t.Errorf("%d messages still pending %s after the load stopped", run.report.Pending, rolloutVisibility+slowWork+30*time.Second)
-	}
+	run.report = checkQueue(t, rolloutVisibility+slowWork+30*time.Second)
 
 	for _, pod := range old {
 		p := run.measure(t, pod)
