@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -68,135 +69,178 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M, c *cleanups) int {
-	fail := func(err error) int { fmt.Fprintln(os.Stderr, "e2e:", err); return 1 }
 	flag.Parse()
 	c.stopOnInterrupt()
+	s, err := newSetup(c)
+	if err == nil {
+		err = s.cluster()
+	}
+	if err == nil {
+		err = s.images()
+	}
+	if err == nil {
+		err = s.postgres()
+	}
+	if err == nil {
+		err = s.chart()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// setup brings up what the tests use, registering the undoing of each step
+// with its cleanups.
+type setup struct {
+	c          *cleanups
+	root, dir  string // the module root; a temporary directory for the run
+	kubeconfig string
+	hostIP     string   // this machine as the pods reach it
+	load       []string // the command that loads an image tarball into the nodes
+	keepDir    bool     // the cluster could not be stopped: down.sh needs its record
+}
+
+func newSetup(c *cleanups) (*setup, error) {
 	root, err := filepath.Abs("..")
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "handoff-e2e-")
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
-	var keepDir bool // when the cluster could not be stopped: down.sh needs its record
+	s := &setup{c: c, root: root, dir: dir}
 	c.add(func() {
-		if keepDir {
+		if s.keepDir {
 			fmt.Fprintf(os.Stderr, "e2e: kept %s\n", dir)
 			return
 		}
 		_ = os.RemoveAll(dir)
 	})
-	if err := os.Chmod(dir, 0o755); err != nil { // PostgreSQL runs as its own user
-		return fail(err)
-	}
-	sh := func(env []string, name string, args ...string) (string, error) {
-		cmd := exec.Command(name, args...)
-		cmd.Dir, cmd.Stderr = root, os.Stderr
-		cmd.Env = append(os.Environ(), env...)
-		out, err := c.output(cmd)
-		if err != nil {
-			return "", fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
-		}
-		return strings.TrimSpace(string(out)), nil
-	}
+	return s, os.Chmod(dir, 0o755) // PostgreSQL runs as its own user
+}
 
-	// The cluster: the one given, or our own.
-	kubeconfig, hostIP := os.Getenv("HANDOFF_E2E_KUBECONFIG"), os.Getenv("HANDOFF_E2E_HOST_IP")
-	load := strings.Fields(os.Getenv("HANDOFF_E2E_LOAD"))
-	if kubeconfig == "" {
-		runDir := filepath.Join(dir, "cluster")
-		kubeconfig, err = sh([]string{"HANDOFF_E2E_WATCH_PID=" + strconv.Itoa(os.Getpid())}, "bash", "e2e/cluster/up.sh", runDir)
-		c.add(func() {
-			if _, err := sh(nil, "bash", "e2e/cluster/down.sh", runDir); err != nil {
-				keepDir = true
+// sh runs a command in the module root, with env added, and returns its
+// trimmed stdout; its stderr goes to ours.
+func (s *setup) sh(env []string, name string, args ...string) (string, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Dir, cmd.Stderr = s.root, os.Stderr
+	cmd.Env = append(os.Environ(), env...)
+	out, err := s.c.output(cmd)
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// cluster boots our own cluster, or takes the one given.
+func (s *setup) cluster() error {
+	var err error
+	s.kubeconfig, s.hostIP = os.Getenv("HANDOFF_E2E_KUBECONFIG"), os.Getenv("HANDOFF_E2E_HOST_IP")
+	s.load = strings.Fields(os.Getenv("HANDOFF_E2E_LOAD"))
+	if s.kubeconfig == "" {
+		runDir := filepath.Join(s.dir, "cluster")
+		s.kubeconfig, err = s.sh([]string{"HANDOFF_E2E_WATCH_PID=" + strconv.Itoa(os.Getpid())}, "bash", "e2e/cluster/up.sh", runDir)
+		s.c.add(func() {
+			if _, err := s.sh(nil, "bash", "e2e/cluster/down.sh", runDir); err != nil {
+				s.keepDir = true
 				fmt.Fprintf(os.Stderr, "e2e: %v; run e2e/cluster/down.sh %s\n", err, runDir)
 			}
 		})
 		if err != nil {
-			return fail(err)
+			return err
 		}
-		hostIP = ownHostIP
-		load = []string{"ctr", "--address", filepath.Join(runDir, "containerd", "containerd.sock"), "-n", "k8s.io", "images", "import"}
-	} else if hostIP == "" || len(load) == 0 {
-		return fail(errors.New("HANDOFF_E2E_KUBECONFIG needs HANDOFF_E2E_HOST_IP (this machine's address as the pods reach it, like 172.18.0.1 for kind) and HANDOFF_E2E_LOAD (a command that loads an image tarball, like \"kind load image-archive\")"))
+		s.hostIP = ownHostIP
+		s.load = []string{"ctr", "--address", filepath.Join(runDir, "containerd", "containerd.sock"), "-n", "k8s.io", "images", "import"}
+	} else if s.hostIP == "" || len(s.load) == 0 {
+		return errors.New("HANDOFF_E2E_KUBECONFIG needs HANDOFF_E2E_HOST_IP (this machine's address as the pods reach it, like 172.18.0.1 for kind) and HANDOFF_E2E_LOAD (a command that loads an image tarball, like \"kind load image-archive\")")
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	cfg, err := clientcmd.BuildConfigFromFlags("", s.kubeconfig)
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	cluster.kube = kubernetes.NewForConfigOrDie(cfg)
+	cluster.kube, err = kubernetes.NewForConfig(cfg)
+	return err
+}
 
-	// Images, written without a container engine and loaded into the nodes.
+// images writes the handoff and pgworker images without a container
+// engine and loads them into the nodes.
+func (s *setup) images() error {
 	for _, img := range []struct{ name, pkg, ref string }{
 		{"handoff", "./cmd/handoff", images.handoffRepo + ":" + images.tag},
 		{"pgworker", "./examples/pgworker", images.pgworker},
 	} {
-		bin := filepath.Join(dir, img.name)
+		bin := filepath.Join(s.dir, img.name)
 		tar := bin + ".tar"
 		steps := [][]string{
 			{"go", "build", "-trimpath", "-o", bin, img.pkg},
 			{"go", "run", "./hack/image", "--binary", bin, "--path", "/" + img.name, "--tag", img.ref, "--out", tar},
-			append(load[:len(load):len(load)], tar),
+			append(slices.Clone(s.load), tar),
 		}
-		for _, s := range steps {
-			if _, err := sh([]string{"CGO_ENABLED=0"}, s[0], s[1:]...); err != nil {
-				return fail(err)
+		for _, step := range steps {
+			if _, err := s.sh([]string{"CGO_ENABLED=0"}, step[0], step[1:]...); err != nil {
+				return err
 			}
 		}
 	}
+	return nil
+}
 
-	// PostgreSQL on this machine, reachable from the pods at hostIP.
-	pgDir := filepath.Join(dir, "pg")
-	// Its watchdog stops it should this process be killed.
-	url, err := sh([]string{"HANDOFF_PG_LISTEN=" + hostIP, "HANDOFF_PG_WATCH_PID=" + strconv.Itoa(os.Getpid())},
+// postgres starts PostgreSQL on this machine, reachable from the pods at
+// hostIP; its watchdog stops it should this process be killed.
+func (s *setup) postgres() error {
+	pgDir := filepath.Join(s.dir, "pg")
+	url, err := s.sh([]string{"HANDOFF_PG_LISTEN=" + s.hostIP, "HANDOFF_PG_WATCH_PID=" + strconv.Itoa(os.Getpid())},
 		"bash", "hack/postgres.sh", "start", pgDir, pgPort)
-	c.add(func() { _, _ = sh(nil, "bash", "hack/postgres.sh", "stop", pgDir) })
+	s.c.add(func() { _, _ = s.sh(nil, "bash", "hack/postgres.sh", "stop", pgDir) })
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	cluster.podDBURL = strings.Replace(url, "127.0.0.1", hostIP, 1)
-	ctx := context.Background()
-	if cluster.pool, err = pgxpool.New(ctx, url); err != nil {
-		return fail(err)
+	cluster.podDBURL = strings.Replace(url, "127.0.0.1", s.hostIP, 1)
+	if cluster.pool, err = pgxpool.New(context.Background(), url); err != nil {
+		return err
 	}
-	c.add(cluster.pool.Close)
-	if err := queue.Migrate(ctx, cluster.pool); err != nil {
-		return fail(err)
-	}
+	s.c.add(cluster.pool.Close)
+	return queue.Migrate(context.Background(), cluster.pool)
+}
 
-	// The chart, with the images just loaded, its sidecar role bound to the
-	// test namespace's default service account.
-	tools, err := sh(nil, "bash", "hack/tools.sh")
+// chart installs the Helm chart with the images just loaded, its sidecar
+// role bound to the test namespace's default service account.
+func (s *setup) chart() error {
+	ctx := context.Background()
+	tools, err := s.sh(nil, "bash", "hack/tools.sh")
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	helm := func(args ...string) (string, error) {
-		return sh([]string{"KUBECONFIG=" + kubeconfig}, filepath.Join(tools, "helm"), args...)
+		return s.sh([]string{"KUBECONFIG=" + s.kubeconfig}, filepath.Join(tools, "helm"), args...)
 	}
 	_, err = cluster.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
-		return fail(fmt.Errorf("namespace %s exists, from an earlier run? Remove it and the chart: helm uninstall handoff -n handoff; kubectl delete namespace %s handoff", namespace, namespace))
+		return fmt.Errorf("namespace %s exists, from an earlier run? Remove it and the chart: helm uninstall handoff -n handoff; kubectl delete namespace %s handoff", namespace, namespace)
 	}
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	if os.Getenv("HANDOFF_E2E_KUBECONFIG") != "" {
-		c.add(func() { removeNamespaces(helm, namespace, "handoff") })
+		s.c.add(func() { removeNamespaces(helm, namespace, "handoff") })
 	}
 	if _, err := helm("install", "handoff", "charts/handoff",
 		"--namespace", "handoff", "--create-namespace", "--wait", "--timeout", "2m",
 		"--set", "image.repository="+images.handoffRepo, "--set", "image.tag="+images.tag, "--set", "image.pullPolicy="+string(images.pullPolicy),
 		"--set", "webhook.failurePolicy=Fail",
 		"--set", "rbac.sidecarBindings[0].namespace="+namespace, "--set", "rbac.sidecarBindings[0].serviceAccount=default"); err != nil {
-		return fail(err)
+		return err
 	}
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if _, err := cluster.kube.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{}); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			return fail(fmt.Errorf("service account %s/default: %w", namespace, err))
+		_, err := cluster.kube.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{})
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("service account %s/default: %w", namespace, err)
 		}
 	}
-	return m.Run()
 }
