@@ -142,13 +142,17 @@ func (s *setup) cluster() error {
 	s.load = strings.Fields(os.Getenv("HANDOFF_E2E_LOAD"))
 	if s.kubeconfig == "" {
 		runDir := filepath.Join(s.dir, "cluster")
-		s.kubeconfig, err = s.sh([]string{"HANDOFF_E2E_WATCH_PID=" + strconv.Itoa(os.Getpid())}, "bash", "e2e/cluster/up.sh", runDir)
+		// Before up.sh: an interruption may stop it halfway. down.sh stops
+		// what its record names; while a record is left, the directory is
+		// kept for a manual down.sh.
 		s.c.add(func() {
-			if _, err := s.sh(nil, "bash", "e2e/cluster/down.sh", runDir); err != nil {
+			_, err := s.sh(nil, "bash", "e2e/cluster/down.sh", runDir)
+			if _, left := os.Stat(filepath.Join(runDir, "pids")); left == nil {
 				s.keepDir = true
-				fmt.Fprintf(os.Stderr, "e2e: %v; run e2e/cluster/down.sh %s\n", err, runDir)
+				fmt.Fprintf(os.Stderr, "e2e: the cluster was not stopped (%v); run e2e/cluster/down.sh %s\n", err, runDir)
 			}
 		})
+		s.kubeconfig, err = s.sh([]string{"HANDOFF_E2E_WATCH_PID=" + strconv.Itoa(os.Getpid())}, "bash", "e2e/cluster/up.sh", runDir)
 		if err != nil {
 			return err
 		}
@@ -192,9 +196,11 @@ func (s *setup) images() error {
 // hostIP; its watchdog stops it should this process be killed.
 func (s *setup) postgres() error {
 	pgDir := filepath.Join(s.dir, "pg")
+	// Before start: an interruption may come after the server is up and
+	// before its watchdog is.
+	s.c.add(func() { _, _ = s.sh(nil, "bash", "hack/postgres.sh", "stop", pgDir) })
 	url, err := s.sh([]string{"HANDOFF_PG_LISTEN=" + s.hostIP, "HANDOFF_PG_WATCH_PID=" + strconv.Itoa(os.Getpid())},
 		"bash", "hack/postgres.sh", "start", pgDir, pgPort)
-	s.c.add(func() { _, _ = s.sh(nil, "bash", "hack/postgres.sh", "stop", pgDir) })
 	if err != nil {
 		return err
 	}

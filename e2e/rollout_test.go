@@ -308,7 +308,10 @@ includes the drain, which lasts until the deadline when the pod holds work longe
 	row := func(name string, a, b2 time.Duration) {
 		ratio := "-"
 		if a > 0 && b2 > 0 {
-			ratio = fmt.Sprintf("%.1fx", float64(b2)/float64(a))
+			ratio = fmt.Sprintf("%.2gx", float64(b2)/float64(a))
+			if b2 >= 100*a {
+				ratio = fmt.Sprintf("%.0fx", float64(b2)/float64(a))
+			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, secs(a), secs(b2), ratio)
 	}
@@ -368,12 +371,7 @@ func (r *rolloutRun) summary() runSummary {
 	return s
 }
 
-func secs(d time.Duration) string {
-	if d < 10*time.Second {
-		return ms(d)
-	}
-	return fmt.Sprintf("%.1f s", d.Seconds())
-}
+func secs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%d ms", d.Milliseconds()) }
 

@@ -6,7 +6,7 @@
 # Usage: e2e/cluster/down.sh [RUN_DIR] [--keep]   (--keep leaves RUN_DIR's logs)
 set -uo pipefail
 RUN=$(realpath -m "${1:-${HANDOFF_E2E_DIR:-${TMPDIR:-/tmp}/handoff-e2e}}")
-log() { echo "cluster: $*" >&2; }
+log() { echo "cluster: $*" >&2 || true; } # stderr may be a closed pipe (go test gone)
 [ -f "$RUN/pids" ] || { log "no cluster in $RUN"; exit 0; }
 
 # Newest first: the kubelet and containerd before the control plane.
@@ -46,3 +46,4 @@ tac "$RUN/undo" | while read -r line; do eval "$line" >/dev/null 2>&1 || log "co
 rm -f "$RUN/pids"
 if [ "${2:-}" != --keep ]; then rm -rf "$RUN"; fi
 log "stopped"
+exit 0

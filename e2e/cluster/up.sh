@@ -31,7 +31,7 @@ if other=$(cat "$OWNER" 2>/dev/null); then
   if [ -f "$other/pids" ]; then
     log "another e2e cluster runs, or was not stopped, from $other; wait for it, or stop it with e2e/cluster/down.sh $other"
   else
-    log "the e2e cluster of $other was not stopped cleanly and its record is gone: stop what is left by hand (kube-*, etcd, containerd, the bridge $BRIDGE, KUBE-* iptables chains), then remove $OWNER"
+    log "the e2e cluster of $other was not stopped cleanly and its record is gone: stop what is left by hand (kube-*, etcd, containerd and its shims, the bridge $BRIDGE, KUBE-* chains in iptables and ip6tables, mounts under the run directory, kubepods cgroups, /var/lib/kubelet, the sysctls net.ipv4.ip_forward vm.overcommit_memory kernel.panic kernel.panic_on_oops), then remove $OWNER"
   fi
   exit 1
 fi
