@@ -308,12 +308,12 @@ includes the drain, which lasts until the deadline when the pod holds work longe
 	row := func(name string, a, b2 time.Duration) {
 		ratio := "-"
 		if a > 0 && b2 > 0 {
-			ratio = fmt.Sprintf("%.2gx", float64(b2)/float64(a))
+			ratio = fmt.Sprintf("%.1fx", float64(b2)/float64(a))
 			if b2 >= 100*a {
 				ratio = fmt.Sprintf("%.0fx", float64(b2)/float64(a))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, secs(a), secs(b2), ratio)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, short(a), short(b2), ratio)
 	}
 	row("no live pod holding the Lease (total)", w.vacant, wo.vacant)
 	row("Lease held by a successor (worst leader)", w.held, wo.held)
@@ -372,6 +372,14 @@ func (r *rolloutRun) summary() runSummary {
 }
 
 func secs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
+
+// short is d in milliseconds under a second, else in seconds.
+func short(d time.Duration) string {
+	if d < time.Second {
+		return ms(d)
+	}
+	return secs(d)
+}
 
 func ms(d time.Duration) string { return fmt.Sprintf("%d ms", d.Milliseconds()) }
 
