@@ -61,8 +61,15 @@ func record(t *testing.T, app, lease string) *recorder {
 	})
 	pods.Start(ctx.Done())
 	leases.Start(ctx.Done())
-	pods.WaitForCacheSync(ctx.Done())
-	leases.WaitForCacheSync(ctx.Done())
+	syncCtx, synced := context.WithTimeout(ctx, 30*time.Second)
+	defer synced()
+	for _, f := range []informers.SharedInformerFactory{pods, leases} {
+		for typ, ok := range f.WaitForCacheSync(syncCtx.Done()) {
+			if !ok {
+				t.Fatalf("the informer on %v did not sync within 30s", typ)
+			}
+		}
+	}
 	return r
 }
 
