@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build image deploy demo test integration e2e rollout-figures unit bench lint kube-assets tools clean
+.PHONY: all build image deploy demo test integration e2e e2e-assets rollout-figures unit bench lint kube-assets tools clean
 
 all: build
 
@@ -49,13 +49,17 @@ bench: image kube-assets
 # End to end on a real kubelet (root; boots and stops its own cluster with
 # e2e/cluster, containerd and runc from Debian), or on the cluster named by
 # HANDOFF_E2E_KUBECONFIG (see e2e/e2e_test.go).
-e2e: tools
-	@[ -n "$$HANDOFF_E2E_KUBECONFIG" ] || bash hack/kube-assets.sh kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
+e2e: e2e-assets
 	go test -tags e2e -count=1 -v -timeout 30m ./e2e/
 
 # The rollout figures, handoff beside the baseline, from one e2e run.
-rollout-figures:
+rollout-figures: e2e-assets
 	bash e2e/rollout-figures.sh
+
+# What the e2e tests run, built before a test's timeout starts: the pinned
+# tools, and the node's binaries unless the cluster is given.
+e2e-assets: tools
+	@[ -n "$$HANDOFF_E2E_KUBECONFIG" ] || bash hack/kube-assets.sh kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
 
 unit:
 	go test -count=1 ./config ./worker

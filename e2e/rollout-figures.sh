@@ -7,16 +7,16 @@
 # unfinished claims stayed out of circulation, messages lost or applied
 # twice; then both rollouts side by side, and their ratio.
 #
-# Usage: e2e/rollout-figures.sh   (the test's log goes to $TMPDIR/handoff-rollout-figures.log)
+# Usage: make rollout-figures, which builds what the test runs first
+# (e2e/rollout-figures.sh alone builds it within the test's timeout).
+# The test's log goes to $TMPDIR/handoff-rollout-figures.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log=${TMPDIR:-/tmp}/handoff-rollout-figures.log
 figures=$(mktemp)
 trap 'rm -f "$figures"' EXIT
-bash hack/kube-assets.sh kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
-bash hack/tools.sh >/dev/null
 echo "running TestRolloutRestart (about 3 minutes; log: $log)" >&2
-if ! HANDOFF_E2E_FIGURES=$figures go test -tags e2e -count=1 -v -run '^TestRolloutRestart$' ./e2e/ >"$log" 2>&1; then
+if ! HANDOFF_E2E_FIGURES=$figures go test -tags e2e -count=1 -v -timeout 30m -run '^TestRolloutRestart$' ./e2e/ >"$log" 2>&1; then
   echo "TestRolloutRestart failed; the end of its log:" >&2
   tail -40 "$log" >&2
   [ -s "$figures" ] && cat "$figures"
