@@ -84,6 +84,9 @@ type Elector struct {
 	holder   string
 	withhold bool
 	released bool
+	// releaseErr is why the last release was not written; nil after a
+	// written release, or when no release was attempted.
+	releaseErr error
 }
 
 // New validates cfg and returns an Elector. It returns the error of
@@ -219,6 +222,16 @@ func (e *Elector) Released() bool {
 	return e.released
 }
 
+// ReleaseErr is why the last release of the Lease was not written: nil
+// after a written release or when none was attempted; ErrReleaseWithheld
+// after WithholdRelease; else the refusal (another holder) or the API
+// error of the write.
+func (e *Elector) ReleaseErr() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.releaseErr
+}
+
 func (e *Elector) leaseLock(leases coordinationv1client.LeasesGetter) *rl.LeaseLock {
 	return &rl.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: e.cfg.Namespace, Name: e.cfg.Name},
@@ -262,7 +275,7 @@ func (e *Elector) wrote(r rl.LeaderElectionRecord, start time.Time) {
 	e.term = &t
 	e.leading = true
 	e.holder = e.cfg.Identity
-	e.released = false
+	e.released, e.releaseErr = false, nil
 	e.mu.Unlock()
 	if e.cb.OnTerm != nil {
 		e.cb.OnTerm(t)
@@ -359,6 +372,18 @@ func (l *observedLock) wrote(r rl.LeaderElectionRecord, start time.Time) {
 }
 
 func (l *observedLock) release(ctx context.Context, r rl.LeaderElectionRecord) error {
+	err := l.writeRelease(ctx, r)
+	l.e.mu.Lock()
+	l.e.releaseErr = err
+	if err == nil {
+		l.e.released = true
+		l.e.holder = ""
+	}
+	l.e.mu.Unlock()
+	return err
+}
+
+func (l *observedLock) writeRelease(ctx context.Context, r rl.LeaderElectionRecord) error {
 	l.e.mu.Lock()
 	withhold := l.e.withhold
 	// The term ends before the write: leader work must stop before the
@@ -373,12 +398,5 @@ func (l *observedLock) release(ctx context.Context, r rl.LeaderElectionRecord) e
 		// the API: releasing now would free the new holder's Lease.
 		return fmt.Errorf("not released: the Lease is held by %q", l.lastRead)
 	}
-	if err := l.Interface.Update(ctx, r); err != nil {
-		return err
-	}
-	l.e.mu.Lock()
-	l.e.released = true
-	l.e.holder = ""
-	l.e.mu.Unlock()
-	return nil
+	return l.Interface.Update(ctx, r)
 }

@@ -286,7 +286,13 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 		result = "withheld"
 		c.event(corev1.EventTypeWarning, ReasonReleaseWithheld, "Lease %s not released: %s", name, r.Detail)
 	default:
+		// A release that did not happen is a failure of the sequence: the
+		// report carries it, so the hook exits non-zero.
 		result = "failed"
+		if err := l.elector.ReleaseErr(); err != nil {
+			r.Detail = err.Error()
+		}
+		q.fail("releasing Lease %s: %s", name, r.Detail)
 		c.event(corev1.EventTypeWarning, ReasonShutdownFailed, "Lease %s not released: %s", name, r.Detail)
 	}
 	c.metrics.Releases.WithLabelValues(name, result).Inc()
