@@ -17,6 +17,7 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/leaderelection"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/utils/clock"
 )
 
 // ErrReleaseWithheld is returned to client-go's elector in place of the
@@ -35,6 +36,12 @@ type Config struct {
 	// LeaseDuration, RenewDeadline, RetryPeriod as in client-go.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	Logger                                    logr.Logger
+	// Clock is the clock of the term (Term's Until and its expiry, the time
+	// a holder gives up taking over the Lease its standby won) and of a
+	// standby's waits; nil is clock.RealClock. client-go's elector keeps
+	// the real clock for its own retries and record stamps: its config
+	// takes no clock.
+	Clock clock.Clock
 }
 
 // Term is one tenure as holder of a Lease.
@@ -99,6 +106,9 @@ func New(cfg Config, cb Callbacks) (*Elector, error) {
 		return nil, fmt.Errorf("lease %s/%s: lease duration %s leaves no term (the whole seconds of the lease duration less 1s must be positive); want at least 2s",
 			cfg.Namespace, cfg.Name, cfg.LeaseDuration)
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
 	e := &Elector{cfg: cfg, cb: cb}
 	for _, retryPeriod := range []time.Duration{cfg.RetryPeriod, wakePeriod} {
 		if _, err := e.leaderElector(&rl.LeaseLock{LockConfig: rl.ResourceLockConfig{Identity: cfg.Identity}}, retryPeriod, true, func(context.Context) {}); err != nil {
@@ -142,7 +152,7 @@ func (e *Elector) standby(ctx context.Context, w *leaseWatch) bool {
 	defer cancel()
 	acquired := false
 	lock := &observedLock{
-		Interface: e.leaseLock(&watchedLeases{LeasesGetter: e.cfg.Leases, watch: w, retryPeriod: e.cfg.RetryPeriod, writeTimeout: e.cfg.RenewDeadline}),
+		Interface: e.leaseLock(&watchedLeases{LeasesGetter: e.cfg.Leases, watch: w, retryPeriod: e.cfg.RetryPeriod, writeTimeout: e.cfg.RenewDeadline, clock: e.cfg.Clock}),
 		e:         e,
 		restamp:   true,
 		// Stop before client-go's first renewal at the short retry period:
@@ -172,7 +182,7 @@ func (e *Elector) lead(ctx context.Context) {
 	}
 	term, _ := e.Term()
 	go func() {
-		giveUp := time.NewTimer(time.Until(term.Until))
+		giveUp := e.cfg.Clock.NewTimer(term.Until.Sub(e.cfg.Clock.Now()))
 		defer giveUp.Stop()
 		select {
 		case <-started: // then a cancel releases the Lease
@@ -181,7 +191,7 @@ func (e *Elector) lead(ctx context.Context) {
 				cancel()
 			case <-runCtx.Done():
 			}
-		case <-giveUp.C:
+		case <-giveUp.C():
 			cancel()
 		case <-runCtx.Done():
 		}
@@ -194,7 +204,7 @@ func (e *Elector) lead(ctx context.Context) {
 func (e *Elector) Term() (Term, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.term == nil || !time.Now().Before(e.term.Until) {
+	if e.term == nil || !e.cfg.Clock.Now().Before(e.term.Until) {
 		return Term{}, false
 	}
 	return *e.term, true
@@ -328,7 +338,7 @@ func (l *observedLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byt
 }
 
 func (l *observedLock) Create(ctx context.Context, r rl.LeaderElectionRecord) error {
-	start := time.Now()
+	start := l.e.cfg.Clock.Now()
 	if l.restamp {
 		r = stamped(r, start)
 	}
@@ -343,7 +353,7 @@ func (l *observedLock) Update(ctx context.Context, r rl.LeaderElectionRecord) er
 	if r.HolderIdentity == "" {
 		return l.release(ctx, r)
 	}
-	start := time.Now()
+	start := l.e.cfg.Clock.Now()
 	if l.restamp {
 		r = stamped(r, start)
 	}

@@ -72,6 +72,10 @@ type candidate struct {
 	done   chan struct{}
 	mu     sync.Mutex
 	terms  []leaderelection.Term
+	// termAt is when each OnTerm call came, on the local clock; stopAt
+	// when stop was called.
+	termAt []time.Time
+	stopAt time.Time
 }
 
 func start(t *testing.T, ns, identity string) *candidate {
@@ -82,13 +86,20 @@ func start(t *testing.T, ns, identity string) *candidate {
 // startWith runs a candidate whose Lease traffic goes through leases.
 func startWith(t *testing.T, ns, identity string, leases coordinationv1client.LeasesGetter) *candidate {
 	t.Helper()
-	c := &candidate{done: make(chan struct{})}
 	cfg := config(kubetest.Get(t).Client, ns, identity)
 	cfg.Leases = leases
+	return startConfig(t, cfg)
+}
+
+// startConfig runs a candidate with cfg (its Logger set to the test's).
+func startConfig(t *testing.T, cfg leaderelection.Config) *candidate {
+	t.Helper()
+	c := &candidate{done: make(chan struct{})}
 	cfg.Logger = testr.New(t)
 	e, err := leaderelection.New(cfg, leaderelection.Callbacks{OnTerm: func(tm leaderelection.Term) {
 		c.mu.Lock()
 		c.terms = append(c.terms, tm)
+		c.termAt = append(c.termAt, time.Now())
 		c.mu.Unlock()
 	}})
 	if err != nil {
@@ -101,7 +112,13 @@ func startWith(t *testing.T, ns, identity string, leases coordinationv1client.Le
 	return c
 }
 
-func (c *candidate) stop() { c.cancel(); <-c.done }
+func (c *candidate) stop() {
+	c.mu.Lock()
+	c.stopAt = time.Now()
+	c.mu.Unlock()
+	c.cancel()
+	<-c.done
+}
 
 func getLease(t *testing.T, ns string) *coordinationv1.Lease {
 	t.Helper()
@@ -113,6 +130,16 @@ func getLease(t *testing.T, ns string) *coordinationv1.Lease {
 }
 
 func leading(c *candidate) bool { _, ok := c.e.Term(); return ok }
+
+// holding is leading with the holder's client-go elector renewing: the
+// first term comes from the standby's acquisition, the next from the
+// holder's first renewal, after which a cancel releases the Lease.
+func holding(c *candidate) bool {
+	c.mu.Lock()
+	renewed := len(c.terms) >= 2
+	c.mu.Unlock()
+	return renewed && leading(c)
+}
 
 func TestTwoCandidatesOneLeads(t *testing.T) {
 	ns := kubetest.Get(t).Namespace(t)

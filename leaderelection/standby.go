@@ -13,6 +13,7 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/tools/leaderelection"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/utils/clock"
 )
 
 // wakePeriod is the retry period of a standby's client-go elector. The
@@ -27,7 +28,9 @@ const wakePeriod = 10 * time.Millisecond
 // decides to acquire, the moment the Lease can be taken. Writes go to the
 // API. Until the watch has listed, and after a failed write until the watch
 // shows an event, Get reads the API once per retry period (jittered as
-// client-go's polling is), so a broken or stale watch degrades to polling.
+// client-go's polling is), so a broken or stale watch degrades to polling;
+// a wait for the next poll ends as soon as the watch has listed or shown
+// that event, and Get answers from the watch.
 //
 // One watchedLeases serves one elector; its methods are called from that
 // elector's goroutine only.
@@ -38,6 +41,7 @@ type watchedLeases struct {
 	// writeTimeout bounds each write: client-go gives a standby's writes
 	// no deadline of their own.
 	writeTimeout time.Duration
+	clock        clock.Clock
 
 	answered bool      // a Get has been answered
 	last     []byte    // the record in the last answer
@@ -83,10 +87,25 @@ func (c *watchedLeases) get(ctx context.Context, api coordinationv1client.LeaseI
 			c.poll = false
 		}
 		if !synced || c.poll {
-			return c.pollAPI(ctx, api, name, opts)
+			wait := c.nextPoll.Sub(c.clock.Now())
+			if wait <= 0 {
+				return c.pollAPI(ctx, api, name, opts)
+			}
+			// Until the next poll is due, the watch may take over: its
+			// first list completing, or (after a failed write) its next
+			// event, ends the wait, so a standby started just before a
+			// release does not sleep through it.
+			var listed <-chan struct{}
+			if !synced {
+				listed = c.watch.synced()
+			}
+			if err := c.sleep(ctx, wait, next, listed); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		raw := recordOf(lease)
-		now := time.Now()
+		now := c.clock.Now()
 		free := lease == nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == ""
 		if !c.answered || free || !bytes.Equal(raw, c.last) || !now.Before(c.expires) {
 			c.answer(lease, raw, now)
@@ -95,32 +114,33 @@ func (c *watchedLeases) get(ctx context.Context, api coordinationv1client.LeaseI
 			}
 			return lease.DeepCopy(), nil
 		}
-		timer := time.NewTimer(c.expires.Sub(now))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return nil, ctx.Err()
-		case <-next:
-		case <-timer.C:
+		if err := c.sleep(ctx, c.expires.Sub(now), next, nil); err != nil {
+			return nil, err
 		}
-		timer.Stop()
 	}
 }
 
-func (c *watchedLeases) pollAPI(ctx context.Context, api coordinationv1client.LeaseInterface, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error) {
-	if d := time.Until(c.nextPoll); d > 0 {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-t.C:
-		}
+// sleep waits for d on the clock, or until next or listed is closed; it
+// returns ctx's error if ctx ends first.
+func (c *watchedLeases) sleep(ctx context.Context, d time.Duration, next, listed <-chan struct{}) error {
+	timer := c.clock.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-next:
+	case <-listed:
+	case <-timer.C():
 	}
-	c.nextPoll = time.Now().Add(wait.Jitter(c.retryPeriod, leaderelection.JitterFactor))
+	return nil
+}
+
+// pollAPI reads the Lease from the API and sets when the next poll is due.
+func (c *watchedLeases) pollAPI(ctx context.Context, api coordinationv1client.LeaseInterface, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error) {
+	c.nextPoll = c.clock.Now().Add(wait.Jitter(c.retryPeriod, leaderelection.JitterFactor))
 	lease, err := api.Get(ctx, name, opts)
 	if err == nil {
-		c.answer(lease, recordOf(lease), time.Now())
+		c.answer(lease, recordOf(lease), c.clock.Now())
 	}
 	return lease, err
 }
@@ -147,7 +167,7 @@ func (c *watchedLeases) wrote(err error) {
 	}
 	_, _, events, _ := c.watch.current()
 	c.poll, c.pollFrom = true, events
-	c.nextPoll = time.Now().Add(wait.Jitter(c.retryPeriod, leaderelection.JitterFactor))
+	c.nextPoll = c.clock.Now().Add(wait.Jitter(c.retryPeriod, leaderelection.JitterFactor))
 }
 
 // recordOf is the Lease's election record as client-go's LeaseLock encodes

@@ -27,9 +27,14 @@ type leases struct {
 	// getsAtWrite is the Get count at the first successful write.
 	getsAtWrite atomic.Int64
 	wrote       atomic.Bool
-	// failUpdate fails the next Update; slowGet delays the next Get.
+	// failUpdate fails the next Update; slowGet delays the next Get;
+	// slowList delays every List and Watch (listed is set when one has
+	// returned: client-go's informer lists by a watch when the apiserver
+	// supports it).
 	failUpdate atomic.Bool
 	slowGet    atomic.Int64
+	slowList   atomic.Int64
+	listed     atomic.Bool
 	// renewed lists the renewTime of every successful write.
 	mu      sync.Mutex
 	renewed []time.Time
@@ -82,6 +87,10 @@ func (c *leaseClient) List(ctx context.Context, o metav1.ListOptions) (*coordina
 	if c.l.forbidden {
 		return nil, apierrors.NewForbidden(coordinationv1.Resource("leases"), "", nil)
 	}
+	if d := time.Duration(c.l.slowList.Load()); d > 0 {
+		time.Sleep(d)
+	}
+	defer c.l.listed.Store(true)
 	return c.LeaseInterface.List(ctx, o)
 }
 
@@ -89,6 +98,10 @@ func (c *leaseClient) Watch(ctx context.Context, o metav1.ListOptions) (watch.In
 	if c.l.forbidden {
 		return nil, apierrors.NewForbidden(coordinationv1.Resource("leases"), "", nil)
 	}
+	if d := time.Duration(c.l.slowList.Load()); d > 0 {
+		time.Sleep(d)
+	}
+	defer c.l.listed.Store(true)
 	w, err := c.LeaseInterface.Watch(ctx, o)
 	if err != nil {
 		return nil, err
@@ -190,5 +203,42 @@ func TestSlowRenewalDoesNotStretchTheTerm(t *testing.T) {
 			t.Errorf("write %d: term until %s is %s later than its record's renewTime plus the term length",
 				i, tm.Until.Format(time.StampMicro), tm.Until.Sub(limit))
 		}
+	}
+}
+
+// A standby started just before a release reads the Lease from the API
+// (its watch has not listed yet) and then waits for its next poll, one
+// retry period away. The release during that wait must not be slept
+// through: the wait ends when the watch has listed, and the standby takes
+// the free Lease from the watch.
+func TestStandbyStartedJustBeforeReleaseWakesWhenItsWatchLists(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	a := start(t, ns, "pod-a_uid-a")
+	kubetest.WaitFor(t, 10*time.Second, "a to hold the Lease", func() bool { return holding(a) })
+
+	// b's list takes a second, so the release falls between b's first
+	// read and its watch's first list.
+	const slowRetry = 10 * time.Second
+	api := &leases{LeasesGetter: env.Client.CoordinationV1()}
+	api.slowList.Store(int64(time.Second))
+	cfg := config(env.Client, ns, "pod-b_uid-b")
+	cfg.Leases = api
+	cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 3*slowRetry, 2*slowRetry, slowRetry
+	b := startConfig(t, cfg)
+	kubetest.WaitFor(t, 5*time.Second, "b to read that a holds the Lease", func() bool { return b.e.Holder() == "pod-a_uid-a" })
+
+	a.stop()
+	if !a.e.Released() {
+		t.Fatalf("a did not release: %v", a.e.ReleaseErr())
+	}
+	if api.listed.Load() {
+		t.Fatal("b's watch listed before the release: the test did not put the release inside b's wait for its next poll")
+	}
+	// Without the wake b would sleep until its next poll, a retry period
+	// (10 s, jittered up to 22 s) after its first read.
+	kubetest.WaitFor(t, slowRetry/2, "b to take the released Lease before its next poll", func() bool { return leading(b) })
+	if n := api.getsAtWrite.Load(); n != 1 {
+		t.Errorf("b read the Lease from the API %d times before taking it; want 1 (its first read), then the watch", n)
 	}
 }

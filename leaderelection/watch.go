@@ -63,6 +63,9 @@ func (w *leaseWatch) notify() {
 	w.mu.Unlock()
 }
 
+// synced is closed when the first list has completed.
+func (w *leaseWatch) synced() <-chan struct{} { return w.informer.HasSyncedChecker().Done() }
+
 // current returns the Lease as last seen (nil when it does not exist),
 // whether the first list has completed, the number of events seen, and a
 // channel closed at the next event.
