@@ -44,6 +44,12 @@ type Config struct {
 	Clock clock.Clock
 }
 
+// maxReleaseWrites bounds the release writes of one release: client-go
+// re-reads the Lease and writes again after each conflict (409: something
+// else wrote the Lease since the read, such as a late renewal or a tool
+// adding a label) until its release context of one renew deadline ends.
+const maxReleaseWrites = 5
+
 // Term is one tenure as holder of a Lease.
 type Term struct {
 	Lease string
@@ -175,8 +181,8 @@ func (e *Elector) lead(ctx context.Context) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	started := make(chan struct{})
-	le, err := e.leaderElector(&observedLock{Interface: e.leaseLock(e.cfg.Leases), e: e}, e.cfg.RetryPeriod, true,
-		func(context.Context) { close(started) })
+	lock := &observedLock{Interface: e.leaseLock(e.cfg.Leases), e: e}
+	le, err := e.leaderElector(lock, e.cfg.RetryPeriod, true, func(context.Context) { close(started) })
 	if err != nil { // validated in New
 		panic(err)
 	}
@@ -197,6 +203,12 @@ func (e *Elector) lead(ctx context.Context) {
 		}
 	}()
 	le.Run(runCtx)
+	select {
+	case <-started:
+		lock.unwritten(true)
+	default: // client-go releases only after leading
+		lock.unwritten(false)
+	}
 }
 
 // Term returns the current term, and false when this candidate does not
@@ -232,10 +244,13 @@ func (e *Elector) Released() bool {
 	return e.released
 }
 
-// ReleaseErr is why the last release of the Lease was not written: nil
-// after a written release or when none was attempted; ErrReleaseWithheld
-// after WithholdRelease; else the refusal (another holder) or the API
-// error of the write.
+// ReleaseErr is why the last term's Lease was not released: nil after a
+// written release, while a term lasts, or when this candidate never held
+// the Lease; ErrReleaseWithheld after WithholdRelease; else, in words
+// beginning "not released:", the refusal (the Lease names another holder),
+// the API error of the read before the write or of the write, the conflicts
+// that used up the few release writes, or the failed renewal that ended a
+// term the holder's elector never renewed.
 func (e *Elector) ReleaseErr() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -322,6 +337,9 @@ type observedLock struct {
 	rl.Interface
 	e        *Elector
 	lastRead string // holder identity in the last successful Get
+	getErr   error  // error of the last Get, nil after a successful one
+	lastErr  error  // error of the last Get, Create or Update
+	releases int    // release writes attempted
 	acquired func() // if set, called after a successful write of our record
 	// restamp sets the record's renew time (and a new holder's acquire
 	// time) to the time of the write: the standby's elector stamps it
@@ -331,6 +349,7 @@ type observedLock struct {
 
 func (l *observedLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
 	r, raw, err := l.Interface.Get(ctx)
+	l.getErr, l.lastErr = err, err
 	if err == nil {
 		l.lastRead = r.HolderIdentity
 	}
@@ -343,6 +362,7 @@ func (l *observedLock) Create(ctx context.Context, r rl.LeaderElectionRecord) er
 		r = stamped(r, start)
 	}
 	if err := l.Interface.Create(ctx, r); err != nil {
+		l.lastErr = err
 		return err
 	}
 	l.wrote(r, start)
@@ -358,6 +378,7 @@ func (l *observedLock) Update(ctx context.Context, r rl.LeaderElectionRecord) er
 		r = stamped(r, start)
 	}
 	if err := l.Interface.Update(ctx, r); err != nil {
+		l.lastErr = err
 		return err
 	}
 	l.wrote(r, start)
@@ -393,9 +414,38 @@ func (l *observedLock) release(ctx context.Context, r rl.LeaderElectionRecord) e
 	return err
 }
 
+// unwritten is called when the holder's client-go elector has returned,
+// led tells whether it had started leading. When it had, client-go read
+// the Lease before its release write and, if the read failed or showed
+// another holder, returned without a write. When it had not, it never
+// renewed the Lease the standby acquired before the term ran out, and
+// client-go releases only after leading. Either way the release was not
+// written, and ReleaseErr says why.
+func (l *observedLock) unwritten(led bool) {
+	l.e.mu.Lock()
+	defer l.e.mu.Unlock()
+	if l.e.released || l.e.releaseErr != nil {
+		return
+	}
+	// The term ends even without a release: client-go no longer renews.
+	l.e.term = nil
+	switch {
+	case l.e.withhold:
+		l.e.releaseErr = ErrReleaseWithheld
+	case !led && l.lastErr != nil:
+		l.e.releaseErr = fmt.Errorf("not released: the Lease was not renewed after its acquisition before the term ran out: %w", l.lastErr)
+	case !led:
+		l.e.releaseErr = fmt.Errorf("not released: the Lease was not renewed after its acquisition before the term ran out; it is held by %q", l.lastRead)
+	case l.getErr != nil:
+		l.e.releaseErr = fmt.Errorf("not released: reading the Lease before the release failed: %w", l.getErr)
+	default:
+		l.e.releaseErr = fmt.Errorf("not released: the Lease is held by %q", l.lastRead)
+	}
+}
+
 func (l *observedLock) writeRelease(ctx context.Context, r rl.LeaderElectionRecord) error {
 	l.e.mu.Lock()
-	withhold := l.e.withhold
+	withhold, last := l.e.withhold, l.e.releaseErr
 	// The term ends before the write: leader work must stop before the
 	// Lease is free, never after.
 	l.e.term = nil
@@ -407,6 +457,13 @@ func (l *observedLock) writeRelease(ctx context.Context, r rl.LeaderElectionReco
 		// Another candidate took the Lease while this one was cut off from
 		// the API: releasing now would free the new holder's Lease.
 		return fmt.Errorf("not released: the Lease is held by %q", l.lastRead)
+	}
+	// client-go retries on a conflict (it re-reads first, and the check
+	// above sees the holder it read); a few attempts, not a tight loop for
+	// the whole renew deadline.
+	if l.releases++; l.releases > maxReleaseWrites {
+		// %v, not %w: a wrapped conflict would make client-go retry again.
+		return fmt.Errorf("not released: %d release writes met conflicts; last: %v", maxReleaseWrites, last) //nolint:errorlint // see above
 	}
 	return l.Interface.Update(ctx, r)
 }
