@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
@@ -197,5 +198,20 @@ func TestRevokeIsAnsweredAfterLeaderWorkStops(t *testing.T) {
 	defer cancel()
 	if err := app.SetLeadership(rctx, protocol.Leadership{Lease: "l", Sequence: 4}); err == nil {
 		t.Fatal("revoke acknowledged although leader work did not stop")
+	}
+}
+
+// A grant's validForMillis of any size is bounded by its until, not
+// overflowed into a term already over.
+func TestHugeValidForIsBoundedByUntil(t *testing.T) {
+	a, fake, app := newFake(t)
+	until := fake.Now().Add(time.Minute)
+	l := protocol.Leadership{Lease: "l", Leader: true, Sequence: 1, FencingToken: 1, Until: until, ValidForMillis: math.MaxInt64}
+	if err := app.SetLeadership(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	lead, ok := a.Leader("l")
+	if !ok || !lead.Until.Equal(until) {
+		t.Fatalf("Leader = %+v, %v: want leader until %v", lead, ok, until)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -48,7 +49,7 @@ func (a *Agent) Handler() http.Handler {
 			writeError(w, code, err)
 			return
 		}
-		n, err := a.Return(r.Context(), req.Cancel, time.Duration(req.CancelWaitMillis)*time.Millisecond)
+		n, err := a.Return(r.Context(), req.Cancel, millis(req.CancelWaitMillis))
 		res := protocol.ReturnResult{Returned: n}
 		if err != nil {
 			res.Error = err.Error()
@@ -79,7 +80,7 @@ func (a *Agent) Handler() http.Handler {
 			writeJSON(w, http.StatusOK, protocol.LeadershipAck{Leader: false})
 			return
 		}
-		until := received.Add(time.Duration(l.ValidForMillis) * time.Millisecond)
+		until := received.Add(millis(l.ValidForMillis))
 		if !l.Until.IsZero() && l.Until.Before(until) {
 			until = l.Until
 		}
@@ -176,6 +177,19 @@ func waitParam(r *http.Request) (time.Duration, error) {
 		return maxDrainWait, nil
 	}
 	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// millis converts a wire duration in milliseconds, saturating instead of
+// overflowing: beyond about 292 years it is the longest time.Duration, and
+// a negative one is 0.
+func millis(ms int64) time.Duration {
+	switch {
+	case ms <= 0:
+		return 0
+	case ms > math.MaxInt64/int64(time.Millisecond):
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 // writeJSON answers v with code, in one write: the body is encoded first
