@@ -39,9 +39,17 @@ const (
 
 // DrainStatus is the app's count of work it has claimed and not finished.
 type DrainStatus struct {
+	// Stopping says claiming has stopped (stop-claiming was called).
 	Stopping bool `json:"stopping"`
-	InFlight int  `json:"inFlight"`
-	Drained  bool `json:"drained"`
+	// InFlight counts the claims held: messages received and not yet
+	// finished or handed back.
+	InFlight int `json:"inFlight"`
+	// Receiving counts the waits for a message still pending; none holds a
+	// claim. Stop-claiming ends them, so after it this only goes down.
+	// Apps that do not count waits send 0 (or leave it out).
+	Receiving int `json:"receiving"`
+	// Drained is InFlight == 0 and Receiving == 0.
+	Drained bool `json:"drained"`
 }
 
 // ReturnRequest asks the app to hand back its unfinished claims. With Cancel

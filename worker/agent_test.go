@@ -3,9 +3,13 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
@@ -80,23 +84,41 @@ func TestReturnWithCancelCancelsThenReturns(t *testing.T) {
 	}
 }
 
+// newFake returns an Agent on a fake clock, served over HTTP.
+func newFake(t *testing.T) (*worker.Agent, *clocktesting.FakeClock, *sidecar.AppClient) {
+	fake := clocktesting.NewFakeClock(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
+	a := worker.New(worker.Options{Clock: fake})
+	return a, fake, serve(t, a)
+}
+
+// waitDone fails t unless ctx ends soon: a fake clock ended the term, and
+// the derived context follows in its own goroutine.
+func waitDone(ctx context.Context, t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal(what)
+	}
+}
+
 func TestLeadershipEndsOnTheAppsOwnClock(t *testing.T) {
-	a := worker.New(worker.Options{})
-	app := serve(t, a)
-	until := time.Now().Add(150 * time.Millisecond)
-	if err := app.SetLeadership(context.Background(), protocol.Leadership{Lease: "l", Leader: true, FencingToken: 7, Until: until, ValidForMillis: 150}); err != nil {
+	a, fake, app := newFake(t)
+	until := fake.Now().Add(150 * time.Millisecond)
+	if err := app.SetLeadership(context.Background(), protocol.Leadership{Lease: "l", Leader: true, FencingToken: 7, Until: until, ValidForMillis: 60000}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, l, done, err := a.BeginLeading(context.Background(), "l")
-	if err != nil || l.FencingToken != 7 {
+	if err != nil || l.FencingToken != 7 || !l.Until.Equal(until) {
 		t.Fatalf("BeginLeading = %+v, %v", l, err)
 	}
 	defer done()
-	select {
-	case <-ctx.Done():
-	case <-time.After(2 * time.Second):
-		t.Fatal("leader context did not end when the term ran out")
+	fake.Step(149 * time.Millisecond)
+	if _, ok := a.Leader("l"); !ok || ctx.Err() != nil {
+		t.Fatalf("not leader 1ms before until: leader %v, context %v", ok, ctx.Err())
 	}
+	fake.Step(time.Millisecond)
+	waitDone(ctx, t, "leader context did not end when the term ran out")
 	if _, ok := a.Leader("l"); ok {
 		t.Error("still leader after the term ran out with no renewal")
 	}
@@ -105,10 +127,43 @@ func TestLeadershipEndsOnTheAppsOwnClock(t *testing.T) {
 	}
 }
 
+// validForMillis counts from receipt on the Agent's clock, and a renewal
+// moves the end of the term.
+func TestValidForCountsFromReceiptAndRenewalExtends(t *testing.T) {
+	a, fake, app := newFake(t)
+	grant := func(seq int64, validFor time.Duration) {
+		t.Helper()
+		l := protocol.Leadership{Lease: "l", Leader: true, Sequence: seq, FencingToken: 1,
+			Until: fake.Now().Add(time.Hour), ValidForMillis: validFor.Milliseconds()}
+		if err := app.SetLeadership(context.Background(), l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grant(1, 100*time.Millisecond)
+	ctx, lead, done, err := a.BeginLeading(context.Background(), "l")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	if want := fake.Now().Add(100 * time.Millisecond); !lead.Until.Equal(want) {
+		t.Fatalf("Until = %v, want receipt + validForMillis = %v", lead.Until, want)
+	}
+	fake.Step(60 * time.Millisecond)
+	grant(2, 100*time.Millisecond) // renewed: now ends at +160ms
+	fake.Step(60 * time.Millisecond)
+	if _, ok := a.Leader("l"); !ok || ctx.Err() != nil {
+		t.Fatalf("renewed term ended at the first grant's end: leader %v, context %v", ok, ctx.Err())
+	}
+	fake.Step(40 * time.Millisecond)
+	waitDone(ctx, t, "leader context did not end at the renewed term's end")
+	if _, ok := a.Leader("l"); ok {
+		t.Error("still leader after the renewed term ran out")
+	}
+}
+
 func TestRevokeIsAnsweredAfterLeaderWorkStops(t *testing.T) {
-	a := worker.New(worker.Options{})
-	app := serve(t, a)
-	grant := protocol.Leadership{Lease: "l", Leader: true, Sequence: 1, FencingToken: 1, Until: time.Now().Add(time.Minute), ValidForMillis: 60000}
+	a, fake, app := newFake(t)
+	grant := protocol.Leadership{Lease: "l", Leader: true, Sequence: 1, FencingToken: 1, Until: fake.Now().Add(time.Minute), ValidForMillis: 60000}
 	if err := app.SetLeadership(context.Background(), grant); err != nil {
 		t.Fatal(err)
 	}
@@ -116,12 +171,12 @@ func TestRevokeIsAnsweredAfterLeaderWorkStops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stopped time.Time
-	go func() { <-ctx.Done(); time.Sleep(100 * time.Millisecond); stopped = time.Now(); done() }()
+	var stopped atomic.Bool
+	go func() { <-ctx.Done(); stopped.Store(true); done() }()
 	if err := app.SetLeadership(context.Background(), protocol.Leadership{Lease: "l", Sequence: 2}); err != nil {
 		t.Fatal(err)
 	}
-	if stopped.IsZero() || time.Since(stopped) < 0 {
+	if !stopped.Load() {
 		t.Fatal("revoke answered before the leader work stopped")
 	}
 	// A grant delayed past the revoke is ignored, and says so.
@@ -146,17 +201,17 @@ func TestRevokeIsAnsweredAfterLeaderWorkStops(t *testing.T) {
 	}
 }
 
-func TestBadRequestsAreRefused(t *testing.T) {
-	srv := httptest.NewServer(worker.New(worker.Options{}).Handler())
-	defer srv.Close()
-	for _, path := range []string{protocol.DrainPath + "?waitMillis=soon", protocol.DrainPath + "?waitMillis=-1"} {
-		resp, err := srv.Client().Get(srv.URL + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = resp.Body.Close()
-		if resp.StatusCode != 400 {
-			t.Errorf("GET %s = %d, want 400", path, resp.StatusCode)
-		}
+// A grant's validForMillis of any size is bounded by its until, not
+// overflowed into a term already over.
+func TestHugeValidForIsBoundedByUntil(t *testing.T) {
+	a, fake, app := newFake(t)
+	until := fake.Now().Add(time.Minute)
+	l := protocol.Leadership{Lease: "l", Leader: true, Sequence: 1, FencingToken: 1, Until: until, ValidForMillis: math.MaxInt64}
+	if err := app.SetLeadership(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	lead, ok := a.Leader("l")
+	if !ok || !lead.Until.Equal(until) {
+		t.Fatalf("Leader = %+v, %v: want leader until %v", lead, ok, until)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -17,6 +19,11 @@ import (
 // maxDrainWait bounds one long poll of the drain status.
 const maxDrainWait = 30 * time.Second
 
+// MaxBodyBytes bounds a request body of the app API. A larger body is
+// answered 413 Request Entity Too Large. The sidecar's bodies are under
+// 1 KiB.
+const MaxBodyBytes = 64 << 10
+
 // Handler serves the app side of the protocol under protocol.AppPrefix
 // ("/handoff/v1/"). Serve it on loopback only.
 func (a *Agent) Handler() http.Handler {
@@ -28,21 +35,21 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("GET "+protocol.DrainPath, func(w http.ResponseWriter, r *http.Request) {
 		wait, err := waitParam(r)
 		if err != nil {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+			writeError(w, http.StatusBadRequest, err)
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), wait)
 		defer cancel()
-		a.WaitDrained(ctx)
+		_ = a.WaitDrained(ctx) // not drained: the status says so
 		writeJSON(w, http.StatusOK, a.drainStatus())
 	})
 	mux.HandleFunc("POST "+protocol.ReturnPath, func(w http.ResponseWriter, r *http.Request) {
 		var req protocol.ReturnRequest
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body: " + err.Error()})
+		if code, err := decodeBody(w, r, &req); err != nil {
+			writeError(w, code, err)
 			return
 		}
-		n, err := a.Return(r.Context(), req.Cancel, time.Duration(req.CancelWaitMillis)*time.Millisecond)
+		n, err := a.Return(r.Context(), req.Cancel, millis(req.CancelWaitMillis))
 		res := protocol.ReturnResult{Returned: n}
 		if err != nil {
 			res.Error = err.Error()
@@ -50,15 +57,15 @@ func (a *Agent) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, res)
 	})
 	mux.HandleFunc("PUT "+protocol.LeasePathPrefix+"{lease}", func(w http.ResponseWriter, r *http.Request) {
-		received := time.Now()
+		received := a.clock.Now()
 		var l protocol.Leadership
-		if err := json.NewDecoder(r.Body).Decode(&l); err != nil {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body: " + err.Error()})
+		if code, err := decodeBody(w, r, &l); err != nil {
+			writeError(w, code, err)
 			return
 		}
 		lease := r.PathValue("lease")
 		if l.Lease != "" && l.Lease != lease {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("body names Lease %q, path %q", l.Lease, lease)})
+			writeError(w, http.StatusBadRequest, fmt.Errorf("body: lease %q differs from the path's Lease %q; want the same name, or leave it out", l.Lease, lease))
 			return
 		}
 		if !a.sequenced(lease, l.Sequence) {
@@ -67,13 +74,13 @@ func (a *Agent) Handler() http.Handler {
 		}
 		if !l.Leader {
 			if err := a.revoke(r.Context(), lease); err != nil {
-				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "leader work did not stop: " + err.Error()})
+				writeError(w, http.StatusServiceUnavailable, fmt.Errorf("leader work did not stop: %w", err))
 				return
 			}
 			writeJSON(w, http.StatusOK, protocol.LeadershipAck{Leader: false})
 			return
 		}
-		until := received.Add(time.Duration(l.ValidForMillis) * time.Millisecond)
+		until := received.Add(millis(l.ValidForMillis))
 		if !l.Until.IsZero() && l.Until.Before(until) {
 			until = l.Until
 		}
@@ -106,32 +113,107 @@ func (a *Agent) ListenAndServe(ctx context.Context, addr string) error {
 	return nil
 }
 
-func (a *Agent) drainStatus() protocol.DrainStatus {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	stopping := false
-	select {
-	case <-a.stopping:
-		stopping = true
-	default:
+// decodeBody decodes the request body, one JSON value of at most
+// MaxBodyBytes, into v. Unknown fields are ignored, so a newer sidecar may
+// send fields this app does not know. It returns the status to answer with
+// and the error: 413 for a body over the limit, 400 for one that is empty,
+// not JSON of v's shape, or followed by anything but white space.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) (int, error) {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	err := dec.Decode(v)
+	if err == nil {
+		// Anything after the value, a second value included, is refused:
+		// a body is one JSON object.
+		if _, terr := dec.Token(); !errors.Is(terr, io.EOF) {
+			err = errTrailing
+			if tooLarge(terr) {
+				err = terr
+			}
+		}
 	}
-	return protocol.DrainStatus{Stopping: stopping, InFlight: a.inFlight, Drained: a.inFlight == 0}
+	switch {
+	case err == nil:
+		return 0, nil
+	case tooLarge(err):
+		return http.StatusRequestEntityTooLarge, fmt.Errorf("body: larger than %d bytes; want at most %d bytes (64 KiB) of JSON", MaxBodyBytes, MaxBodyBytes)
+	case errors.Is(err, io.EOF):
+		return http.StatusBadRequest, errors.New("body: empty; want one JSON object")
+	case errors.Is(err, errTrailing):
+		return http.StatusBadRequest, errors.New("body: data after the JSON value; want one JSON object and nothing after it but white space")
+	default:
+		return http.StatusBadRequest, fmt.Errorf("body: %w; want one JSON object", err)
+	}
 }
 
+var errTrailing = errors.New("trailing data")
+
+func tooLarge(err error) bool {
+	var mbe *http.MaxBytesError
+	return errors.As(err, &mbe)
+}
+
+// waitParam reads the drain long poll's waitMillis: absent or empty is 0
+// (answer at once), above maxDrainWait (at any size) is maxDrainWait; not a
+// whole number, negative, or given more than once is an error.
 func waitParam(r *http.Request) (time.Duration, error) {
-	v := r.URL.Query().Get("waitMillis")
-	if v == "" {
+	vs := r.URL.Query()["waitMillis"]
+	if len(vs) > 1 {
+		return 0, fmt.Errorf("waitMillis given %d times; want it once", len(vs))
+	}
+	if len(vs) == 0 || strings.TrimSpace(vs[0]) == "" {
 		return 0, nil
 	}
-	ms, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-	if err != nil || ms < 0 {
-		return 0, fmt.Errorf("waitMillis %q: want a whole number of milliseconds, 0 or more", v)
+	v := strings.TrimSpace(vs[0])
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if errors.Is(err, strconv.ErrRange) && ms > 0 {
+		return maxDrainWait, nil // beyond int64, and so beyond the bound
 	}
-	return min(time.Duration(ms)*time.Millisecond, maxDrainWait), nil
+	if err != nil || ms < 0 {
+		return 0, fmt.Errorf("waitMillis %q: want a whole number of milliseconds, 0 or more", vs[0])
+	}
+	// Compare in milliseconds: ms * time.Millisecond overflows above about
+	// 292 years.
+	if ms >= maxDrainWait.Milliseconds() {
+		return maxDrainWait, nil
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
+// millis converts a wire duration in milliseconds, saturating instead of
+// overflowing: beyond about 292 years it is the longest time.Duration, and
+// a negative one is 0.
+func millis(ms int64) time.Duration {
+	switch {
+	case ms <= 0:
+		return 0
+	case ms > math.MaxInt64/int64(time.Millisecond):
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
+// writeJSON answers v with code, in one write: the body is encoded first
+// and sent with its Content-Length, so net/http writes the status line,
+// headers and body to the connection together (see docs/protocol.md: an
+// answer in two writes can wait ~40 ms for Nagle and delayed ACK).
 func writeJSON(w http.ResponseWriter, code int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		code, body = http.StatusInternalServerError, []byte(`{"error":"encoding the answer failed"}`)
+	}
+	body = append(body, '\n')
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(body)
+}
+
+// writeError answers {"error": err} with code.
+func writeError(w http.ResponseWriter, code int, err error) {
+	writeJSON(w, code, protocolError{Error: err.Error()})
+}
+
+// protocolError is the body of an error answer.
+type protocolError struct {
+	Error string `json:"error"`
 }

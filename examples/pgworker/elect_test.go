@@ -15,8 +15,6 @@ import (
 	"github.com/handoff-dev/handoff/worker"
 )
 
-func TestMain(m *testing.M) { kubetest.Main(m) }
-
 // The baseline elector leads with the Lease's leaseTransitions as fencing
 // token, and at exit leaves the Lease held, as a worker without handoff
 // does: its successor must wait out the lease duration.

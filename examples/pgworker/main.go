@@ -2,8 +2,11 @@
 // queue) and hands over cleanly with the handoff sidecar, through
 // worker.Agent:
 //
-//   - --concurrency claim loops each Begin, Claim, work, Complete, done;
-//     once the sidecar says stop claiming, Begin refuses and the loops end.
+//   - --concurrency claim loops each Receive (poll the table every
+//     --poll-interval until a message is claimed), Hold, work, Complete,
+//     Done. Stop-claiming ends the wait between polls at once, the next
+//     Receive refuses, and the loops end; a message claimed by a poll under
+//     way at stop-claiming is held, and finished or handed back.
 //   - The sidecar calls ReturnClaims (queue.ReturnClaims for this worker)
 //     at the drain deadline, so unfinished messages are visible again at
 //     once instead of after the visibility timeout.
@@ -199,12 +202,7 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 		}
 	}
 
-	a := &app{opts: opts, log: log, pool: pool}
-	a.agent = worker.New(worker.Options{
-		ReturnClaims: a.returnClaims,
-		Logger:       log.WithName("handoff"),
-	})
-	a.beginLeading = a.agent.BeginLeading
+	a := newApp(opts, log, pool)
 	if elector != nil {
 		a.beginLeading = elector.beginLeading
 	}
@@ -254,6 +252,18 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 	return err
 }
 
+// newApp returns the worker on pool, with its Agent; its loops are not
+// started.
+func newApp(opts options, log logr.Logger, pool *pgxpool.Pool) *app {
+	a := &app{opts: opts, log: log, pool: pool}
+	a.agent = worker.New(worker.Options{
+		ReturnClaims: a.returnClaims,
+		Logger:       log.WithName("handoff"),
+	})
+	a.beginLeading = a.agent.BeginLeading
+	return a
+}
+
 // listenLoopback listens on addr, which must be a loopback host:port like
 // 127.0.0.1:7452: the app API has no authentication.
 func listenLoopback(ctx context.Context, addr string) (net.Listener, error) {
@@ -272,27 +282,46 @@ func listenLoopback(ctx context.Context, addr string) (net.Listener, error) {
 	return ln, nil
 }
 
-// claimLoop claims and works on one message at a time until claiming stops
-// or ctx ends.
+// claimLoop receives and works on one message at a time until claiming
+// stops or ctx ends.
 func (a *app) claimLoop(ctx context.Context) {
-	for ctx.Err() == nil {
-		wctx, done, err := a.agent.Begin(ctx)
-		if errors.Is(err, worker.ErrStopping) {
+	for {
+		r, err := a.agent.Receive(ctx)
+		if err != nil { // worker.ErrStopping, or ctx ended
 			return
 		}
-		c, err := queue.Claim(wctx, a.pool, a.opts.workerID, a.opts.visibilityTimeout)
-		if err != nil || c == nil {
-			done()
-			if err != nil && ctx.Err() == nil {
-				a.log.Error(err, "claim failed")
-			}
-			a.wait(ctx, a.opts.pollInterval)
+		c := a.receive(ctx, r)
+		if c == nil { // the receive ended: Receive refuses next
+			r.End()
 			continue
 		}
+		claim := r.Hold()
+		r.End()
 		a.log.Info("claimed", "id", c.ID, "dedupKey", c.DedupKey, "deliveries", c.Deliveries, "workMillis", c.WorkMillis)
-		a.process(wctx, c)
-		done()
+		a.process(claim.Context(), c)
+		claim.Done()
 	}
+}
+
+// receive polls the queue every --poll-interval until it claims a message,
+// and returns it, or until r ends (stop-claiming, or ctx), and returns nil.
+func (a *app) receive(ctx context.Context, r *worker.Receive) *queue.Claimed {
+	for r.Context().Err() == nil {
+		// The claim runs with ctx, not r's context: cut off by
+		// stop-claiming, the statement might commit a claim this worker
+		// never learns of. r is pending while it runs, so a message claimed
+		// in the race with stop-claiming is held, then finished or handed
+		// back.
+		c, err := queue.Claim(ctx, a.pool, a.opts.workerID, a.opts.visibilityTimeout)
+		if err != nil && ctx.Err() == nil {
+			a.log.Error(err, "claim failed")
+		}
+		if c != nil {
+			return c
+		}
+		wait(r.Context(), a.opts.pollInterval)
+	}
+	return nil
 }
 
 // process works on c and completes it. If ctx ends first (the sidecar's
@@ -318,13 +347,12 @@ func (a *app) process(ctx context.Context, c *queue.Claimed) {
 	}
 }
 
-// wait waits for d, until claiming stops or ctx ends.
-func (a *app) wait(ctx context.Context, d time.Duration) {
+// wait waits for d, or until ctx ends.
+func wait(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-	case <-a.agent.Stopping():
 	case <-ctx.Done():
 	}
 }

@@ -67,6 +67,20 @@ func Run(m *testing.M) {
 	m.Run()
 }
 
+// Setup is Run for a test binary whose TestMain runs the tests another way,
+// like kubetest.MainWith: it lets Start start a server, and returns the
+// func that stops it, to run once the tests are over.
+//
+//	func TestMain(m *testing.M) {
+//		kubetest.MainWith(m, func(*kubetest.Env) (func(), error) { return pgtest.Setup(), nil })
+//	}
+func Setup() func() {
+	server.mu.Lock()
+	server.running = true
+	server.mu.Unlock()
+	return stop
+}
+
 // Start returns the URL of a new, empty database, dropped when t ends. The
 // first call starts the server unless HANDOFF_TEST_DATABASE_URL is set. If
 // no server can be had, Start fails t (it does not skip): a test that

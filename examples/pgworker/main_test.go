@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/handoff-dev/handoff/examples/pgworker/queue"
+	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/internal/pgtest"
+	"github.com/handoff-dev/handoff/sidecar"
+)
+
+// The elector's tests need the control plane, the claim loops' PostgreSQL.
+func TestMain(m *testing.M) {
+	kubetest.MainWith(m, func(*kubetest.Env) (func(), error) { return pgtest.Setup(), nil })
+}
+
+// worker is a pgworker's claim loops on a fresh queue, with the sidecar's
+// client for its app API.
+type testWorker struct {
+	*app
+	sidecar *sidecar.AppClient
+	ended   chan struct{} // closed when every claim loop has returned
+}
+
+// startWorker starts concurrency claim loops polling every poll, and
+// stops them when t ends.
+func startWorker(t *testing.T, pool *pgxpool.Pool, concurrency int, poll time.Duration) *testWorker {
+	t.Helper()
+	opts := options{workerID: "pod-a", concurrency: concurrency, visibilityTimeout: time.Hour, pollInterval: poll}
+	w := &testWorker{app: newApp(opts, logr.Discard(), pool), ended: make(chan struct{})}
+	srv := httptest.NewServer(w.agent.Handler())
+	w.sidecar = sidecar.NewAppClient(srv.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	var loops sync.WaitGroup
+	for range concurrency {
+		loops.Go(func() { w.claimLoop(ctx) })
+	}
+	go func() { loops.Wait(); close(w.ended) }()
+	t.Cleanup(func() { cancel(); <-w.ended; srv.Close() })
+	return w
+}
+
+// waitReceiving waits until n claim loops wait for a message.
+func (w *testWorker) waitReceiving(t *testing.T, n int) {
+	t.Helper()
+	kubetest.WaitFor(t, 10*time.Second, "the claim loops to wait for messages", func() bool {
+		st, err := w.sidecar.Drain(context.Background(), 0)
+		return err == nil && st.Receiving == n
+	})
+}
+
+// waitEnded fails t unless every claim loop returns.
+func (w *testWorker) waitEnded(t *testing.T) {
+	t.Helper()
+	select {
+	case <-w.ended:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the claim loops went on after stop-claiming")
+	}
+}
+
+func newPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), pgtest.Start(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := queue.Migrate(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+// An idle worker waits between polls in a receive, which holds no claim:
+// stop-claiming ends the wait (an hour here), so the drain's long poll
+// sees the worker drained rather than waiting out the poll interval.
+func TestIdleWorkerIsDrainedAtStopClaiming(t *testing.T) {
+	t.Parallel()
+	w := startWorker(t, newPool(t), 3, time.Hour)
+	w.waitReceiving(t, 3)
+	if st, err := w.sidecar.Drain(context.Background(), 0); err != nil || st.Drained || st.InFlight != 0 {
+		t.Fatalf("drain before stop-claiming = %+v, %v: want receiving, nothing in flight, not drained", st, err)
+	}
+	if _, err := w.sidecar.StopClaiming(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	st, err := w.sidecar.Drain(context.Background(), 30*time.Second)
+	if err != nil || !st.Drained || st.Receiving != 0 {
+		t.Fatalf("drain after stop-claiming = %+v, %v: want drained once the waits ended", st, err)
+	}
+	w.waitEnded(t)
+}
+
+// A worker that has stopped claiming claims nothing more: a message
+// enqueued after stop-claiming is left for the other workers, although the
+// stopping one polls every 5ms.
+func TestMessageEnqueuedAfterStopClaimingIsNotClaimed(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	w := startWorker(t, pool, 2, 5*time.Millisecond)
+	w.waitReceiving(t, 2)
+	if _, err := w.sidecar.StopClaiming(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := queue.Enqueue(context.Background(), pool, []queue.Message{{DedupKey: "late", Amount: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitEnded(t)
+	c, err := queue.Claim(context.Background(), pool, "pod-b", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c == nil || c.DedupKey != "late" || c.Deliveries != 1 {
+		t.Fatalf("the successor claimed %+v, want message late at its first delivery", c)
+	}
+}
+
+// A message claimed before stop-claiming stays held: the drain waits for
+// it, and the return fallback hands it back at once.
+func TestHeldMessageIsHandedBackByTheReturnFallback(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	w := startWorker(t, pool, 2, 5*time.Millisecond)
+	if err := queue.Enqueue(context.Background(), pool, []queue.Message{{DedupKey: "slow", Amount: 1, WorkMillis: int(time.Hour.Milliseconds())}}); err != nil {
+		t.Fatal(err)
+	}
+	kubetest.WaitFor(t, 10*time.Second, "the worker to claim the message", func() bool { return w.agent.InFlight() == 1 })
+	if _, err := w.sidecar.StopClaiming(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	st, err := w.sidecar.Drain(context.Background(), 50*time.Millisecond)
+	if err != nil || st.Drained || st.InFlight != 1 {
+		t.Fatalf("drain = %+v, %v: want the held message in flight", st, err)
+	}
+	res, err := w.sidecar.Return(context.Background(), false, 0)
+	if err != nil || res.Returned != 1 || res.Error != "" {
+		t.Fatalf("return = %+v, %v: want 1 handed back", res, err)
+	}
+	c, err := queue.Claim(context.Background(), pool, "pod-b", time.Minute)
+	if err != nil || c == nil || c.DedupKey != "slow" {
+		t.Fatalf("the successor claimed %+v, %v: want the message handed back", c, err)
+	}
+}

@@ -1,0 +1,199 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/handoff-dev/handoff/protocol"
+	"github.com/handoff-dev/handoff/worker"
+)
+
+// call sends one request and returns the status and body.
+func call(t *testing.T, srv *httptest.Server, method, path, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+func TestBodiesAreOneJSONValueOfBoundedSize(t *testing.T) {
+	srv := httptest.NewServer(worker.New(worker.Options{}).Handler())
+	defer srv.Close()
+	lease := protocol.LeasePathPrefix + "l"
+	big := `{"cancel": false, "pad": "` + strings.Repeat("x", worker.MaxBodyBytes) + `"}`
+	for _, tc := range []struct {
+		name, method, path, body string
+		code                     int
+		says                     string // in the error
+	}{
+		{"return", "POST", protocol.ReturnPath, `{"cancel": false}`, 200, ""},
+		{"unknown fields are tolerated", "POST", protocol.ReturnPath, `{"cancel": false, "fromTheFuture": [1, 2]}`, 200, ""},
+		{"white space after the value", "POST", protocol.ReturnPath, "{\"cancel\": false}\n\t \n", 200, ""},
+		{"too large", "POST", protocol.ReturnPath, big, 413, "larger than 65536 bytes"},
+		{"too large lease", "PUT", lease, `{"lease": "l", "leader": false, "x": "` + strings.Repeat("x", worker.MaxBodyBytes) + `"}`, 413, "larger than 65536 bytes"},
+		{"trailing garbage", "POST", protocol.ReturnPath, `{"cancel": false}garbage`, 400, "data after the JSON value"},
+		{"second value", "POST", protocol.ReturnPath, `{"cancel": false} {"cancel": true}`, 400, "data after the JSON value"},
+		{"trailing garbage on a lease", "PUT", lease, `{"lease": "l", "leader": false, "sequence": 1}]`, 400, "data after the JSON value"},
+		{"empty", "POST", protocol.ReturnPath, ``, 400, "body: empty"},
+		{"wrong type", "PUT", lease, `{"leader": "yes"}`, 400, "leader"},
+		{"not JSON", "PUT", lease, `leader=true`, 400, "want one JSON object"},
+		{"lease differs from the path", "PUT", lease, `{"lease": "m"}`, 400, `lease "m" differs from the path's Lease "l"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, body := call(t, srv, tc.method, tc.path, tc.body)
+			if code != tc.code {
+				t.Fatalf("%s %s = %d %s, want %d", tc.method, tc.path, code, body, tc.code)
+			}
+			if tc.says == "" {
+				return
+			}
+			var e struct{ Error string }
+			if err := json.Unmarshal([]byte(body), &e); err != nil || !strings.Contains(e.Error, tc.says) {
+				t.Fatalf("error = %q (%v), want it to say %q", body, err, tc.says)
+			}
+		})
+	}
+}
+
+func TestWaitMillisEdgeValues(t *testing.T) {
+	for _, tc := range []struct {
+		query string
+		code  int
+		says  string
+	}{
+		{"", 200, ""},
+		{"?waitMillis=", 200, ""},
+		{"?waitMillis=0", 200, ""},
+		{"?waitMillis=%205%20", 200, ""},
+		{"?waitMillis=30001", 200, ""},
+		{"?waitMillis=9223372036854775807", 200, ""},
+		{"?waitMillis=99999999999999999999999", 200, ""},
+		{"?waitMillis=-1", 400, `waitMillis "-1": want a whole number of milliseconds, 0 or more`},
+		{"?waitMillis=-99999999999999999999999", 400, "want a whole number"},
+		{"?waitMillis=soon", 400, `waitMillis "soon"`},
+		{"?waitMillis=1.5", 400, `waitMillis "1.5"`},
+		{"?waitMillis=1e3", 400, `waitMillis "1e3"`},
+		{"?waitMillis=1&waitMillis=2", 400, "waitMillis given 2 times; want it once"},
+	} {
+		// A drained app answers every accepted wait at once.
+		srv := httptest.NewServer(worker.New(worker.Options{}).Handler())
+		code, body := call(t, srv, "GET", protocol.DrainPath+tc.query, "")
+		srv.Close()
+		var e struct{ Error string }
+		_ = json.Unmarshal([]byte(body), &e)
+		if code != tc.code || !strings.Contains(e.Error, tc.says) {
+			t.Errorf("GET drain%s = %d %s, want %d saying %q", tc.query, code, body, tc.code, tc.says)
+		}
+	}
+}
+
+// A wait above the bound, however large, waits (up to the bound) rather
+// than answering at once: until the claim is done, here.
+func TestHugeWaitMillisWaitsForTheDrain(t *testing.T) {
+	for _, v := range []string{"30001", "9223372036854775807", "99999999999999999999"} {
+		a := worker.New(worker.Options{})
+		entered := make(chan struct{}, 1)
+		h := a.Handler()
+		app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			entered <- struct{}{}
+			h.ServeHTTP(w, r)
+		}))
+		_, done, err := a.Begin(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		answered := make(chan string, 1)
+		go func() {
+			resp, err := app.Client().Get(app.URL + protocol.DrainPath + "?waitMillis=" + v)
+			if err != nil {
+				answered <- err.Error()
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			answered <- string(b)
+		}()
+		<-entered // the request is in the handler: it answers drained only if it waits
+		done()
+		if body := <-answered; !strings.Contains(body, `"drained":true`) {
+			t.Errorf("waitMillis=%s answered %s before the claim was done, want the long poll to wait for drained", v, body)
+		}
+		app.Close()
+	}
+}
+
+// countingConn counts the writes to the connection.
+type countingConn struct {
+	net.Conn
+	mu     *sync.Mutex
+	writes *int
+}
+
+func (c countingConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	*c.writes++
+	c.mu.Unlock()
+	return c.Conn.Write(b)
+}
+
+type countingListener struct {
+	net.Listener
+	mu     sync.Mutex
+	writes int
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return countingConn{Conn: c, mu: &l.mu, writes: &l.writes}, nil
+}
+
+// Each answer reaches the connection in one write: status line, headers
+// and body together, so no answer waits on Nagle's algorithm and the
+// caller's delayed ACK.
+func TestEachAnswerIsOneWrite(t *testing.T) {
+	a := worker.New(worker.Options{})
+	srv := httptest.NewUnstartedServer(a.Handler())
+	ln := &countingListener{Listener: srv.Listener}
+	srv.Listener = ln
+	srv.Start()
+	defer srv.Close()
+	calls := []struct{ method, path, body string }{
+		{"PUT", protocol.LeasePathPrefix + "l", `{"lease":"l","leader":true,"sequence":1,"fencingToken":1,"validForMillis":60000}`},
+		{"PUT", protocol.LeasePathPrefix + "l", `{"lease":"l","leader":false,"sequence":2}`},
+		{"POST", protocol.StopClaimingPath, `{}`},
+		{"GET", protocol.DrainPath + "?waitMillis=10", ""},
+		{"POST", protocol.ReturnPath, `{"cancel":true,"cancelWaitMillis":10}`},
+		{"GET", protocol.DrainPath + "?waitMillis=x", ""},
+		{"POST", protocol.ReturnPath, `{}x`},
+	}
+	for i, c := range calls {
+		code, body := call(t, srv, c.method, c.path, c.body)
+		ln.mu.Lock()
+		n := ln.writes
+		ln.mu.Unlock()
+		if n != i+1 {
+			t.Fatalf("after answer %d (%s %s = %d %s): %d writes to the connection, want %d", i+1, c.method, c.path, code, body, n, i+1)
+		}
+	}
+}

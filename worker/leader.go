@@ -1,0 +1,145 @@
+package worker
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// Leadership is one term as leader of a Lease, as the sidecar told it.
+type Leadership struct {
+	Lease string
+	// FencingToken grows with each new holder of the Lease; pass it to the
+	// systems leader work writes to, so they refuse an older holder.
+	FencingToken int64
+	// Until is when this term ends on this process's clock (Options.Clock)
+	// unless renewed.
+	Until time.Time
+}
+
+// term is the Agent's record of leadership of one Lease. Every field but
+// ctx is guarded by Agent.mu; cancel is called only with Agent.mu held
+// (except by the timer at Until), so a term checked live under the lock
+// stays live until the lock is released.
+type term struct {
+	lead    Leadership
+	ctx     context.Context // ends when the term ends
+	cancel  context.CancelFunc
+	timer   clock.Timer
+	work    int           // leader work begun with BeginLeading and not done
+	changed chan struct{} // closed and replaced whenever work goes down
+}
+
+// liveLocked reports whether t is a term that is not over; a.mu must be
+// held.
+func (a *Agent) liveLocked(t *term) bool {
+	return t != nil && t.ctx.Err() == nil && a.clock.Now().Before(t.lead.Until)
+}
+
+// Leader returns the current term for lease, and false when this worker
+// does not lead it or the term has run out on the Agent's clock.
+func (a *Agent) Leader(lease string) (Leadership, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t := a.leases[lease]
+	if !a.liveLocked(t) {
+		return Leadership{}, false
+	}
+	return t.lead, true
+}
+
+// BeginLeading starts leader work for lease. The returned context ends with
+// ctx, or when the term ends (revoked, lost, or run out on the Agent's
+// clock); call done when the work is over: the sidecar frees the Lease only
+// after every such done. It returns ErrNotLeader when this worker does not
+// lead. Once a revoke has been acknowledged, BeginLeading refuses until the
+// next grant.
+func (a *Agent) BeginLeading(ctx context.Context, lease string) (context.Context, Leadership, func(), error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t := a.leases[lease]
+	if !a.liveLocked(t) {
+		return nil, Leadership{}, nil, ErrNotLeader
+	}
+	t.work++
+	wctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(t.ctx, cancel)
+	var once sync.Once
+	done := func() {
+		once.Do(func() {
+			stop()
+			cancel()
+			a.mu.Lock()
+			t.work--
+			close(t.changed)
+			t.changed = make(chan struct{})
+			a.mu.Unlock()
+		})
+	}
+	return wctx, t.lead, done, nil
+}
+
+// sequenced records seq as the latest message about lease, and reports
+// false when a later one was already applied.
+func (a *Agent) sequenced(lease string, seq int64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if last, ok := a.sequences[lease]; ok && seq <= last {
+		return false
+	}
+	a.sequences[lease] = seq
+	return true
+}
+
+// grant starts or extends a term. A new fencing token ends the old term.
+func (a *Agent) grant(l Leadership) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t := a.leases[l.Lease]
+	if t != nil && (t.lead.FencingToken != l.FencingToken || t.ctx.Err() != nil) {
+		t.cancel()
+		t.timer.Stop()
+		t = nil
+	}
+	left := l.Until.Sub(a.clock.Now())
+	if t == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		t = &term{ctx: ctx, cancel: cancel, changed: make(chan struct{})}
+		t.timer = a.clock.AfterFunc(left, cancel) // must not take a.mu: a fake clock runs it in Step
+		a.leases[l.Lease] = t
+		a.log.Info("leading", "lease", l.Lease, "fencingToken", l.FencingToken, "until", l.Until)
+	} else {
+		t.timer.Reset(left)
+	}
+	t.lead = l
+}
+
+// revoke ends the term for lease and waits, until ctx ends, for its leader
+// work to be done. It returns ctx's error if the work did not stop in time.
+// The term ends under the lock BeginLeading checks it under, so no leader
+// work begins once revoke has been called.
+func (a *Agent) revoke(ctx context.Context, lease string) error {
+	a.mu.Lock()
+	t := a.leases[lease]
+	if t == nil {
+		a.mu.Unlock()
+		return nil
+	}
+	t.cancel()
+	t.timer.Stop()
+	for t.work > 0 {
+		changed := t.changed
+		a.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		a.mu.Lock()
+	}
+	a.mu.Unlock()
+	a.log.Info("leadership revoked", "lease", lease)
+	return nil
+}
