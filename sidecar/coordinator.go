@@ -28,6 +28,7 @@ import (
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/leaderelection"
+	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
 )
 
@@ -62,7 +63,7 @@ type Coordinator struct {
 	log       logr.Logger
 	app       *AppClient
 	leaseAPI  coordinationv1client.LeasesGetter
-	pods      corev1client.PodsGetter
+	pods      *prestop.PodWatch // nil when the pod is unknown
 	events    record.EventRecorder
 	pod       *corev1.ObjectReference
 	metrics   *Metrics
@@ -128,12 +129,14 @@ func New(o Options) (*Coordinator, error) {
 		log:      o.Logger,
 		app:      NewAppClient(s.AppURL),
 		leaseAPI: o.Leases,
-		pods:     o.Pods,
 		events:   o.Events,
 		metrics:  o.Metrics,
 		phase:    PhaseRunning,
 		pod: &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1",
 			Namespace: s.PodNamespace, Name: s.PodName, UID: types.UID(s.PodUID)},
+	}
+	if o.Pods != nil && s.PodName != "" {
+		c.pods = prestop.NewPodWatch(o.Pods, s.PodNamespace, s.PodName)
 	}
 	c.base, c.endBase = context.WithCancel(context.Background())
 	r, err := c.newRound()
@@ -175,6 +178,9 @@ func (c *Coordinator) Start(ctx context.Context) {
 		c.started = true
 		r := c.cur
 		c.mu.Unlock()
+		if c.pods != nil {
+			go c.pods.Run(c.base)
+		}
 		c.arm(r)
 	})
 }

@@ -7,7 +7,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/prestop"
@@ -133,4 +136,38 @@ func value(t *testing.T, m prometheus.Metric) float64 {
 		return d.Gauge.GetValue()
 	}
 	return d.Counter.GetValue()
+}
+
+// A liveness probe kill gets the probe's terminationGracePeriodSeconds,
+// read from the pod's own object through the watch, not the pod's.
+func TestProbeKillDeadlineIsTheProbesGracePeriod(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	obj, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pod-a"},
+		Spec: corev1.PodSpec{
+			NodeName:                      "node-1",
+			TerminationGracePeriodSeconds: ptr.To[int64](30),
+			Containers: []corev1.Container{{Name: "worker", Image: "worker", LivenessProbe: &corev1.Probe{
+				ProbeHandler:                  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
+				TerminationGracePeriodSeconds: ptr.To[int64](6),
+			}}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := startPod(t, obj, map[string]string{"leases": "", "worker-container": "worker"}, worker.Options{})
+	rep, err := a.c.Shutdown(context.Background(), prestop.TriggerPreStop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := rep.Started.Add(6*time.Second - a.settings.DeadlineMargin)
+	if rep.DeadlineSource != prestop.SourceProbeGracePeriod || !rep.Deadline.Equal(want) {
+		t.Errorf("deadline started+%s from %s, want started+%s from %s", rep.Deadline.Sub(rep.Started), rep.DeadlineSource,
+			want.Sub(rep.Started), prestop.SourceProbeGracePeriod)
+	}
+	if ph := a.c.Status().Phase; ph != sidecar.PhaseRearming {
+		t.Errorf("phase %s after a probe kill, want Rearming", ph)
+	}
 }

@@ -103,14 +103,14 @@ func (c *Coordinator) runSequence(r *round, trigger string) {
 		stopped <- stopResult{st, err}
 	}()
 
-	// 1. The deadline, from the pod's own deletion.
-	deadline, source, err := prestop.Deadline(context.Background(), c.pods, c.s.PodNamespace, c.s.PodName, start, c.s.GracePeriod, c.s.DeadlineMargin)
-	if err != nil {
-		c.log.Info("deadline from the grace period", "reason", err.Error())
-	}
+	// 1. The deadline, from the pod's own object: its deletion, or the
+	// grace period of the kill.
+	term := c.termination(start)
+	deadline, source := term.Deadline, term.Source
 	q.deadline, q.rep.Deadline, q.rep.DeadlineSource = deadline, deadline, source
 	drainBy := deadline.Add(-c.s.HandbackReserve)
-	c.log.Info("shutdown started", "trigger", trigger, "deadline", deadline, "deadlineSource", source, "drainBy", drainBy, "round", r.n)
+	c.log.Info("shutdown started", "trigger", trigger, "deadline", deadline, "deadlineSource", source, "drainBy", drainBy,
+		"round", r.n, "podLeaving", term.Leaving, "why", term.Why)
 
 	// 3, 4. Drain, and the fallback.
 	q.handleClaims(<-stopped, drainBy)
@@ -128,8 +128,9 @@ func (c *Coordinator) runSequence(r *round, trigger string) {
 	// 7. A kill of the worker container in a pod that stays re-arms: the
 	// kubelet restarts the container, and the new process must lead again.
 	// A pod being deleted, or a sidecar told to stop, does not.
+	leaving := term.Leaving || c.termination(time.Now()).Leaving
 	c.mu.Lock()
-	rearm := source != prestop.SourceDeletionTimestamp && !r.signalled && c.base.Err() == nil
+	rearm := !leaving && !r.signalled && c.base.Err() == nil
 	r.report, c.last = q.rep, q.rep
 	c.phase = PhaseDone
 	var next *round
@@ -145,6 +146,31 @@ func (c *Coordinator) runSequence(r *round, trigger string) {
 	if next != nil {
 		go c.rearm(next)
 	}
+}
+
+// podReadTimeout bounds each read of the pod from the API, when the watch
+// cannot answer.
+const podReadTimeout = 2 * time.Second
+
+// termination reads the pod (from the watch, else a bounded GET) and says
+// what it tells of a trigger at now. A pod the watch shows not being deleted
+// is read once more from the API: the kubelet, which sent the preStop, may
+// have seen the deletion before this watch did.
+func (c *Coordinator) termination(now time.Time) prestop.Termination {
+	var pod *corev1.Pod
+	if c.pods != nil {
+		p, from, err := c.pods.Pod(context.Background(), podReadTimeout)
+		if err == nil && from == prestop.FromWatch && p.DeletionTimestamp == nil {
+			if fresh, gerr := c.pods.Get(context.Background(), podReadTimeout); gerr == nil {
+				p = fresh
+			}
+		}
+		if err != nil {
+			c.log.Info("pod not read: deadline from the grace period", "from", from, "reason", err.Error())
+		}
+		pod = p
+	}
+	return prestop.TerminationOf(pod, c.s.WorkerContainer, now, c.s.GracePeriod, c.s.DeadlineMargin)
 }
 
 // stopResult is the app's answer to stop-claiming.

@@ -70,9 +70,15 @@ func (a *appCalls) count(path string) int { a.mu.Lock(); defer a.mu.Unlock(); re
 // newPod starts a pod; values override the test defaults by setting name.
 func newPod(t *testing.T, ns, name string, values map[string]string, opts worker.Options) *pod {
 	t.Helper()
+	return startPod(t, kubetest.Get(t).Pod(t, ns, name, 30), values, opts)
+}
+
+// startPod starts a pod for the Pod object obj, already created.
+func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts worker.Options) *pod {
+	t.Helper()
 	env := kubetest.Get(t)
+	ns, name := obj.Namespace, obj.Name
 	p := &pod{name: name, calls: &appCalls{n: map[string]int{}}, metrics: sidecar.NewMetrics(prometheus.NewRegistry())}
-	obj := env.Pod(t, ns, name, 30)
 	p.uid = string(obj.UID)
 	opts.Logger = testr.New(t).WithName(name + "/app")
 	p.agent = worker.New(opts)
