@@ -31,6 +31,10 @@ const (
 	minStep = 250 * time.Millisecond
 	// maxDrainPoll bounds one long poll of the app's drain status.
 	maxDrainPoll = 5 * time.Second
+	// minDrainPoll is the least time from one drain poll to the next, so an
+	// app that answers at once, not honouring waitMillis, is not polled in a
+	// tight loop.
+	minDrainPoll = 100 * time.Millisecond
 	// stopClaimingTimeout bounds the stop-claiming call; the drain wait
 	// then polls the app anyway.
 	stopClaimingTimeout = time.Second
@@ -200,9 +204,10 @@ func (q *sequence) handleClaims(stop stopResult, drainBy time.Time) {
 	// 3. Wait for drained. st keeps the last status the app gave.
 	drained := err == nil && st.Drained
 	for !drained && time.Now().Before(drainBy) {
+		polled := time.Now()
 		wait := min(time.Until(drainBy), maxDrainPoll)
 		ctx, cancel := context.WithTimeout(context.Background(), wait+time.Second)
-		polled, err := c.app.Drain(ctx, wait)
+		answer, err := c.app.Drain(ctx, wait)
 		cancel()
 		c.metrics.appResult("drain", err)
 		switch {
@@ -212,9 +217,12 @@ func (q *sequence) handleClaims(stop stopResult, drainBy time.Time) {
 			return
 		case err != nil:
 			c.log.V(1).Info("drain status", "error", err.Error())
-			time.Sleep(min(100*time.Millisecond, max(time.Until(drainBy), 0)))
 		default:
-			st, drained = polled, polled.Drained
+			st, drained = answer, answer.Drained
+		}
+		if !drained {
+			// Paced: at most one poll per minDrainPoll, whatever the app does.
+			time.Sleep(min(time.Until(polled.Add(minDrainPoll)), max(time.Until(drainBy), 0)))
 		}
 	}
 	if drained {
