@@ -112,14 +112,19 @@ type Report struct {
 	Started  time.Time `json:"started"`
 	Deadline time.Time `json:"deadline"`
 	// DeadlineSource is "deletionTimestamp" or "gracePeriod".
-	DeadlineSource     string         `json:"deadlineSource"`
-	Outcome            Outcome        `json:"outcome"`
-	InFlightAtDeadline int            `json:"inFlightAtDeadline"`
-	Returned           int            `json:"returned"`
-	Leases             []LeaseRelease `json:"leases"`
-	Steps              []Step         `json:"steps"`
-	Finished           time.Time      `json:"finished"`
-	Errors             []string       `json:"errors,omitempty"`
+	DeadlineSource     string  `json:"deadlineSource"`
+	Outcome            Outcome `json:"outcome"`
+	InFlightAtDeadline int     `json:"inFlightAtDeadline"`
+	Returned           int     `json:"returned"`
+	// Abandoned is how many claims were left to the visibility timeout, as
+	// far as the sidecar can know: under fallback abandon, the count in
+	// flight at the deadline; when the app went away mid-drain, the last
+	// in-flight count it reported. Omitted when 0.
+	Abandoned int            `json:"abandoned,omitempty"`
+	Leases    []LeaseRelease `json:"leases"`
+	Steps     []Step         `json:"steps"`
+	Finished  time.Time      `json:"finished"`
+	Errors    []string       `json:"errors,omitempty"`
 }
 
 // LeadershipAck is the app's answer to a Leadership. Stale says the app

@@ -1,7 +1,11 @@
 package sidecar_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -280,5 +284,73 @@ func TestAppToldAtTheEndOfItsTermWhenRenewalsHang(t *testing.T) {
 	}
 	if !revokes[0].Before(acquired) {
 		t.Errorf("a's app told its term ended at %s, after b acquired the Lease at %s (a's last term until %s)", revokes[0], acquired, lastUntil)
+	}
+}
+
+// exitOn makes the pod's app exit, the way a process does, when it gets a
+// request that matches: it stops listening (later connections are refused)
+// and resets the connection of that request.
+func (p *pod) exitOn(t *testing.T, match func(*http.Request, []byte) bool) {
+	t.Helper()
+	inner := *p.app.Load()
+	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if !match(r, body) {
+			inner.ServeHTTP(w, r)
+			return
+		}
+		_ = p.server.Listener.Close()
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		_ = conn.(*net.TCPConn).SetLinger(0) // RST, not FIN
+		_ = conn.Close()
+	})
+	p.app.Store(&h)
+}
+
+// An app that finishes and exits at once resets the connection of the
+// revoke: it is gone, so its term is over; the sequence does not wait the
+// term out and reports no error (the hook exits 0).
+func TestAppThatExitsAtTheRevokeIsGone(t *testing.T) {
+	ns := kubetest.Get(t).Namespace(t)
+	a := newPod(t, ns, "pod-a", nil, worker.Options{})
+	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", a.leads)
+	a.exitOn(t, func(r *http.Request, body []byte) bool {
+		var l protocol.Leadership
+		return r.Method == http.MethodPut && json.Unmarshal(body, &l) == nil && !l.Leader
+	})
+	rep, err := a.c.Shutdown(context.Background(), prestop.TriggerPreStop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Errors) > 0 || !rep.Leases[0].Released || strings.Contains(rep.Leases[0].Detail, "waited") {
+		t.Errorf("errors %v, lease %+v: want no error and the Lease released at once", rep.Errors, rep.Leases[0])
+	}
+	if want := []string{"triggered", "stop-claiming", "drained", "leadership-revoked", "lease-released", "done"}; strings.Join(stepNames(rep), ",") != strings.Join(want, ",") {
+		t.Errorf("steps %v, want %v", stepNames(rep), want)
+	}
+}
+
+// An app that exits mid-drain with claims in flight leaves them to the
+// visibility timeout: the report counts them from its last status.
+func TestAppGoneMidDrainCountsAbandonedClaims(t *testing.T) {
+	ns := kubetest.Get(t).Namespace(t)
+	a := newPod(t, ns, "pod-a", map[string]string{"leases": ""}, worker.Options{})
+	for range 2 {
+		if _, _, err := a.agent.Begin(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.exitOn(t, func(r *http.Request, _ []byte) bool { return r.URL.Path == protocol.DrainPath })
+	rep, err := a.c.Shutdown(context.Background(), prestop.TriggerPreStop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Outcome != protocol.OutcomeAppGone || rep.Abandoned != 2 || len(rep.Errors) > 0 {
+		t.Errorf("outcome %s, abandoned %d, errors %v: want AppGone, 2, none", rep.Outcome, rep.Abandoned, rep.Errors)
 	}
 }

@@ -212,8 +212,10 @@ func (q *sequence) handleClaims(stop stopResult, drainBy time.Time) {
 		c.metrics.appResult("drain", err)
 		switch {
 		case IsAppGone(err):
-			q.rep.Outcome = protocol.OutcomeAppGone
-			q.step(StepDrained, "app exited")
+			// Whatever it still held is left to the visibility timeout:
+			// the last count it reported.
+			q.rep.Outcome, q.rep.Abandoned = protocol.OutcomeAppGone, st.InFlight
+			q.step(StepDrained, fmt.Sprintf("app exited with %d in flight", st.InFlight))
 			return
 		case err != nil:
 			c.log.V(1).Info("drain status", "error", err.Error())
@@ -237,7 +239,7 @@ func (q *sequence) handleClaims(stop stopResult, drainBy time.Time) {
 	c.metrics.ClaimsLeft.Add(float64(st.InFlight))
 	q.step(StepDrainDeadline, fmt.Sprintf("%d in flight", st.InFlight))
 	if c.s.Fallback == config.FallbackAbandon {
-		q.rep.Outcome = protocol.OutcomeAbandoned
+		q.rep.Outcome, q.rep.Abandoned = protocol.OutcomeAbandoned, st.InFlight
 		c.event(corev1.EventTypeWarning, ReasonDeadlineExceeded,
 			"Drain deadline exceeded with %d claims in flight; fallback abandon: left to the visibility timeout", st.InFlight)
 		return

@@ -46,6 +46,7 @@ type pod struct {
 	calls    *appCalls
 	app      atomic.Pointer[http.Handler] // the worker process now serving the app API
 	appURL   string
+	server   *httptest.Server // serves the app API
 	metrics  *sidecar.Metrics
 	recorder record.EventRecorder
 	leases   coordinationv1client.LeasesGetter // nil: the test's client
@@ -136,7 +137,7 @@ func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts work
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(app.Close)
-	p.appURL = app.URL
+	p.appURL, p.server = app.URL, app
 
 	v := map[string]string{
 		"pod-name": name, "pod-namespace": ns, "pod-uid": p.uid, "leases": lease,
