@@ -25,6 +25,7 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/leaderelection"
@@ -55,6 +56,10 @@ type Options struct {
 	Events  record.EventRecorder
 	Metrics *Metrics
 	Logger  logr.Logger
+	// Clock times the shutdown sequence (its deadline, budgets, waits and
+	// poll pacing); nil is clock.RealClock{}. The Lease terms stay on the
+	// elector's wall clock.
+	Clock clock.WithTicker
 }
 
 // Coordinator runs one pod's elections and its shutdown sequences.
@@ -67,6 +72,7 @@ type Coordinator struct {
 	events    record.EventRecorder
 	pod       *corev1.ObjectReference
 	metrics   *Metrics
+	clock     clock.WithTicker
 	base      context.Context // ends with Start's context
 	endBase   context.CancelFunc
 	runs      sync.WaitGroup // election goroutines and pushers of every round
@@ -136,9 +142,13 @@ func New(o Options) (*Coordinator, error) {
 		leaseAPI: o.Leases,
 		events:   o.Events,
 		metrics:  o.Metrics,
+		clock:    o.Clock,
 		phase:    PhaseRunning,
 		pod: &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1",
 			Namespace: s.PodNamespace, Name: s.PodName, UID: types.UID(s.PodUID)},
+	}
+	if c.clock == nil {
+		c.clock = clock.RealClock{}
 	}
 	if o.Pods != nil && s.PodName != "" {
 		c.pods = prestop.NewPodWatch(o.Pods, s.PodNamespace, s.PodName)

@@ -221,7 +221,7 @@ func events(t *testing.T, ns, podName, reason string) []string {
 func stepNames(rep *protocol.Report) []string {
 	var names []string
 	for _, s := range rep.Steps {
-		names = append(names, s.Name)
+		names = append(names, string(s.Name))
 	}
 	return names
 }
