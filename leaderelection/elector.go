@@ -158,7 +158,9 @@ func (e *Elector) standby(ctx context.Context, w *leaseWatch) bool {
 	defer cancel()
 	acquired := false
 	lock := &observedLock{
-		Interface: e.leaseLock(&watchedLeases{LeasesGetter: e.cfg.Leases, watch: w, retryPeriod: e.cfg.RetryPeriod, writeTimeout: e.cfg.RenewDeadline, clock: e.cfg.Clock}),
+		// Its Gets wait on the watch, unbounded; the reads and writes it
+		// sends to the API are bounded per request.
+		Interface: e.leaseLock(&watchedLeases{LeasesGetter: e.bounded(), watch: w, retryPeriod: e.cfg.RetryPeriod, writeTimeout: e.cfg.RenewDeadline, clock: e.cfg.Clock}),
 		e:         e,
 		restamp:   true,
 		// Stop before client-go's first renewal at the short retry period:
@@ -181,7 +183,7 @@ func (e *Elector) lead(ctx context.Context) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	started := make(chan struct{})
-	lock := &observedLock{Interface: e.leaseLock(e.cfg.Leases), e: e}
+	lock := &observedLock{Interface: e.leaseLock(e.bounded()), e: e}
 	le, err := e.leaderElector(lock, e.cfg.RetryPeriod, true, func(context.Context) { close(started) })
 	if err != nil { // validated in New
 		panic(err)
@@ -255,6 +257,12 @@ func (e *Elector) ReleaseErr() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.releaseErr
+}
+
+// bounded is the Leases client with each Get, Create and Update bounded by
+// RequestTimeout; the watch of the Lease uses e.cfg.Leases, unbounded.
+func (e *Elector) bounded() coordinationv1client.LeasesGetter {
+	return boundedLeases{LeasesGetter: e.cfg.Leases, timeout: RequestTimeout(e.cfg.RenewDeadline)}
 }
 
 func (e *Elector) leaseLock(leases coordinationv1client.LeasesGetter) *rl.LeaseLock {

@@ -295,8 +295,8 @@ func TestFaultSlowNonLeaseRequestsLeaveRenewalsAlone(t *testing.T) {
 // until the fault, later ones straight to the apiserver: toxiproxy's
 // toxics apply to new connections too, and removing its timeout toxic
 // closes the hung ones, so only this keeps the old connections hung for
-// good. A request timeout (rest.Config.Timeout, max(1s, renewDeadline/2)
-// as the sidecar sets) cancels the hung renewal, but the HTTP/2 transport
+// good. The elector's request timeout (RequestTimeout,
+// max(1s, renewDeadline/2)) cancels the hung renewal, but the HTTP/2 transport
 // sends the next one on the same dead connection: the Lease is kept only
 // when the transport's health check (a ping after a read-idle time, then
 // a ping timeout; client-go reads them from HTTP2_READ_IDLE_TIMEOUT_SECONDS
@@ -308,15 +308,15 @@ func TestFaultHungConnection(t *testing.T) {
 		renewDeadline = 4 * time.Second
 		retryPeriod   = 500 * time.Millisecond
 	)
+	// The elector bounds each Lease request (RequestTimeout); the client has
+	// no timeout of its own, as in the sidecar command.
 	for _, tc := range []struct {
 		name        string
-		timeout     time.Duration
 		healthCheck bool // 1 s read-idle and 1 s ping timeout
 		keepsTerm   bool
 	}{
-		{"request timeout and health check: the Lease is kept", max(time.Second, renewDeadline/2), true, true},
-		{"request timeout alone: the term is lost", max(time.Second, renewDeadline/2), false, false},
-		{"neither: the term is lost", 0, false, false},
+		{"request timeout and health check: the Lease is kept", true, true},
+		{"request timeout alone: the term is lost", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.healthCheck {
@@ -341,7 +341,6 @@ func TestFaultHungConnection(t *testing.T) {
 				}
 				return dialer.DialContext(ctx, network, direct.Host)
 			}
-			cfg.Timeout = tc.timeout
 			timings := func(c leaderelection.Config) leaderelection.Config {
 				c.LeaseDuration, c.RenewDeadline, c.RetryPeriod = leaseDuration, renewDeadline, retryPeriod
 				return c

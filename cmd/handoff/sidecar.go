@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -73,6 +74,7 @@ func runSidecar(s *config.Settings) error {
 	klog.SetLogger(log.WithName("client-go"))
 	defer func() { _ = zl.Sync() }()
 
+	setHTTP2HealthCheck(os.LookupEnv, os.Setenv, s.RenewDeadline)
 	rc, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
 	if err != nil {
 		return fmt.Errorf("kubernetes client configuration: %w", err)
@@ -82,7 +84,7 @@ func runSidecar(s *config.Settings) error {
 	if err != nil {
 		return err
 	}
-	leaseClient, err := kubernetes.NewForConfig(leaseConfig(rc, s))
+	leaseClient, err := kubernetes.NewForConfig(leaseConfig(rc))
 	if err != nil {
 		return err
 	}
@@ -145,14 +147,38 @@ func runSidecar(s *config.Settings) error {
 }
 
 // leaseConfig is the REST configuration of the Lease client: its own rate
-// budget, and a timeout per request of max(1s, renew deadline / 2), as
-// client-go's own leader-election constructor sets, so that one hung request
-// cannot use up the renew deadline and cost the Lease.
-func leaseConfig(rc *rest.Config, s *config.Settings) *rest.Config {
+// budget, so other API use can never delay a renewal. It has no
+// rest.Config.Timeout: that would also cut the standby's watch of its Lease
+// every timeout; the elector bounds each Lease read and write instead
+// (leaderelection.RequestTimeout).
+func leaseConfig(rc *rest.Config) *rest.Config {
 	lrc := rest.CopyConfig(rc)
 	lrc.QPS, lrc.Burst = leaseQPS, leaseBurst
-	lrc.Timeout = max(time.Second, s.RenewDeadline/2)
 	return lrc
+}
+
+// setHTTP2HealthCheck sets client-go's HTTP/2 health check (the
+// HTTP2_READ_IDLE_TIMEOUT_SECONDS and HTTP2_PING_TIMEOUT_SECONDS variables,
+// read when a transport is built, whole seconds; defaults 30 s and 15 s)
+// to http2HealthCheck(renewDeadline) each, unless already set. A request
+// timeout alone does not save the Lease from a connection that is open but
+// dead: the retry goes out on the same connection. The health check closes
+// it within twice that period, inside the renew deadline, and the next
+// renewal dials anew.
+func setHTTP2HealthCheck(lookup func(string) (string, bool), set func(string, string) error, renewDeadline time.Duration) {
+	secs := strconv.Itoa(int(http2HealthCheck(renewDeadline) / time.Second))
+	for _, name := range []string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS", "HTTP2_PING_TIMEOUT_SECONDS"} {
+		if _, ok := lookup(name); !ok {
+			_ = set(name, secs) // a valid name and value cannot fail
+		}
+	}
+}
+
+// http2HealthCheck is the read-idle and the ping timeout of the HTTP/2
+// health check: a fifth of the renew deadline in whole seconds, at least 1 s,
+// so that a dead connection is closed within two fifths of it.
+func http2HealthCheck(renewDeadline time.Duration) time.Duration {
+	return max(time.Second, (renewDeadline / 5).Truncate(time.Second))
 }
 
 // listen binds addr before returning, so a busy port is an error at start.

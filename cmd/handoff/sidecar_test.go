@@ -5,27 +5,46 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
-
-	"github.com/handoff-dev/handoff/config"
 )
 
-// The Lease client bounds each request as client-go's own constructor
-// (resourcelock.NewFromKubeconfig) does: max(1s, renew deadline / 2).
-func TestLeaseClientHasARequestTimeout(t *testing.T) {
+// The Lease client has its own rate budget and no client-wide timeout: a
+// rest.Config.Timeout would cut the standby's watch of its Lease every
+// timeout (the elector bounds each Lease request instead).
+func TestLeaseClientKeepsWatchesOpen(t *testing.T) {
+	rc := &rest.Config{Host: "https://example.invalid", QPS: 5, Burst: 10}
+	got := leaseConfig(rc)
+	if got.Timeout != 0 || got.QPS != leaseQPS || got.Burst != leaseBurst {
+		t.Errorf("Lease client: timeout %s, QPS %v, burst %d; want no timeout, %d, %d", got.Timeout, got.QPS, got.Burst, leaseQPS, leaseBurst)
+	}
+	if rc.QPS != 5 || rc.Burst != 10 {
+		t.Errorf("the shared config was changed: QPS %v, burst %d", rc.QPS, rc.Burst)
+	}
+}
+
+// The HTTP/2 health check is set from the renew deadline, unless the
+// variables are already set.
+func TestHTTP2HealthCheck(t *testing.T) {
 	for _, tc := range []struct {
-		renewDeadline, want time.Duration
+		renewDeadline time.Duration
+		preset        map[string]string
+		want          map[string]string
 	}{
-		{10 * time.Second, 5 * time.Second},
-		{1500 * time.Millisecond, time.Second},
+		{10 * time.Second, nil, map[string]string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "2", "HTTP2_PING_TIMEOUT_SECONDS": "2"}},
+		{3 * time.Second, nil, map[string]string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "1", "HTTP2_PING_TIMEOUT_SECONDS": "1"}},
+		{30 * time.Second, map[string]string{"HTTP2_PING_TIMEOUT_SECONDS": "9"},
+			map[string]string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "6", "HTTP2_PING_TIMEOUT_SECONDS": "9"}},
 	} {
-		s := &config.Settings{RenewDeadline: tc.renewDeadline}
-		rc := &rest.Config{Host: "https://example.invalid"}
-		got := leaseConfig(rc, s)
-		if got.Timeout != tc.want {
-			t.Errorf("renew deadline %s: Lease client timeout %s, want %s", tc.renewDeadline, got.Timeout, tc.want)
+		env := map[string]string{}
+		for k, v := range tc.preset {
+			env[k] = v
 		}
-		if got.QPS != leaseQPS || got.Burst != leaseBurst || rc.Timeout != 0 {
-			t.Errorf("QPS %v burst %d, shared config timeout %s: want %d, %d and the shared config untouched", got.QPS, got.Burst, rc.Timeout, leaseQPS, leaseBurst)
+		lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+		set := func(k, v string) error { env[k] = v; return nil }
+		setHTTP2HealthCheck(lookup, set, tc.renewDeadline)
+		for k, want := range tc.want {
+			if env[k] != want {
+				t.Errorf("renew deadline %s: %s=%q, want %q", tc.renewDeadline, k, env[k], want)
+			}
 		}
 	}
 }
