@@ -41,21 +41,29 @@ type Injector struct {
 	options    inject.Options
 	decoder    admission.Decoder
 	admissions *prometheus.CounterVec
+	refusals   *prometheus.CounterVec
 	log        logr.Logger
 }
 
 // NewInjector returns an Injector adding the sidecar with o, counting its
-// outcomes in reg as handoff_webhook_admissions_total{outcome}. Latency is
-// controller-runtime's controller_runtime_webhook_latency_seconds.
+// outcomes in reg as handoff_webhook_admissions_total{outcome}, and the
+// causes of its refusals as handoff_webhook_refusals_total{reason} (the
+// codes of inject.Reason; a pod refused for two causes counts once in each,
+// and once as outcome refused). Latency is controller-runtime's
+// controller_runtime_webhook_latency_seconds.
 func NewInjector(o inject.Options, reg prometheus.Registerer, log logr.Logger) *Injector {
 	admissions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "handoff_webhook_admissions_total",
 		Help: "Pod admission requests by outcome: injected, skipped, already-injected, refused, error.",
 	}, []string{"outcome"})
-	reg.MustRegister(admissions)
+	refusals := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "handoff_webhook_refusals_total",
+		Help: "Causes of refused pods, by reason code (inject.Reason); a pod refused for several causes counts in each.",
+	}, []string{"reason"})
+	reg.MustRegister(admissions, refusals)
 	scheme := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(scheme) // the built-in types always register
-	return &Injector{options: o, decoder: admission.NewDecoder(scheme), admissions: admissions, log: log}
+	return &Injector{options: o, decoder: admission.NewDecoder(scheme), admissions: admissions, refusals: refusals, log: log}
 }
 
 // Register serves the Injector at Path on srv.
@@ -91,7 +99,11 @@ func (i *Injector) Handle(_ context.Context, req admission.Request) admission.Re
 	res, err := inject.Pod(&pod.ObjectMeta, &pod.Spec, i.options)
 	if err != nil {
 		i.admissions.WithLabelValues(OutcomeRefused).Inc()
-		i.log.Info("refused", "pod", req.Namespace+"/"+name, "error", err.Error())
+		reasons := inject.Reasons(err)
+		for _, r := range reasons {
+			i.refusals.WithLabelValues(string(r)).Inc()
+		}
+		i.log.Info("refused", "pod", req.Namespace+"/"+name, "reasons", reasons, "error", err.Error())
 		return admission.Denied("handoff: " + strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
 	if res != inject.Injected {
