@@ -81,11 +81,13 @@ const (
 // and the pod itself first and, if anything is wrong, returns all the
 // problems joined, each naming the annotation or field, the value and the
 // accepted form, and changes nothing. It refuses a worker container that
-// already has a preStop hook unless handoff.dev/wrap-prestop is "true", and
-// a grace period no longer than deadline-margin plus handback-reserve.
+// already has a preStop hook unless handoff.dev/wrap-prestop is "true", a
+// grace period no longer than deadline-margin plus handback-reserve, a
+// hostNetwork pod, and a pod with automountServiceAccountToken false. Each
+// problem is a *Refusal; Reasons lists their codes.
 func Pod(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) (Result, error) {
 	if o.Image == "" {
-		return "", errors.New("inject: no handoff image configured")
+		return "", refuse(ReasonNoImage, errors.New("inject: no handoff image configured"))
 	}
 	a := meta.Annotations
 	if res, err := wanted(a); res != "" || err != nil {
@@ -114,7 +116,7 @@ func wanted(a map[string]string) (Result, error) {
 		}
 		return Skipped, nil
 	case v != "true":
-		return "", annotationError(AnnotationInject, v)
+		return "", refuse(ReasonInvalidAnnotation, annotationError(AnnotationInject, v))
 	}
 	return "", nil
 }
@@ -136,7 +138,7 @@ func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
 	var errs []error
 	for _, key := range Keys {
 		if v, ok := a[key.Key]; ok && key.valid != nil && !key.valid(v) {
-			errs = append(errs, annotationError(key.Key, v))
+			errs = append(errs, refuse(ReasonInvalidAnnotation, annotationError(key.Key, v)))
 		}
 	}
 	errs = append(errs, unknownKeys(a))
@@ -152,12 +154,12 @@ func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
 		// Stand-ins for what the sidecar reads from the downward API.
 		config.Map(map[string]string{"pod-name": "pod", "pod-uid": "uid"}, "downward API"))
 	if err != nil {
-		errs = append(errs, namedAnnotations(err))
+		errs = append(errs, refuse(ReasonInvalidAnnotation, namedAnnotations(err)))
 	} else {
 		p.settings = s
 		if g := time.Duration(p.grace) * time.Second; g <= s.DeadlineMargin+s.HandbackReserve {
-			errs = append(errs, fmt.Errorf("spec.terminationGracePeriodSeconds %d: must be more than %s (%s) plus %s (%s), or the handover has no time; raise it or lower those",
-				p.grace, config.AnnotationPrefix+"deadline-margin", s.DeadlineMargin, config.AnnotationPrefix+"handback-reserve", s.HandbackReserve))
+			errs = append(errs, refuse(ReasonGracePeriod, fmt.Errorf("spec.terminationGracePeriodSeconds %d: must be more than %s (%s) plus %s (%s), or the handover has no time; raise it or lower those",
+				p.grace, config.AnnotationPrefix+"deadline-margin", s.DeadlineMargin, config.AnnotationPrefix+"handback-reserve", s.HandbackReserve)))
 		}
 	}
 	for _, d := range config.Table {
@@ -170,24 +172,25 @@ func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
 		errs = append(errs, p.checkPorts()...)
 	}
 	if spec.OS != nil && spec.OS.Name != corev1.Linux {
-		errs = append(errs, fmt.Errorf("spec.os.name %s: the handoff sidecar runs on Linux only", spec.OS.Name))
+		errs = append(errs, refuse(ReasonOS, fmt.Errorf("spec.os.name %s: the handoff sidecar runs on Linux only", spec.OS.Name)))
 	}
+	errs = append(errs, hostNetwork(spec), serviceAccountToken(spec))
 	p.worker, err = workerIndex(a[AnnotationContainer], spec)
 	if err != nil {
-		errs = append(errs, err)
+		errs = append(errs, refuse(ReasonWorker, err))
 	} else {
 		p.workerName = spec.Containers[p.worker].Name
 		for _, m := range spec.Containers[p.worker].VolumeMounts {
 			if path.Clean(m.MountPath) == BinDir {
-				errs = append(errs, fmt.Errorf("spec.containers[%s].volumeMounts: %s is taken by volume %q; handoff mounts its binary there",
-					spec.Containers[p.worker].Name, BinDir, m.Name))
+				errs = append(errs, refuse(ReasonNameTaken, fmt.Errorf("spec.containers[%s].volumeMounts: %s is taken by volume %q; handoff mounts its binary there",
+					spec.Containers[p.worker].Name, BinDir, m.Name)))
 			}
 		}
 	}
 	errs = append(errs, conflicts(spec)...)
 	if err == nil && p.settings != nil {
 		p.hook, err = p.preStop(spec.Containers[p.worker], a[AnnotationWrapPreStop] == "true")
-		errs = append(errs, err)
+		errs = append(errs, refuse(ReasonPreStop, err))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -216,7 +219,36 @@ func (p *plan) checkPorts() []error {
 			ports[n] = key
 		}
 	}
+	for i, err := range errs {
+		errs[i] = refuse(ReasonPorts, err)
+	}
 	return errs
+}
+
+// hostNetwork refuses a pod in the node's network namespace: its loopback
+// is the node's, so two such pods on one node would share the sidecar's
+// control and app ports, and one pod's preStop hook could reach the other
+// pod's sidecar and hand over the wrong worker.
+func hostNetwork(spec *corev1.PodSpec) error {
+	if !spec.HostNetwork {
+		return nil
+	}
+	return refuse(ReasonHostNetwork, errors.New("spec.hostNetwork true: the pod's loopback is the node's, so two such pods on one node share the sidecar's control and app ports and one pod's preStop hook can reach the other pod's sidecar; handoff needs the pod's own network namespace (hostNetwork false)"))
+}
+
+// serviceAccountToken refuses a pod that turns off its service account
+// token: the sidecar reads its Pod, records Events on it and holds its
+// Leases through the API with that token, and the apiserver mounts it into
+// the sidecar only when the pod lets it (spec.automountServiceAccountToken
+// not false). A token volume of the pod's own is not mounted into the
+// sidecar. A ServiceAccount with automountServiceAccountToken false is not
+// seen here: the sidecar then fails at start with no client configuration
+// (client-go's in-cluster configuration finds no token).
+func serviceAccountToken(spec *corev1.PodSpec) error {
+	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+		return nil
+	}
+	return refuse(ReasonNoServiceAccountToken, errors.New("spec.automountServiceAccountToken false: the handoff sidecar needs the pod's service account token to read its Pod, record Events and hold its Leases through the API, even with no handoff.dev/leases; remove the field or set it to true"))
 }
 
 // appAddr is the host:port of an http URL (checked by config), port 80 when
@@ -249,7 +281,7 @@ func unknownKeys(a map[string]string) error {
 	if len(errs) > 0 {
 		errs = append(errs, fmt.Errorf("the handoff annotations are %s", strings.Join(knownKeys(), ", ")))
 	}
-	return errors.Join(errs...)
+	return refuse(ReasonUnknownAnnotation, errors.Join(errs...))
 }
 
 // namedAnnotations makes each setting error of config.Load name the
@@ -317,14 +349,14 @@ func conflicts(spec *corev1.PodSpec) []error {
 	}{{"spec.containers", spec.Containers}, {"spec.initContainers", spec.InitContainers}} {
 		for _, c := range list.containers {
 			if c.Name == SidecarName || c.Name == InstallName {
-				errs = append(errs, fmt.Errorf("%s: the pod already has a container named %q, and %s is not %q; rename it",
-					list.field, c.Name, AnnotationStatus, StatusInjected))
+				errs = append(errs, refuse(ReasonNameTaken, fmt.Errorf("%s: the pod already has a container named %q, and %s is not %q; rename it",
+					list.field, c.Name, AnnotationStatus, StatusInjected)))
 			}
 		}
 	}
 	for _, v := range spec.Volumes {
 		if v.Name == VolumeName {
-			errs = append(errs, fmt.Errorf("spec.volumes: the pod already has a volume named %q; rename it", VolumeName))
+			errs = append(errs, refuse(ReasonNameTaken, fmt.Errorf("spec.volumes: the pod already has a volume named %q; rename it", VolumeName)))
 		}
 	}
 	return errs

@@ -2,9 +2,12 @@ package inject_test
 
 import (
 	"bytes"
+	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -269,5 +272,75 @@ func TestManifestsEdges(t *testing.T) {
 				t.Errorf("injected %d objects, want %d", n, tc.injected)
 			}
 		})
+	}
+}
+
+func TestPodRefusesWhatTheSidecarCannotRunIn(t *testing.T) {
+	on := func() map[string]string { return map[string]string{"handoff.dev/inject": "true"} }
+	cases := []struct {
+		name   string
+		spec   func(*corev1.PodSpec)
+		reason inject.Reason
+		want   []string
+	}{
+		{"host network", func(s *corev1.PodSpec) { s.HostNetwork = true }, inject.ReasonHostNetwork,
+			[]string{"spec.hostNetwork true", "loopback is the node's", "share the sidecar's control and app ports", "reach the other pod's sidecar"}},
+		{"no service account token", func(s *corev1.PodSpec) { s.AutomountServiceAccountToken = ptr.To(false) }, inject.ReasonNoServiceAccountToken,
+			[]string{"spec.automountServiceAccountToken false", "service account token", "Pod", "Events", "Leases", "even with no handoff.dev/leases"}},
+		{"no token, with a token volume of its own", func(s *corev1.PodSpec) {
+			s.AutomountServiceAccountToken = ptr.To(false)
+			s.Volumes = []corev1.Volume{{Name: "token", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+				Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}}}}
+		}, inject.ReasonNoServiceAccountToken, []string{"spec.automountServiceAccountToken false"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			meta, spec := pod(on())
+			tc.spec(spec)
+			before := spec.DeepCopy()
+			_, err := inject.Pod(meta, spec, opts)
+			if err == nil {
+				t.Fatal("injected; want a refusal")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			if got := inject.Reasons(err); len(got) != 1 || got[0] != tc.reason {
+				t.Errorf("reasons %v, want [%s]", got, tc.reason)
+			}
+			if meta.Annotations["handoff.dev/status"] != "" || len(spec.InitContainers) != len(before.InitContainers) {
+				t.Error("a refused pod was changed")
+			}
+		})
+	}
+	// What is allowed stays allowed: a token turned on, and no host network.
+	meta, spec := pod(on())
+	spec.AutomountServiceAccountToken = ptr.To(true)
+	spec.HostNetwork = false
+	if res, err := inject.Pod(meta, spec, opts); err != nil || res != inject.Injected {
+		t.Errorf("pod with automountServiceAccountToken true: %s, %v; want injected", res, err)
+	}
+}
+
+// Every refusal carries its code; several problems give several codes.
+func TestRefusalReasons(t *testing.T) {
+	meta, spec := pod(map[string]string{"handoff.dev/inject": "true", "handoff.dev/layout": "x", "handoff.dev/lease": "y",
+		"handoff.dev/metrics-addr": ":7452"}, corev1.Container{Name: "worker"}, corev1.Container{Name: "handoff"})
+	spec.HostNetwork = true
+	spec.TerminationGracePeriodSeconds = ptr.To[int64](3)
+	_, err := inject.Pod(meta, spec, opts)
+	got := inject.Reasons(err)
+	want := []inject.Reason{inject.ReasonGracePeriod, inject.ReasonHostNetwork, inject.ReasonInvalidAnnotation,
+		inject.ReasonNameTaken, inject.ReasonPorts, inject.ReasonUnknownAnnotation}
+	if !slices.Equal(got, want) {
+		t.Errorf("reasons %v, want %v (error %v)", got, want, err)
+	}
+	if r := inject.Reasons(fmt.Errorf("Pod p: %w", err)); !slices.Equal(r, want) {
+		t.Errorf("reasons of a wrapped error %v, want %v", r, want)
+	}
+	if r := inject.Reasons(errors.New("other")); len(r) != 0 {
+		t.Errorf("reasons of a plain error %v, want none", r)
 	}
 }

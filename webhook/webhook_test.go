@@ -134,6 +134,7 @@ func TestInvalidAnnotationsAreRefusedByName(t *testing.T) {
 	env := kubetest.Get(t)
 	ns := env.Namespace(t)
 	before := outcomes(t, webhook.OutcomeRefused)
+	invalid := counter(t, "handoff_webhook_refusals_total", string(inject.ReasonInvalidAnnotation))
 	_, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), newPod("bad", map[string]string{
 		"handoff.dev/inject": "true", "handoff.dev/layout": "sideways", "handoff.dev/lease-duration": "fast"}), metav1.CreateOptions{})
 	if err == nil {
@@ -147,6 +148,10 @@ func TestInvalidAnnotationsAreRefusedByName(t *testing.T) {
 	}
 	if got := outcomes(t, webhook.OutcomeRefused); got != before+1 {
 		t.Errorf("refused count %v, want %v", got, before+1)
+	}
+	// Two invalid annotations, one cause: counted once.
+	if got := counter(t, "handoff_webhook_refusals_total", string(inject.ReasonInvalidAnnotation)); got != invalid+1 {
+		t.Errorf("refusals{reason=invalid-annotation} %v, want %v", got, invalid+1)
 	}
 }
 
@@ -218,19 +223,73 @@ func TestDeploymentPodsAreInjected(t *testing.T) {
 	}
 }
 
+// Pods the sidecar cannot run in are refused on create, with the cause in
+// the message and counted by reason.
+func TestPodsTheSidecarCannotRunInAreRefused(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	cases := []struct {
+		name   string
+		spec   func(*corev1.PodSpec)
+		reason inject.Reason
+		want   []string
+	}{
+		{"host-network", func(s *corev1.PodSpec) { s.HostNetwork = true }, inject.ReasonHostNetwork,
+			[]string{"handoff: spec.hostNetwork true", "loopback is the node's", "control and app ports", "reach the other pod's sidecar"}},
+		{"no-token", func(s *corev1.PodSpec) { s.AutomountServiceAccountToken = ptr.To(false) }, inject.ReasonNoServiceAccountToken,
+			[]string{"handoff: spec.automountServiceAccountToken false", "service account token", "Leases", "Events"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			refused, byReason := counter(t, "handoff_webhook_admissions_total", webhook.OutcomeRefused), counter(t, "handoff_webhook_refusals_total", string(tc.reason))
+			p := newPod(tc.name, map[string]string{"handoff.dev/inject": "true", "handoff.dev/leases": "work"})
+			tc.spec(&p.Spec)
+			_, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{})
+			if err == nil {
+				t.Fatal("created; want the webhook to refuse it")
+			}
+			for _, want := range append(tc.want, `admission webhook "inject.handoff.dev" denied the request`) {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not contain %q", err, want)
+				}
+			}
+			if got := counter(t, "handoff_webhook_admissions_total", webhook.OutcomeRefused); got != refused+1 {
+				t.Errorf("refused count %v, want %v", got, refused+1)
+			}
+			if got := counter(t, "handoff_webhook_refusals_total", string(tc.reason)); got != byReason+1 {
+				t.Errorf("refusals{reason=%s} %v, want %v", tc.reason, got, byReason+1)
+			}
+		})
+	}
+	// Without the annotation such pods are not the webhook's business.
+	p := newPod("plain-host-network", nil)
+	p.Spec.HostNetwork = true
+	p.Spec.AutomountServiceAccountToken = ptr.To(false)
+	if _, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Errorf("a pod not asking for handoff was refused: %v", err)
+	}
+}
+
 // outcomes reads handoff_webhook_admissions_total{outcome}.
 func outcomes(t *testing.T, outcome string) float64 {
+	t.Helper()
+	return counter(t, "handoff_webhook_admissions_total", outcome)
+}
+
+// counter reads the counter name{label}, the metric's one label set to
+// value; 0 when it was never counted.
+func counter(t *testing.T, name, value string) float64 {
 	t.Helper()
 	mfs, err := registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "handoff_webhook_admissions_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == outcome {
+			if m.GetLabel()[0].GetValue() == value {
 				return m.GetCounter().GetValue()
 			}
 		}

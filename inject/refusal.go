@@ -1,0 +1,79 @@
+package inject
+
+import "slices"
+
+// Reason is the code of one cause for refusing a pod, for metric labels
+// and Events: short, stable, in kebab-case like the webhook's outcomes.
+type Reason string
+
+// Reasons Pod refuses a pod for. Every refusal carries one of them.
+const (
+	// ReasonInvalidAnnotation: a handoff.dev/ annotation has a value that
+	// is not accepted, or settings that do not fit together.
+	ReasonInvalidAnnotation Reason = "invalid-annotation"
+	// ReasonUnknownAnnotation: a key under handoff.dev/ is not a handoff
+	// annotation.
+	ReasonUnknownAnnotation Reason = "unknown-annotation"
+	// ReasonPorts: the control, metrics or app port is 0 or shared.
+	ReasonPorts Reason = "ports"
+	// ReasonGracePeriod: the grace period leaves no time for the handover.
+	ReasonGracePeriod Reason = "grace-period"
+	// ReasonOS: the pod is not for Linux.
+	ReasonOS Reason = "os"
+	// ReasonWorker: no worker container, or the one named is not there.
+	ReasonWorker Reason = "worker-container"
+	// ReasonNameTaken: a container, volume or mount path handoff adds is
+	// already used.
+	ReasonNameTaken Reason = "name-taken"
+	// ReasonPreStop: the worker's own preStop hook cannot be kept.
+	ReasonPreStop Reason = "prestop"
+	// ReasonHostNetwork: the pod shares the node's network namespace, so
+	// its loopback ports are the node's.
+	ReasonHostNetwork Reason = "host-network"
+	// ReasonNoServiceAccountToken: the pod mounts no service account token,
+	// and the sidecar needs the API.
+	ReasonNoServiceAccountToken Reason = "no-service-account-token"
+	// ReasonNoImage: the injector has no handoff image configured.
+	ReasonNoImage Reason = "no-image"
+)
+
+// Refusal is one cause for refusing a pod: its Reason and the message
+// naming the field or annotation, the value and what is accepted.
+type Refusal struct {
+	Reason Reason
+	Err    error
+}
+
+func (r *Refusal) Error() string { return r.Err.Error() }
+func (r *Refusal) Unwrap() error { return r.Err }
+
+// refuse wraps err as a Refusal for reason; nil stays nil.
+func refuse(reason Reason, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &Refusal{Reason: reason, Err: err}
+}
+
+// Reasons lists, sorted and once each, the Reasons of the Refusals in err
+// (an error of Pod, possibly joined or wrapped). It is empty when err
+// holds no Refusal.
+func Reasons(err error) []Reason {
+	var out []Reason
+	var walk func(error)
+	walk = func(e error) {
+		switch x := e.(type) { //nolint:errorlint // walks every branch of joins and wraps itself; errors.As stops at the first
+		case *Refusal:
+			out = append(out, x.Reason)
+		case interface{ Unwrap() []error }:
+			for _, e := range x.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			walk(x.Unwrap())
+		}
+	}
+	walk(err)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
