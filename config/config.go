@@ -44,6 +44,10 @@ type Settings struct {
 	PodName      string
 	PodNamespace string
 	PodUID       string
+	// WorkerContainer is the name of the worker container, whose liveness
+	// and startup probes' terminationGracePeriodSeconds give the deadline of
+	// a probe kill; empty: unknown (the pod's grace period applies).
+	WorkerContainer string
 
 	// Leases are the names of the Leases this pod competes for, in
 	// PodNamespace. Empty: the pod gets the drain sequence and no Lease.
@@ -117,6 +121,9 @@ var Table = []Setting{
 		set: func(s *Settings, v string) error { s.PodNamespace = v; return nil }},
 	{Name: "pod-uid", Form: "a UID", Usage: "UID of this pod (downward API metadata.uid)",
 		set: func(s *Settings, v string) error { s.PodUID = v; return nil }},
+	{Name: "worker-container", Form: "a container name (DNS label), or empty",
+		Usage: "name of the worker container, whose probes' terminationGracePeriodSeconds give a probe kill's deadline (set by injection)",
+		set:   setWorkerContainer},
 	{Name: "leases", Form: "comma-separated Lease names (DNS subdomains), or empty", Annotation: true,
 		Usage: "Leases this pod competes for, in its namespace",
 		set:   setLeases},
@@ -315,6 +322,14 @@ func setLeases(s *Settings, v string) error {
 		seen[n] = true
 		s.Leases = append(s.Leases, n)
 	}
+	return nil
+}
+
+func setWorkerContainer(s *Settings, v string) error {
+	if v != "" && len(validation.IsDNS1123Label(v)) > 0 {
+		return errors.New("not a container name")
+	}
+	s.WorkerContainer = v
 	return nil
 }
 

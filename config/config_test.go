@@ -41,6 +41,7 @@ func TestBadValuesNameSettingOriginAndForm(t *testing.T) {
 		{map[string]string{"metrics-addr": ":99999"}, []string{"metrics-addr", `port "99999"`}},
 		{map[string]string{"app-url": "http://127.0.0.1:http"}, []string{"app-url"}},
 		{map[string]string{"leases": "a"}, []string{"pod-name", "pod-uid are required"}},
+		{map[string]string{"worker-container": "Worker_1"}, []string{"worker-container", `"Worker_1"`, "not a container name", "DNS label"}},
 	} {
 		_, err := config.Load(config.Map(tc.values, "annotation"))
 		if err == nil {

@@ -124,9 +124,12 @@ type plan struct {
 	settings *config.Settings
 	env      []corev1.EnvVar // settings given by annotation
 	worker   int             // index in spec.Containers
-	layout   string
-	grace    int64
-	hook     []string // the worker's preStop command
+	// workerName is the worker container's name, for the sidecar to find its
+	// probes' terminationGracePeriodSeconds.
+	workerName string
+	layout     string
+	grace      int64
+	hook       []string // the worker's preStop command
 }
 
 func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
@@ -173,6 +176,7 @@ func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
 	if err != nil {
 		errs = append(errs, err)
 	} else {
+		p.workerName = spec.Containers[p.worker].Name
 		for _, m := range spec.Containers[p.worker].VolumeMounts {
 			if path.Clean(m.MountPath) == BinDir {
 				errs = append(errs, fmt.Errorf("spec.containers[%s].volumeMounts: %s is taken by volume %q; handoff mounts its binary there",
@@ -388,11 +392,13 @@ func (p *plan) sidecar(o Options) corev1.Container {
 		return corev1.EnvVar{Name: d.Env(), ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
 	}
 	grace, _ := config.Lookup("grace-period")
+	workerContainer, _ := config.Lookup("worker-container")
 	env := []corev1.EnvVar{
 		fromPod("pod-name", "metadata.name"),
 		fromPod("pod-namespace", "metadata.namespace"),
 		fromPod("pod-uid", "metadata.uid"),
 		{Name: grace.Env(), Value: fmt.Sprintf("%ds", p.grace)},
+		{Name: workerContainer.Env(), Value: p.workerName},
 	}
 	c := corev1.Container{
 		Name: SidecarName, Image: o.Image, ImagePullPolicy: o.ImagePullPolicy,

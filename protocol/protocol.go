@@ -138,10 +138,30 @@ type LeaseStatus struct {
 	Until          time.Time `json:"until,omitzero"`
 }
 
-// Status is the sidecar's state: Running, ShuttingDown or Done.
+// Phase is where the sidecar is in its cycle of elections and shutdown
+// sequences.
+type Phase string
+
+// Phases of the sidecar, as shown in Status.Phase.
+const (
+	// PhaseRunning: the elections run; a preStop starts a sequence.
+	PhaseRunning Phase = "Running"
+	// PhaseShuttingDown: a shutdown sequence is under way; triggers join it.
+	PhaseShuttingDown Phase = "ShuttingDown"
+	// PhaseRearming: a sequence for a kill of the worker container in a pod
+	// that is not being deleted is over; the elections are stopped until a
+	// new worker process answers and is not stopping. A trigger now starts
+	// a new sequence (with no Lease to release).
+	PhaseRearming Phase = "Rearming"
+	// PhaseDone: the last sequence is over and the pod is leaving (being
+	// deleted, or the sidecar itself was stopped); triggers get its report.
+	PhaseDone Phase = "Done"
+)
+
+// Status is the sidecar's state. Report is the last sequence's.
 type Status struct {
 	Identity string        `json:"identity"`
-	Phase    string        `json:"phase"`
+	Phase    Phase         `json:"phase"`
 	Leases   []LeaseStatus `json:"leases"`
 	Report   *Report       `json:"report,omitempty"`
 }

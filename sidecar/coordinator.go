@@ -1,11 +1,21 @@
 // Package sidecar is the handoff coordinator: it runs the pod's Lease
 // elections, tells the app about leadership, and runs the shutdown sequence
-// (stop claiming, drain, fallback, revoke, release) once, however often it is
-// triggered.
+// (stop claiming, drain, fallback, revoke, release) once per termination of
+// the worker container, however often each is triggered.
+//
+// The coordinator works in rounds. A round is one set of elections and the
+// one sequence that ends them. When a sequence ends in a pod that is not
+// being deleted (the kubelet killed the worker container for a restart: a
+// liveness or startup probe failure), the coordinator re-arms: once a new
+// worker process answers the app API and is not stopping, a new round
+// rejoins the elections and tells the new process about leadership, and the
+// next preStop runs a new sequence with its own report.
 package sidecar
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -18,15 +28,21 @@ import (
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/leaderelection"
+	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
 )
 
 // Phases of the coordinator, as shown in protocol.Status.
 const (
-	PhaseRunning      = "Running"
-	PhaseShuttingDown = "ShuttingDown"
-	PhaseDone         = "Done"
+	PhaseRunning      = protocol.PhaseRunning
+	PhaseShuttingDown = protocol.PhaseShuttingDown
+	PhaseRearming     = protocol.PhaseRearming
+	PhaseDone         = protocol.PhaseDone
 )
+
+// rearmPoll is how often, after a sequence that re-arms, the coordinator
+// asks the app whether a new worker process is up.
+const rearmPoll = 250 * time.Millisecond
 
 // Options are the Coordinator's dependencies.
 type Options struct {
@@ -41,29 +57,48 @@ type Options struct {
 	Logger  logr.Logger
 }
 
-// Coordinator runs one pod's elections and its shutdown sequence.
+// Coordinator runs one pod's elections and its shutdown sequences.
 type Coordinator struct {
-	s       *config.Settings
-	log     logr.Logger
-	app     *AppClient
-	pods    corev1client.PodsGetter
-	events  record.EventRecorder
-	pod     *corev1.ObjectReference
-	metrics *Metrics
-	leases  []*lease
+	s         *config.Settings
+	log       logr.Logger
+	app       *AppClient
+	leaseAPI  coordinationv1client.LeasesGetter
+	pods      *prestop.PodWatch // nil when the pod is unknown
+	events    record.EventRecorder
+	pod       *corev1.ObjectReference
+	metrics   *Metrics
+	base      context.Context // ends with Start's context
+	endBase   context.CancelFunc
+	runs      sync.WaitGroup // election goroutines and pushers of every round
+	startOnce sync.Once
 
-	ctx      context.Context // Start's
-	once     sync.Once
-	mu       sync.Mutex
-	phase    string
-	report   *protocol.Report
-	shutdown chan struct{} // closed when the sequence starts
-	done     chan struct{} // closed when the sequence is over
+	mu      sync.Mutex
+	phase   protocol.Phase
+	cur     *round           // the round whose elections run, or the next one
+	rounds  int              // rounds made so far
+	last    *protocol.Report // the last finished sequence's report
+	started bool             // Start was called
+	closed  bool             // Start's context ended: no election starts any more
 }
 
-// lease is one Lease's election and what the app was told of it.
+// round is one set of elections and the sequence that ends them.
+type round struct {
+	n      int
+	leases []*lease
+	armed  bool // elections started; c.mu
+	// signalled: SIGTERM to the sidecar joined or started the sequence, so
+	// the sidecar is exiting and the round is not re-armed; c.mu.
+	signalled bool
+
+	shutdown chan struct{} // closed when the sequence starts
+	done     chan struct{} // closed when the sequence is over
+	report   *protocol.Report
+}
+
+// lease is one Lease's election in one round and what the app was told of it.
 type lease struct {
 	elector *leaderelection.Elector
+	ctx     context.Context    // the election's; ends with the round's sequence
 	cancel  context.CancelFunc // ends the election; releases if held
 	stopped chan struct{}      // closed when the election has ended
 	wake    chan struct{}      // asks the pusher to tell the app
@@ -78,85 +113,159 @@ type lease struct {
 
 // nextSequence numbers the next message to the app; l.mu is held. The
 // numbers are wall-clock nanoseconds, kept strictly increasing, so that a
-// restarted sidecar container continues above its predecessor's.
+// restarted sidecar container, or a later round, continues above its
+// predecessor's.
 func (l *lease) nextSequence() int64 {
 	l.seq = max(l.seq+1, time.Now().UnixNano())
 	return l.seq
 }
 
-// New returns a Coordinator for o.Settings; Start runs it.
+// New returns a Coordinator for o.Settings; Start runs it. Shutdown may be
+// called at any time, before Start too.
 func New(o Options) (*Coordinator, error) {
 	s := o.Settings
 	c := &Coordinator{
-		s:       s,
-		log:     o.Logger,
-		app:     NewAppClient(s.AppURL),
-		pods:    o.Pods,
-		events:  o.Events,
-		metrics: o.Metrics,
-		phase:   PhaseRunning,
+		s:        s,
+		log:      o.Logger,
+		app:      NewAppClient(s.AppURL),
+		leaseAPI: o.Leases,
+		events:   o.Events,
+		metrics:  o.Metrics,
+		phase:    PhaseRunning,
 		pod: &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1",
 			Namespace: s.PodNamespace, Name: s.PodName, UID: types.UID(s.PodUID)},
-		shutdown: make(chan struct{}),
-		done:     make(chan struct{}),
 	}
-	for _, name := range s.Leases {
+	if o.Pods != nil && s.PodName != "" {
+		c.pods = prestop.NewPodWatch(o.Pods, s.PodNamespace, s.PodName)
+	}
+	c.base, c.endBase = context.WithCancel(context.Background())
+	r, err := c.newRound()
+	if err != nil {
+		return nil, err
+	}
+	c.cur = r
+	return c, nil
+}
+
+// newRound makes the electors of a new round; it runs nothing.
+func (c *Coordinator) newRound() (*round, error) {
+	c.rounds++
+	r := &round{n: c.rounds, shutdown: make(chan struct{}), done: make(chan struct{})}
+	for _, name := range c.s.Leases {
 		l := &lease{stopped: make(chan struct{}), wake: make(chan struct{}, 1)}
+		l.ctx, l.cancel = context.WithCancel(c.base)
 		e, err := leaderelection.New(leaderelection.Config{
-			Leases: o.Leases, Namespace: s.PodNamespace, Name: name, Identity: s.Identity(),
-			LeaseDuration: s.LeaseDuration, RenewDeadline: s.RenewDeadline, RetryPeriod: s.RetryPeriod,
-			Logger: o.Logger.WithValues("lease", name),
-		}, c.callbacks(name, l))
+			Leases: c.leaseAPI, Namespace: c.s.PodNamespace, Name: name, Identity: c.s.Identity(),
+			LeaseDuration: c.s.LeaseDuration, RenewDeadline: c.s.RenewDeadline, RetryPeriod: c.s.RetryPeriod,
+			Logger: c.log.WithValues("lease", name),
+		}, c.callbacks(r, name, l))
 		if err != nil {
 			return nil, err
 		}
 		l.elector = e
-		c.leases = append(c.leases, l)
+		r.leases = append(r.leases, l)
 	}
-	return c, nil
+	return r, nil
 }
 
 // Start runs the elections and the leadership pushes to the app until ctx
-// ends or the shutdown sequence stops them. It does not block; Wait waits
-// for the elections to end.
+// ends or a shutdown sequence stops them (and again after each re-arm). It
+// does not block; Wait waits for the elections to end.
 func (c *Coordinator) Start(ctx context.Context) {
-	c.ctx = ctx
-	for _, l := range c.leases {
-		ectx, cancel := context.WithCancel(ctx)
-		l.cancel = cancel
+	c.startOnce.Do(func() {
+		context.AfterFunc(ctx, c.endBase)
+		c.mu.Lock()
+		c.started = true
+		r := c.cur
+		c.mu.Unlock()
+		if c.pods != nil {
+			go c.pods.Run(c.base)
+		}
+		c.arm(r)
+	})
+}
+
+// arm starts r's elections, unless its sequence has started, it is already
+// armed, or Start's context has ended. It reports whether it armed r.
+func (c *Coordinator) arm(r *round) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r.armed || c.closed || c.base.Err() != nil || isClosed(r.shutdown) {
+		return false
+	}
+	r.armed = true
+	if c.cur == r {
+		c.phase = PhaseRunning
+	}
+	for _, l := range r.leases {
+		c.runs.Add(2)
 		go func() {
+			defer c.runs.Done()
 			defer close(l.stopped)
-			l.elector.Run(ectx)
+			l.elector.Run(l.ctx)
 		}()
-		go c.pushLeadership(ctx, l)
+		go func() {
+			defer c.runs.Done()
+			c.pushLeadership(l)
+		}()
 	}
+	c.metrics.Coordinating.Set(1)
+	return true
 }
 
-// Wait blocks until every election has ended (and released its Lease, if
-// held), after ctx passed to Start ends or the sequence is over.
+// Wait blocks until the context passed to Start has ended and every
+// election of every round has ended (and released its Lease, if held).
 func (c *Coordinator) Wait() {
-	for _, l := range c.leases {
-		<-l.stopped
-	}
+	<-c.base.Done()
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.runs.Wait()
 }
 
-// Abandon makes every election leave its Lease to expire rather than
-// release it, for an exit that skips the leadership revoke.
+// Abandon makes every election of the current round leave its Lease to
+// expire rather than release it, for an exit that skips the leadership
+// revoke.
 func (c *Coordinator) Abandon() {
-	for _, l := range c.leases {
+	c.mu.Lock()
+	r := c.cur
+	c.mu.Unlock()
+	for _, l := range r.leases {
 		l.elector.WithholdRelease()
 	}
 }
 
-// Done is closed when the shutdown sequence is over.
-func (c *Coordinator) Done() <-chan struct{} { return c.done }
+// Done is closed when the current round's shutdown sequence is over.
+func (c *Coordinator) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur.done
+}
 
-// Status is the coordinator's current state.
+// Ready is nil when the coordinator can coordinate: its elections run and a
+// preStop would start a sequence that hands over. Otherwise it says why:
+// a sequence under way, or over and not re-armed (elections stopped).
+func (c *Coordinator) Ready() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case !c.started:
+		return errors.New("not started")
+	case c.phase != PhaseRunning || !c.cur.armed:
+		return fmt.Errorf("not coordinating: phase %s, elections stopped", c.phase)
+	}
+	return nil
+}
+
+// Status is the coordinator's current state; Report is the last
+// sequence's, once one is over.
 func (c *Coordinator) Status() protocol.Status {
 	c.mu.Lock()
-	st := protocol.Status{Identity: c.s.Identity(), Phase: c.phase, Report: c.report, Leases: []protocol.LeaseStatus{}}
+	st := protocol.Status{Identity: c.s.Identity(), Phase: c.phase, Leases: []protocol.LeaseStatus{}}
+	r := c.cur
+	st.Report = c.last
 	c.mu.Unlock()
-	for _, l := range c.leases {
+	for _, l := range r.leases {
 		ls := protocol.LeaseStatus{Lease: l.elector.Name(), HolderIdentity: l.elector.Holder()}
 		if t, ok := l.elector.Term(); ok {
 			ls.Leader, ls.FencingToken, ls.Until = true, t.FencingToken, t.Until
@@ -166,7 +275,7 @@ func (c *Coordinator) Status() protocol.Status {
 	return st
 }
 
-func (c *Coordinator) callbacks(name string, l *lease) leaderelection.Callbacks {
+func (c *Coordinator) callbacks(r *round, name string, l *lease) leaderelection.Callbacks {
 	leading := false // only touched from the election goroutine
 	return leaderelection.Callbacks{
 		OnTerm: func(t leaderelection.Term) {
@@ -174,7 +283,7 @@ func (c *Coordinator) callbacks(name string, l *lease) leaderelection.Callbacks 
 				leading = true
 				c.metrics.Leader.WithLabelValues(name).Set(1)
 				c.metrics.Acquisitions.WithLabelValues(name).Inc()
-				c.log.Info("lease acquired", "lease", name, "fencingToken", t.FencingToken)
+				c.log.Info("lease acquired", "lease", name, "fencingToken", t.FencingToken, "round", r.n)
 				c.event(corev1.EventTypeNormal, ReasonLeaseAcquired, "Lease %s acquired by %s, fencing token %d", name, c.s.Identity(), t.FencingToken)
 			}
 			poke(l.wake)
@@ -182,10 +291,7 @@ func (c *Coordinator) callbacks(name string, l *lease) leaderelection.Callbacks 
 		OnStopped: func() {
 			leading = false
 			c.metrics.Leader.WithLabelValues(name).Set(0)
-			select {
-			case <-c.shutdown:
-			case <-c.ctx.Done():
-			default:
+			if !isClosed(r.shutdown) && c.base.Err() == nil {
 				c.log.Info("lease lost", "lease", name)
 				c.event(corev1.EventTypeWarning, ReasonLeaseLost, "Lease %s lost: not renewed within the renew deadline %s", name, c.s.RenewDeadline)
 			}
@@ -194,24 +300,25 @@ func (c *Coordinator) callbacks(name string, l *lease) leaderelection.Callbacks 
 	}
 }
 
-// pushLeadership tells the app each change and renewal of l's term.
-func (c *Coordinator) pushLeadership(ctx context.Context, l *lease) {
+// pushLeadership tells the app each change and renewal of l's term, until
+// l's election has ended.
+func (c *Coordinator) pushLeadership(l *lease) {
 	for {
 		select {
 		case <-l.wake:
-		case <-ctx.Done():
+		case <-l.stopped:
 			return
 		}
 		l.mu.Lock()
 		if !l.revoked {
-			c.tellApp(ctx, l)
+			c.tellApp(l)
 		}
 		l.mu.Unlock()
 	}
 }
 
 // tellApp sends the current term, or its end, to the app; l.mu is held.
-func (c *Coordinator) tellApp(ctx context.Context, l *lease) {
+func (c *Coordinator) tellApp(l *lease) {
 	msg := protocol.Leadership{Lease: l.elector.Name(), HolderIdentity: l.elector.Holder()}
 	t, leader := l.elector.Term()
 	if !leader && l.granted.IsZero() {
@@ -225,7 +332,7 @@ func (c *Coordinator) tellApp(ctx context.Context, l *lease) {
 		// whose answer was lost.
 		l.granted = t.Until
 	}
-	ctx, cancel := context.WithTimeout(ctx, min(c.s.RetryPeriod, time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), min(c.s.RetryPeriod, time.Second))
 	defer cancel()
 	err := c.app.SetLeadership(ctx, msg)
 	c.metrics.appResult("leadership", err)
@@ -234,6 +341,36 @@ func (c *Coordinator) tellApp(ctx context.Context, l *lease) {
 		c.log.V(1).Info("telling the app about leadership failed", "lease", msg.Lease, "leader", msg.Leader, "error", err.Error())
 	case !leader:
 		l.granted = time.Time{}
+	}
+}
+
+// rearm waits for a new worker process (one that answers the app API and is
+// not stopping) and then starts r's elections. It gives up when Start's
+// context ends or a trigger starts r's sequence first.
+func (c *Coordinator) rearm(r *round) {
+	c.log.Info("waiting for a new worker process to rejoin the elections", "round", r.n)
+	t := time.NewTicker(rearmPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.base.Done():
+			return
+		case <-r.shutdown:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(c.base, time.Second)
+		st, err := c.app.Drain(ctx, 0)
+		cancel()
+		if err != nil || st.Stopping {
+			continue
+		}
+		if c.arm(r) {
+			c.log.Info("re-armed: a new worker process is up; rejoining the elections", "round", r.n, "leases", c.s.Leases)
+			c.metrics.Rearms.Inc()
+			c.event(corev1.EventTypeNormal, ReasonRearmed, "Worker restarted: rejoined the elections for %v", c.s.Leases)
+		}
+		return
 	}
 }
 
@@ -248,5 +385,14 @@ func poke(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
 	default:
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }

@@ -11,4 +11,7 @@ const (
 	ReasonLeaseReleased    = "LeaseReleased"
 	ReasonReleaseWithheld  = "LeaseReleaseWithheld"
 	ReasonShutdownFailed   = "HandoverFailed"
+	// ReasonRearmed: a new worker process is up after a kill of the worker
+	// container, and the sidecar rejoined its elections.
+	ReasonRearmed = "Rearmed"
 )

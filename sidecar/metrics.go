@@ -12,6 +12,11 @@ type Metrics struct {
 	ClaimsReturned prometheus.Counter       // handoff_claims_returned_total
 	ClaimsLeft     prometheus.Counter       // handoff_claims_unfinished_at_deadline_total
 	AppRequests    *prometheus.CounterVec   // handoff_app_requests_total{call,result}
+	// Coordinating is handoff_coordinating: 1 while the elections run and a
+	// preStop would start a sequence that hands over; 0 during a sequence and
+	// after one until the sidecar re-arms (or for good, once the pod leaves).
+	Coordinating prometheus.Gauge
+	Rearms       prometheus.Counter // handoff_rearms_total: rounds of elections rejoined after a worker restart
 }
 
 // NewMetrics registers the metrics with reg.
@@ -43,7 +48,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "handoff_app_requests_total", Help: "Calls to the app's API, by call and result (ok, error, gone).",
 		}, []string{"call", "result"}),
 	}
-	reg.MustRegister(m.Leader, m.Acquisitions, m.Releases, m.Shutdowns, m.StepSeconds, m.ClaimsReturned, m.ClaimsLeft, m.AppRequests)
+	m.Coordinating = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "handoff_coordinating",
+		Help: "1 while the elections run and a preStop would hand over; 0 during a shutdown sequence and after one until the sidecar re-arms.",
+	})
+	m.Rearms = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "handoff_rearms_total", Help: "Times the sidecar rejoined its elections after a kill of the worker container in a pod that was not being deleted.",
+	})
+	reg.MustRegister(m.Leader, m.Acquisitions, m.Releases, m.Shutdowns, m.StepSeconds, m.ClaimsReturned, m.ClaimsLeft, m.AppRequests,
+		m.Coordinating, m.Rearms)
 	return m
 }
 

@@ -24,13 +24,24 @@ func (c *Coordinator) ControlHandler() http.Handler {
 }
 
 // ProbesHandler serves the read-only port: /metrics from gatherer,
-// /healthz, and /readyz. Readiness never depends on leadership: a standby is
-// as ready as the leader.
-func ProbesHandler(gatherer prometheus.Gatherer) http.Handler {
+// /healthz (200 while the process serves), and /readyz: 200 "ok" while
+// ready returns nil, else 503 with its error (for the Coordinator,
+// (*Coordinator).Ready: not coordinating during a sequence and after one
+// until it re-arms). Readiness never depends on leadership: a standby is as
+// ready as the leader. A nil ready is always ready.
+func ProbesHandler(gatherer prometheus.Gatherer, ready func() error) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	ok := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }
 	mux.HandleFunc("GET /healthz", ok)
-	mux.HandleFunc("GET /readyz", ok)
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if ready != nil {
+			if err := ready(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		ok(w, r)
+	})
 	return mux
 }

@@ -42,20 +42,37 @@ const TriggerSignal = "SIGTERM"
 // Shutdown starts the shutdown sequence, or joins the one under way, and
 // returns its report once it is over, or ctx's error if ctx ends first (the
 // sequence goes on). trigger names what asked for it (prestop.TriggerPreStop
-// or TriggerSignal); only the first trigger is recorded.
+// or TriggerSignal); only the first trigger of a sequence is recorded.
+//
+// After a sequence in a pod that is being deleted (or one started by
+// SIGTERM to the sidecar), every later trigger gets its report. After one in
+// a pod that is not being deleted (a kill of the worker container for a
+// restart), the coordinator re-arms, and the next trigger starts a new
+// sequence. Shutdown is safe at any time, before Start too.
 func (c *Coordinator) Shutdown(ctx context.Context, trigger string) (*protocol.Report, error) {
-	c.once.Do(func() {
-		c.mu.Lock()
+	c.mu.Lock()
+	r := c.cur
+	if trigger == TriggerSignal {
+		// The sidecar itself is being stopped: whatever the pod, this round
+		// is its last.
+		r.signalled = true
+	}
+	if !isClosed(r.shutdown) {
 		c.phase = PhaseShuttingDown
-		c.mu.Unlock()
-		close(c.shutdown)
-		go c.runSequence(trigger)
-	})
+		close(r.shutdown)
+		if !r.armed {
+			// No election ever ran in this round: nothing to wait for.
+			for _, l := range r.leases {
+				close(l.stopped)
+			}
+		}
+		c.metrics.Coordinating.Set(0)
+		go c.runSequence(r, trigger)
+	}
+	c.mu.Unlock()
 	select {
-	case <-c.done:
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return c.report, nil
+	case <-r.done:
+		return r.report, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -65,18 +82,19 @@ func (c *Coordinator) Shutdown(ctx context.Context, trigger string) (*protocol.R
 type sequence struct {
 	mu       sync.Mutex // guards rep's slices: Leases are released in parallel
 	c        *Coordinator
+	r        *round
 	rep      *protocol.Report
 	deadline time.Time
 }
 
-func (c *Coordinator) runSequence(trigger string) {
+func (c *Coordinator) runSequence(r *round, trigger string) {
 	start := time.Now()
-	q := &sequence{c: c, rep: &protocol.Report{Trigger: trigger, Started: start}}
+	q := &sequence{c: c, r: r, rep: &protocol.Report{Trigger: trigger, Started: start}}
 	q.step(StepTriggered, trigger)
 
 	// 2. No new Lease for a pod that is leaving; stop claiming, at once:
 	// it needs no deadline, and the Pod GET for one may be slow.
-	c.stopStandbys()
+	q.stopStandbys()
 	stopped := make(chan stopResult, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), stopClaimingTimeout)
@@ -85,14 +103,14 @@ func (c *Coordinator) runSequence(trigger string) {
 		stopped <- stopResult{st, err}
 	}()
 
-	// 1. The deadline, from the pod's own deletion.
-	deadline, source, err := prestop.Deadline(context.Background(), c.pods, c.s.PodNamespace, c.s.PodName, start, c.s.GracePeriod, c.s.DeadlineMargin)
-	if err != nil {
-		c.log.Info("deadline from the grace period", "reason", err.Error())
-	}
+	// 1. The deadline, from the pod's own object: its deletion, or the
+	// grace period of the kill.
+	term := c.termination(start)
+	deadline, source := term.Deadline, term.Source
 	q.deadline, q.rep.Deadline, q.rep.DeadlineSource = deadline, deadline, source
 	drainBy := deadline.Add(-c.s.HandbackReserve)
-	c.log.Info("shutdown started", "trigger", trigger, "deadline", deadline, "deadlineSource", source, "drainBy", drainBy)
+	c.log.Info("shutdown started", "trigger", trigger, "deadline", deadline, "deadlineSource", source, "drainBy", drainBy,
+		"round", r.n, "podLeaving", term.Leaving, "why", term.Why)
 
 	// 3, 4. Drain, and the fallback.
 	q.handleClaims(<-stopped, drainBy)
@@ -106,10 +124,53 @@ func (c *Coordinator) runSequence(trigger string) {
 	c.metrics.Shutdowns.WithLabelValues(string(q.rep.Outcome)).Inc()
 	c.log.Info("shutdown finished", "outcome", q.rep.Outcome, "took", q.rep.Finished.Sub(start).String(),
 		"returned", q.rep.Returned, "beforeDeadline", q.rep.Finished.Before(deadline))
+
+	// 7. A kill of the worker container in a pod that stays re-arms: the
+	// kubelet restarts the container, and the new process must lead again.
+	// A pod being deleted, or a sidecar told to stop, does not.
+	leaving := term.Leaving || c.termination(time.Now()).Leaving
 	c.mu.Lock()
-	c.report, c.phase = q.rep, PhaseDone
+	rearm := !leaving && !r.signalled && c.base.Err() == nil
+	r.report, c.last = q.rep, q.rep
+	c.phase = PhaseDone
+	var next *round
+	if rearm {
+		var err error
+		if next, err = c.newRound(); err != nil { // validated in New
+			panic(err)
+		}
+		c.cur, c.phase = next, PhaseRearming
+	}
 	c.mu.Unlock()
-	close(c.done)
+	close(r.done)
+	if next != nil {
+		go c.rearm(next)
+	}
+}
+
+// podReadTimeout bounds each read of the pod from the API, when the watch
+// cannot answer.
+const podReadTimeout = 2 * time.Second
+
+// termination reads the pod (from the watch, else a bounded GET) and says
+// what it tells of a trigger at now. A pod the watch shows not being deleted
+// is read once more from the API: the kubelet, which sent the preStop, may
+// have seen the deletion before this watch did.
+func (c *Coordinator) termination(now time.Time) prestop.Termination {
+	var pod *corev1.Pod
+	if c.pods != nil {
+		p, from, err := c.pods.Pod(context.Background(), podReadTimeout)
+		if err == nil && from == prestop.FromWatch && p.DeletionTimestamp == nil {
+			if fresh, gerr := c.pods.Get(context.Background(), podReadTimeout); gerr == nil {
+				p = fresh
+			}
+		}
+		if err != nil {
+			c.log.Info("pod not read: deadline from the grace period", "from", from, "reason", err.Error())
+		}
+		pod = p
+	}
+	return prestop.TerminationOf(pod, c.s.WorkerContainer, now, c.s.GracePeriod, c.s.DeadlineMargin)
 }
 
 // stopResult is the app's answer to stop-claiming.
@@ -199,8 +260,8 @@ func (q *sequence) handleClaims(stop stopResult, drainBy time.Time) {
 
 // stopStandbys ends the elections this pod does not lead and never told the
 // app it led: a pod that is leaving must not take a Lease.
-func (c *Coordinator) stopStandbys() {
-	for _, l := range c.leases {
+func (q *sequence) stopStandbys() {
+	for _, l := range q.r.leases {
 		l.mu.Lock()
 		if _, leader := l.elector.Term(); !leader && l.granted.IsZero() {
 			l.revoked = true
@@ -215,10 +276,9 @@ func (c *Coordinator) stopStandbys() {
 // revoke was not acknowledged is released only once the term the app was
 // given has run out, or else left to expire.
 func (q *sequence) releaseLeases() {
-	c := q.c
-	results := make([]protocol.LeaseRelease, len(c.leases))
+	results := make([]protocol.LeaseRelease, len(q.r.leases))
 	var wg sync.WaitGroup
-	for i, l := range c.leases {
+	for i, l := range q.r.leases {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -43,6 +43,19 @@ type pod struct {
 	agent    *worker.Agent
 	settings *config.Settings
 	calls    *appCalls
+	app      atomic.Pointer[http.Handler] // the worker process now serving the app API
+	appURL   string
+	metrics  *sidecar.Metrics
+}
+
+// restartApp replaces the worker process behind the app API with a new one,
+// as the kubelet's restart of the worker container does.
+func (p *pod) restartApp(t *testing.T, opts worker.Options) {
+	t.Helper()
+	opts.Logger = testr.New(t).WithName(p.name + "/app2")
+	p.agent = worker.New(opts)
+	h := p.agent.Handler()
+	p.app.Store(&h)
 }
 
 // appCalls counts the sidecar's calls to the app, by path.
@@ -57,14 +70,22 @@ func (a *appCalls) count(path string) int { a.mu.Lock(); defer a.mu.Unlock(); re
 // newPod starts a pod; values override the test defaults by setting name.
 func newPod(t *testing.T, ns, name string, values map[string]string, opts worker.Options) *pod {
 	t.Helper()
+	return startPod(t, kubetest.Get(t).Pod(t, ns, name, 30), values, opts)
+}
+
+// startPod starts a pod for the Pod object obj, already created.
+func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts worker.Options) *pod {
+	t.Helper()
 	env := kubetest.Get(t)
-	p := &pod{name: name, calls: &appCalls{n: map[string]int{}}}
-	obj := env.Pod(t, ns, name, 30)
+	ns, name := obj.Namespace, obj.Name
+	p := &pod{name: name, calls: &appCalls{n: map[string]int{}}, metrics: sidecar.NewMetrics(prometheus.NewRegistry())}
 	p.uid = string(obj.UID)
 	opts.Logger = testr.New(t).WithName(name + "/app")
 	p.agent = worker.New(opts)
-	h := p.agent.Handler()
+	h0 := p.agent.Handler()
+	p.app.Store(&h0)
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := *p.app.Load()
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		var l protocol.Leadership
@@ -77,6 +98,7 @@ func newPod(t *testing.T, ns, name string, values map[string]string, opts worker
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(app.Close)
+	p.appURL = app.URL
 
 	v := map[string]string{
 		"pod-name": name, "pod-namespace": ns, "pod-uid": p.uid, "leases": lease,
@@ -98,7 +120,7 @@ func newPod(t *testing.T, ns, name string, values map[string]string, opts worker
 	c, err := sidecar.New(sidecar.Options{
 		Settings: s, Leases: env.Client.CoordinationV1(), Pods: env.Client.CoreV1(),
 		Events:  b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "handoff"}),
-		Metrics: sidecar.NewMetrics(prometheus.NewRegistry()), Logger: testr.New(t).WithName(name),
+		Metrics: p.metrics, Logger: testr.New(t).WithName(name),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -108,7 +108,7 @@ func runSidecar(s *config.Settings) error {
 	if err != nil {
 		return fmt.Errorf("control-addr: %w", err)
 	}
-	probes, err := listen(s.MetricsAddr, sidecar.ProbesHandler(reg), log)
+	probes, err := listen(s.MetricsAddr, sidecar.ProbesHandler(reg, c.Ready), log)
 	if err != nil {
 		return fmt.Errorf("metrics-addr: %w", err)
 	}
