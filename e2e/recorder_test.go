@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -153,7 +154,12 @@ func (r *recorder) checkTerms(t *testing.T, lease string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var prev holderSeen // the last observation of the holder before
-	for _, o := range r.holders {
+	var changes []string
+	for i, o := range r.holders {
+		if i == 0 || o.holder != r.holders[i-1].holder {
+			changes = append(changes, fmt.Sprintf("  %s seen held by %q, renewed %s, lease duration %s",
+				o.at.Format("15:04:05.000"), o.holder, o.renewed.Format("15:04:05.000"), o.duration))
+		}
 		switch {
 		case o.holder == "":
 			prev = holderSeen{}
@@ -168,4 +174,5 @@ func (r *recorder) checkTerms(t *testing.T, lease string) {
 			prev = o
 		}
 	}
+	t.Logf("Lease %s, each change of holder:\n%s", lease, strings.Join(changes, "\n"))
 }
