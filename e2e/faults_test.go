@@ -134,3 +134,31 @@ func TestSidecarKilledMidDrain(t *testing.T) {
 	checkQueue(t, faultVisibility+faultWork+30*time.Second)
 	t.Logf("leader runs by %v", leaderRuns(t, u.lease))
 }
+
+// TestWorkerCrashMidDrain: the worker of the Lease holder crashes while its
+// sidecar drains it. The sequence ends at once (the app is gone) rather than
+// at the deadline, the Lease is released, the crashed worker's claims come
+// back (after their visibility timeout) and are applied once, and the pod
+// goes within its grace period.
+func TestWorkerCrashMidDrain(t *testing.T) {
+	d := withFaults(worker("crash", 2, faultGrace, "--visibility-timeout", faultVisibility.String(), "--concurrency", "4"), false)
+	u := startDrain(t, d)
+	fault(t, u.victim, "/fault/crash")
+	crashed := time.Now()
+	evs := waitNewEvents(t, u.victim, u.seen, 10*time.Second, "LeaseReleased")
+	t.Logf("new Events of %s:\n%s", u.victim, describeEvents(evs))
+	for _, e := range evs {
+		if e.Reason == "DrainDeadlineExceeded" {
+			t.Errorf("the drain of %s waited for its deadline although its worker had crashed: %s", u.victim, e.Message)
+		}
+	}
+	if released := time.Since(crashed); released > 5*time.Second {
+		t.Errorf("Lease released %s after the worker crashed; want at once (the app is gone)", released)
+	}
+	u.goneInGrace(t)
+	if h := waitHeld(u.rec, 10*time.Second); h == "" || podOf(h) == u.victim {
+		t.Errorf("Lease %s held by %q after the release; want the other pod", u.lease, h)
+	}
+	u.rec.checkTerms(t, u.lease)
+	checkQueue(t, faultVisibility+faultWork+30*time.Second)
+}
