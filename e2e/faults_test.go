@@ -5,8 +5,11 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -158,6 +161,71 @@ func TestWorkerCrashMidDrain(t *testing.T) {
 	u.goneInGrace(t)
 	if h := waitHeld(u.rec, 10*time.Second); h == "" || podOf(h) == u.victim {
 		t.Errorf("Lease %s held by %q after the release; want the other pod", u.lease, h)
+	}
+	u.rec.checkTerms(t, u.lease)
+	checkQueue(t, faultVisibility+faultWork+30*time.Second)
+}
+
+// kubectl runs the kubectl of the cluster's version (or the one on PATH
+// for a given cluster) with the cluster's kubeconfig.
+func kubectl(ctx context.Context, args ...string) *exec.Cmd {
+	bin := "kubectl"
+	if cluster.ctr != nil {
+		if out, err := exec.Command("bash", "../hack/kube-assets.sh").Output(); err == nil {
+			bin = filepath.Join(strings.TrimSpace(string(out)), "kubectl")
+		}
+	}
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", cluster.kubeconfig, "--namespace", namespace}, args...)...)
+	cmd.Env = os.Environ()
+	return cmd
+}
+
+// TestPreStopTwice: the preStop hook delivered more than once while a
+// drain is under way (the kubelet's own hook for a deletion of the Lease
+// holder, whose 12 s work keeps it draining, and two more run at once with
+// kubectl exec, the pod's hook command as injected): every caller gets the
+// same report of one sequence, and the pod records one drain.
+func TestPreStopTwice(t *testing.T) {
+	ctx := context.Background()
+	d := worker("twice", 2, faultGrace, "--visibility-timeout", faultVisibility.String(), "--concurrency", "4")
+	u := startDrain(t, d)
+	var hook []string
+	if p := getPod(t, u.victim); p != nil {
+		for _, c := range p.Spec.Containers {
+			if c.Name == "worker" && c.Lifecycle != nil && c.Lifecycle.PreStop != nil && c.Lifecycle.PreStop.Exec != nil {
+				hook = c.Lifecycle.PreStop.Exec.Command
+			}
+		}
+	}
+	if len(hook) == 0 {
+		t.Fatalf("pod %s: the worker has no exec preStop hook", u.victim)
+	}
+	outs := make([]string, 2)
+	var wg sync.WaitGroup
+	for i := range outs {
+		wg.Go(func() {
+			out, err := kubectl(ctx, append([]string{"exec", u.victim, "-c", "worker", "--"}, hook...)...).CombinedOutput()
+			outs[i] = string(out)
+			if err != nil {
+				t.Errorf("kubectl exec %s -- %s: %v:\n%s", u.victim, strings.Join(hook, " "), err, out)
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("the report both calls printed, %s after the deletion:\n%s", time.Since(u.deletedAt).Round(time.Millisecond), outs[0])
+	if outs[0] != outs[1] || !strings.HasPrefix(outs[0], "handoff: Drained by preStop") {
+		t.Errorf("the two preStop calls printed different reports, or not one of a drain by preStop:\n--- first\n%s--- second\n%s", outs[0], outs[1])
+	}
+	u.goneInGrace(t)
+	evs := waitNewEvents(t, u.victim, u.seen, 10*time.Second, "DrainStarted", "Drained", "LeaseReleased")
+	drains := 0
+	for _, e := range evs {
+		if e.Reason == "DrainStarted" {
+			drains += int(e.Count)
+		}
+	}
+	if drains != 1 {
+		t.Errorf("pod %s started %d drains; want one sequence for every trigger:\n%s", u.victim, drains, describeEvents(evs))
 	}
 	u.rec.checkTerms(t, u.lease)
 	checkQueue(t, faultVisibility+faultWork+30*time.Second)
