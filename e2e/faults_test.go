@@ -230,3 +230,34 @@ func TestPreStopTwice(t *testing.T) {
 	u.rec.checkTerms(t, u.lease)
 	checkQueue(t, faultVisibility+faultWork+30*time.Second)
 }
+
+// TestSidecarSIGTERMWithoutHook: SIGTERM reaches the sidecar while the
+// worker is alive and no preStop hook ran (the pod is not being deleted):
+// the sequence runs with trigger SIGTERM, the Lease is released and taken
+// by the other pod, and no message is lost or applied twice.
+func TestSidecarSIGTERMWithoutHook(t *testing.T) {
+	nodeOnly(t)
+	name := "sigterm"
+	deploy(t, worker(name, 2, faultGrace, "--visibility-timeout", faultVisibility.String(), "--concurrency", "4"))
+	rec := record(t, name, name+"-leader")
+	l := startLoad(t, name, 5, shortWork)
+	victim := podOf(waitHeld(rec, 30*time.Second))
+	if victim == "" {
+		t.Fatalf("no pod of %s holds its Lease", name)
+	}
+	_, seen := podEvents(t, victim)
+	signalSidecar(t, victim, "SIGTERM")
+	evs := waitNewEvents(t, victim, seen, 20*time.Second, "DrainStarted", "LeaseReleased")
+	t.Logf("new Events of %s after SIGTERM to its sidecar:\n%s", victim, describeEvents(evs))
+	if h := waitHeld(rec, 10*time.Second); h == "" || podOf(h) == victim {
+		t.Errorf("Lease %s held by %q after the release; want the other pod", name+"-leader", h)
+	}
+	rec.checkTerms(t, name+"-leader")
+	if p := getPod(t, victim); p == nil || p.DeletionTimestamp != nil {
+		t.Errorf("pod %s deleted after SIGTERM to its sidecar", victim)
+	} else {
+		t.Logf("pod %s stays; sidecar restart count %d", victim, containerStatus(p, "handoff").RestartCount)
+	}
+	l.end()
+	checkQueue(t, faultVisibility+30*time.Second)
+}
