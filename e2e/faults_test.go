@@ -14,6 +14,8 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
 )
@@ -258,6 +260,69 @@ func TestSidecarSIGTERMWithoutHook(t *testing.T) {
 	} else {
 		t.Logf("pod %s stays; sidecar restart count %d", victim, containerStatus(p, "handoff").RestartCount)
 	}
+	l.end()
+	checkQueue(t, faultVisibility+30*time.Second)
+}
+
+// TestStatefulSetReplacementDoesNotInheritTheLease: a StatefulSet's pod
+// is replaced under the same name while the old one's term is still
+// valid: its sidecar frozen (SIGSTOP, so it neither renews nor releases),
+// the pod force-deleted, and the StatefulSet controller creates the new
+// pod at once. The holder identity is name_UID, so the new pod must wait
+// for the old term to run out: the Lease never names the new UID before
+// the old holder's last renewTime plus its lease duration.
+func TestStatefulSetReplacementDoesNotInheritTheLease(t *testing.T) {
+	nodeOnly(t)
+	ctx := context.Background()
+	const name, lease = "stateful", "stateful-leader"
+	d := worker(name, 1, faultGrace, "--visibility-timeout", faultVisibility.String(), "--concurrency", "4")
+	ss := &appsv1.StatefulSet{
+		ObjectMeta: d.ObjectMeta,
+		Spec: appsv1.StatefulSetSpec{
+			Replicas: d.Spec.Replicas, Selector: d.Spec.Selector, Template: d.Spec.Template, ServiceName: name,
+		},
+	}
+	if _, err := cluster.kube.AppsV1().StatefulSets(namespace).Create(ctx, ss, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cluster.kube.AppsV1().StatefulSets(namespace).Delete(ctx, name, metav1.DeleteOptions{})
+		deadline := time.Now().Add(time.Minute)
+		for time.Now().Before(deadline) && len(podNames(t, name)) > 0 {
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+	rec := record(t, name, lease)
+	pod := name + "-0"
+	old := waitHeld(rec, 90*time.Second)
+	if podOf(old) != pod {
+		t.Fatalf("Lease %s held by %q 90s after the StatefulSet was created; want %s", lease, old, pod)
+	}
+	l := startLoad(t, name, 5, shortWork)
+	time.Sleep(3 * time.Second)
+	oldUID := string(getPod(t, pod).UID)
+	signalSidecar(t, pod, "SIGSTOP")
+	stopped := time.Now()
+	if err := deletePod(pod, ptr.To[int64](0)); err != nil {
+		t.Fatal(err)
+	}
+	// The new pod of the same name, with a new UID, takes the Lease once
+	// the old term is over.
+	var now string
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		now = rec.holderAt(time.Now())
+		if podOf(now) == pod && !strings.HasSuffix(now, "_"+oldUID) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Lease %s held by %q 2 minutes after %s was replaced; want the new %s", lease, now, pod, pod)
+		}
+	}
+	t.Logf("sidecar of %s (UID %s) stopped and the pod force-deleted; %s took Lease %s %s later", pod, oldUID, now, lease, time.Since(stopped).Round(time.Millisecond))
+	if now == old {
+		t.Errorf("the new pod %s holds the Lease as %q, the old pod's identity", pod, now)
+	}
+	rec.checkTerms(t, lease)
 	l.end()
 	checkQueue(t, faultVisibility+30*time.Second)
 }
