@@ -326,3 +326,78 @@ func TestStatefulSetReplacementDoesNotInheritTheLease(t *testing.T) {
 	l.end()
 	checkQueue(t, faultVisibility+30*time.Second)
 }
+
+// TestNodeDrainHandsOver: kubectl drain of the node under load, through
+// the Eviction API with the chart's PodDisruptionBudget for the webhook in
+// place (the drain takes only the workers: --pod-selector), and a grace
+// period of 8 s, shorter than the pods' 20 s. Each evicted worker hands
+// over before its deadline, which the sidecar takes from the eviction's
+// deletionTimestamp (its drain until is that less deadline-margin and
+// handback-reserve, 4 s), is gone within the 8 s, and once the node is
+// uncordoned the new workers finish every message, once.
+func TestNodeDrainHandsOver(t *testing.T) {
+	ctx := context.Background()
+	const name, lease = "evict", "evict-leader"
+	deploy(t, worker(name, 2, faultGrace, "--visibility-timeout", faultVisibility.String(), "--concurrency", "4"))
+	rec := record(t, name, lease)
+	l := startLoad(t, name, 5, shortWork)
+	if waitHeld(rec, 30*time.Second) == "" {
+		t.Fatalf("no pod of %s holds Lease %s", name, lease)
+	}
+	pods := podNames(t, name)
+	seen := map[string]events{}
+	for _, p := range pods {
+		_, seen[p] = podEvents(t, p)
+	}
+	node := getPod(t, pods[0]).Spec.NodeName
+	t.Cleanup(func() {
+		if out, err := kubectl(ctx, "uncordon", node).CombinedOutput(); err != nil {
+			t.Errorf("kubectl uncordon %s: %v: %s", node, err, out)
+		}
+	})
+	start := time.Now()
+	out, err := kubectl(ctx, "drain", node, "--pod-selector", "app="+name, "--delete-emptydir-data", "--ignore-daemonsets",
+		"--grace-period", "8", "--timeout", "2m").CombinedOutput()
+	t.Logf("kubectl drain %s (%s):\n%s", node, time.Since(start).Round(time.Millisecond), out)
+	if err != nil {
+		t.Fatalf("kubectl drain: %v", err)
+	}
+	for _, p := range pods {
+		rec.mu.Lock()
+		s := rec.pods[p]
+		var gone time.Duration
+		var deadline time.Time
+		if s != nil && !s.gone.IsZero() {
+			gone, deadline = s.gone.Sub(start), s.deadline
+		}
+		rec.mu.Unlock()
+		if deadline.IsZero() {
+			t.Errorf("pod %s: its eviction and deletion were not seen", p)
+			continue
+		}
+		if gone > 10*time.Second {
+			t.Errorf("pod %s gone %s after the drain began; want within its 8s grace period (and 2s)", p, gone)
+		}
+		evs := waitNewEvents(t, p, seen[p], 10*time.Second, "DrainStarted")
+		t.Logf("pod %s evicted, gone %s after the drain began; its new Events:\n%s", p, gone.Round(time.Millisecond), describeEvents(evs))
+		want := deadline.Add(-4 * time.Second)
+		for _, e := range evs {
+			if m := drainUntil.FindStringSubmatch(e.Message); e.Reason == "DrainStarted" && m != nil {
+				if at, err := time.Parse(time.RFC3339Nano, m[1]); err != nil || !at.Equal(want) {
+					t.Errorf("pod %s drains until %s; want its deletionTimestamp %s less 4s, %s", p, m[1],
+						deadline.Format(time.RFC3339), want.Format(time.RFC3339Nano))
+				}
+			}
+		}
+	}
+	if out, err := kubectl(ctx, "uncordon", node).CombinedOutput(); err != nil {
+		t.Fatalf("kubectl uncordon %s: %v: %s", node, err, out)
+	}
+	waitRollout(t, name, 2*time.Minute)
+	if waitHeld(rec, 30*time.Second) == "" {
+		t.Errorf("no pod holds Lease %s after the node was uncordoned", lease)
+	}
+	rec.checkTerms(t, lease)
+	l.end()
+	checkQueue(t, faultVisibility+30*time.Second)
+}
