@@ -13,11 +13,11 @@ type Sequence interface {
 	// Shutdown starts the sequence, or joins the one under way, and returns
 	// its report once it is over, or ctx's error if ctx ends first (the
 	// sequence goes on).
-	Shutdown(ctx context.Context, trigger string) (*protocol.Report, error)
+	Shutdown(ctx context.Context, trigger protocol.Trigger) (*protocol.Report, error)
 }
 
 // TriggerPreStop names the preStop hook as the trigger of a sequence.
-const TriggerPreStop = "preStop"
+const TriggerPreStop = protocol.TriggerPreStop
 
 // Handler serves POST protocol.PreStopPath: it runs seq and answers 200 with
 // the JSON Report when the sequence is over, or 503 if the caller went away

@@ -91,9 +91,33 @@ const (
 	OutcomeAppGone   Outcome = "AppGone"   // the app did not answer: nothing to drain
 )
 
+// StepName names a step of the shutdown sequence.
+type StepName string
+
+// Steps of the shutdown sequence, in the order they are recorded.
+const (
+	StepTriggered     StepName = "triggered"          // a trigger started the sequence
+	StepStopClaiming  StepName = "stop-claiming"      // the app answered stop-claiming
+	StepDrained       StepName = "drained"            // the app drained, or went away
+	StepDrainDeadline StepName = "drain-deadline"     // the drain budget ended with work in flight
+	StepClaimsHandled StepName = "claims-handled"     // the fallback returned (or canceled) claims
+	StepRevoked       StepName = "leadership-revoked" // the app acknowledged the end of its leadership
+	StepReleased      StepName = "lease-released"     // a Lease this pod led was released (or not: see detail)
+	StepDone          StepName = "done"               // the report is final
+)
+
+// Trigger names what started a shutdown sequence.
+type Trigger string
+
+// Triggers of a sequence, as recorded in Report.Trigger.
+const (
+	TriggerPreStop Trigger = "preStop" // the worker container's preStop hook
+	TriggerSignal  Trigger = "SIGTERM" // SIGTERM to the sidecar, when no hook ran
+)
+
 // Step is one timed step of the shutdown sequence.
 type Step struct {
-	Name   string    `json:"name"`
+	Name   StepName  `json:"name"`
 	At     time.Time `json:"at"`
 	Detail string    `json:"detail,omitempty"`
 }
@@ -108,18 +132,23 @@ type LeaseRelease struct {
 
 // Report is the result of one shutdown sequence.
 type Report struct {
-	Trigger  string    `json:"trigger"` // "preStop" or "SIGTERM"
+	Trigger  Trigger   `json:"trigger"` // "preStop" or "SIGTERM"
 	Started  time.Time `json:"started"`
 	Deadline time.Time `json:"deadline"`
 	// DeadlineSource is "deletionTimestamp" or "gracePeriod".
-	DeadlineSource     string         `json:"deadlineSource"`
-	Outcome            Outcome        `json:"outcome"`
-	InFlightAtDeadline int            `json:"inFlightAtDeadline"`
-	Returned           int            `json:"returned"`
-	Leases             []LeaseRelease `json:"leases"`
-	Steps              []Step         `json:"steps"`
-	Finished           time.Time      `json:"finished"`
-	Errors             []string       `json:"errors,omitempty"`
+	DeadlineSource     string  `json:"deadlineSource"`
+	Outcome            Outcome `json:"outcome"`
+	InFlightAtDeadline int     `json:"inFlightAtDeadline"`
+	Returned           int     `json:"returned"`
+	// Abandoned is how many claims were left to the visibility timeout, as
+	// far as the sidecar can know: under fallback abandon, the count in
+	// flight at the deadline; when the app went away mid-drain, the last
+	// in-flight count it reported. Omitted when 0.
+	Abandoned int            `json:"abandoned,omitempty"`
+	Leases    []LeaseRelease `json:"leases"`
+	Steps     []Step         `json:"steps"`
+	Finished  time.Time      `json:"finished"`
+	Errors    []string       `json:"errors,omitempty"`
 }
 
 // LeadershipAck is the app's answer to a Leadership. Stale says the app

@@ -32,9 +32,34 @@ func NewAppClient(base string) *AppClient {
 	}}}
 }
 
-// IsAppGone reports whether err means nothing listens on the app's address:
-// the app process has exited (or not started), so it holds no work.
-func IsAppGone(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+// IsAppGone reports whether err means the app process has exited (or not
+// started), so it holds no work: a refused connection, or a connection that
+// ended (reset, EOF) followed by a refused or ended retry on a fresh one.
+func IsAppGone(err error) bool {
+	var gone *GoneError
+	return errors.As(err, &gone) || errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// GoneError is a call whose connection ended without an answer, and whose
+// retry on a fresh connection was refused or ended too: the app has exited,
+// however its connections were closed.
+type GoneError struct {
+	First, Retry error
+}
+
+func (e *GoneError) Error() string {
+	return fmt.Sprintf("the app is gone: %v; retried on a fresh connection: %v", e.First, e.Retry)
+}
+
+// Unwrap gives both errors.
+func (e *GoneError) Unwrap() []error { return []error{e.First, e.Retry} }
+
+// connectionEnded reports whether err is a transport error that ended the
+// connection without an answer: refused, reset, broken pipe, or EOF.
+func connectionEnded(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
 
 // StopClaiming tells the app to stop claiming new work.
 func (a *AppClient) StopClaiming(ctx context.Context) (protocol.DrainStatus, error) {
@@ -79,22 +104,40 @@ func (a *AppClient) SetLeadership(ctx context.Context, l protocol.Leadership) er
 }
 
 func (a *AppClient) do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
+	var encoded []byte
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
 			return err
 		}
-		body = bytes.NewReader(b)
+		encoded = b
 	}
-	req, err := http.NewRequestWithContext(ctx, method, a.base+path, body)
-	if err != nil {
-		return err
+	send := func() (*http.Response, error) {
+		var body io.Reader
+		if in != nil {
+			body = bytes.NewReader(encoded)
+		}
+		req, err := http.NewRequestWithContext(ctx, method, a.base+path, body)
+		if err != nil {
+			return nil, err
+		}
+		if in != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		return a.http.Do(req)
 	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
+	resp, err := send()
+	if err != nil && ctx.Err() == nil && connectionEnded(err) && !errors.Is(err, syscall.ECONNREFUSED) {
+		// The connection ended without an answer: an app that exits at
+		// once resets it. Once more on a fresh connection tells an app
+		// that is gone from one that is not.
+		a.http.CloseIdleConnections()
+		first := err
+		resp, err = send()
+		if err != nil && ctx.Err() == nil && connectionEnded(err) {
+			return &GoneError{First: first, Retry: err}
+		}
 	}
-	resp, err := a.http.Do(req)
 	if err != nil {
 		return err
 	}

@@ -25,6 +25,7 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/leaderelection"
@@ -55,6 +56,10 @@ type Options struct {
 	Events  record.EventRecorder
 	Metrics *Metrics
 	Logger  logr.Logger
+	// Clock times the shutdown sequence (its deadline, budgets, waits and
+	// poll pacing); nil is clock.RealClock{}. The Lease terms stay on the
+	// elector's wall clock.
+	Clock clock.WithTicker
 }
 
 // Coordinator runs one pod's elections and its shutdown sequences.
@@ -67,6 +72,7 @@ type Coordinator struct {
 	events    record.EventRecorder
 	pod       *corev1.ObjectReference
 	metrics   *Metrics
+	clock     clock.WithTicker
 	base      context.Context // ends with Start's context
 	endBase   context.CancelFunc
 	runs      sync.WaitGroup // election goroutines and pushers of every round
@@ -102,12 +108,17 @@ type lease struct {
 	cancel  context.CancelFunc // ends the election; releases if held
 	stopped chan struct{}      // closed when the election has ended
 	wake    chan struct{}      // asks the pusher to tell the app
+	// leaving is the round's shutdown: closed when its sequence starts.
+	// From then on no new term is granted to the app, only renewals of the
+	// one it was granted before.
+	leaving <-chan struct{}
 
 	// mu serialises leadership calls to the app, so a revoke is never
 	// overtaken by an older grant.
 	mu      sync.Mutex
 	revoked bool      // shutdown revoked leadership: no grant after this
 	granted time.Time // the Until last sent to the app; zero when none
+	token   int64     // the fencing token of the term last granted
 	seq     int64     // protocol.Leadership.Sequence of the last message
 }
 
@@ -131,9 +142,13 @@ func New(o Options) (*Coordinator, error) {
 		leaseAPI: o.Leases,
 		events:   o.Events,
 		metrics:  o.Metrics,
+		clock:    o.Clock,
 		phase:    PhaseRunning,
 		pod: &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1",
 			Namespace: s.PodNamespace, Name: s.PodName, UID: types.UID(s.PodUID)},
+	}
+	if c.clock == nil {
+		c.clock = clock.RealClock{}
 	}
 	if o.Pods != nil && s.PodName != "" {
 		c.pods = prestop.NewPodWatch(o.Pods, s.PodNamespace, s.PodName)
@@ -152,7 +167,7 @@ func (c *Coordinator) newRound() (*round, error) {
 	c.rounds++
 	r := &round{n: c.rounds, shutdown: make(chan struct{}), done: make(chan struct{})}
 	for _, name := range c.s.Leases {
-		l := &lease{stopped: make(chan struct{}), wake: make(chan struct{}, 1)}
+		l := &lease{stopped: make(chan struct{}), wake: make(chan struct{}, 1), leaving: r.shutdown}
 		l.ctx, l.cancel = context.WithCancel(c.base)
 		e, err := leaderelection.New(leaderelection.Config{
 			Leases: c.leaseAPI, Namespace: c.s.PodNamespace, Name: name, Identity: c.s.Identity(),
@@ -291,7 +306,12 @@ func (c *Coordinator) callbacks(r *round, name string, l *lease) leaderelection.
 		OnStopped: func() {
 			leading = false
 			c.metrics.Leader.WithLabelValues(name).Set(0)
-			if !isClosed(r.shutdown) && c.base.Err() == nil {
+			if isClosed(r.shutdown) {
+				// A leaving pod that lost (or released) a Lease must not
+				// compete for it again: the election ends here, before
+				// the elector's loop could run another standby phase.
+				l.cancel()
+			} else if c.base.Err() == nil {
 				c.log.Info("lease lost", "lease", name)
 				c.event(corev1.EventTypeWarning, ReasonLeaseLost, "Lease %s lost: not renewed within the renew deadline %s", name, c.s.RenewDeadline)
 			}
@@ -301,11 +321,18 @@ func (c *Coordinator) callbacks(r *round, name string, l *lease) leaderelection.
 }
 
 // pushLeadership tells the app each change and renewal of l's term, until
-// l's election has ended.
+// l's election has ended. It also tells the app its term is over at the end
+// of the term it was granted (the Until last sent), when no renewal moved
+// it: client-go reports a lost Lease only after its renew deadline and a
+// release attempt, which can be after another candidate took the Lease.
 func (c *Coordinator) pushLeadership(l *lease) {
+	end := time.NewTimer(time.Hour)
+	end.Stop()
+	defer end.Stop()
 	for {
 		select {
 		case <-l.wake:
+		case <-end.C:
 		case <-l.stopped:
 			return
 		}
@@ -313,7 +340,14 @@ func (c *Coordinator) pushLeadership(l *lease) {
 		if !l.revoked {
 			c.tellApp(l)
 		}
+		granted := l.granted
 		l.mu.Unlock()
+		end.Stop()
+		if !granted.IsZero() {
+			// Fires at the end of the term, or at once to retry a revoke
+			// that was not delivered.
+			end.Reset(max(time.Until(granted), minStep))
+		}
 	}
 }
 
@@ -324,19 +358,27 @@ func (c *Coordinator) tellApp(l *lease) {
 	if !leader && l.granted.IsZero() {
 		return
 	}
+	if leader && isClosed(l.leaving) && (l.granted.IsZero() || t.FencingToken != l.token) {
+		// The app is stopping: a term it was not granted before the
+		// sequence started never reaches it.
+		return
+	}
 	msg.Sequence = l.nextSequence()
 	if leader {
 		msg.Leader, msg.FencingToken, msg.Until = true, t.FencingToken, t.Until
 		msg.ValidForMillis = time.Until(t.Until).Milliseconds()
 		// Counted as granted before the call: the app may act on a grant
 		// whose answer was lost.
-		l.granted = t.Until
+		l.granted, l.token = t.Until, t.FencingToken
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(c.s.RetryPeriod, time.Second))
 	defer cancel()
 	err := c.app.SetLeadership(ctx, msg)
 	c.metrics.appResult("leadership", err)
 	switch {
+	case !leader && IsAppGone(err):
+		// No process holds the term any more.
+		l.granted = time.Time{}
 	case err != nil:
 		c.log.V(1).Info("telling the app about leadership failed", "lease", msg.Lease, "leader", msg.Leader, "error", err.Error())
 	case !leader:

@@ -157,7 +157,7 @@ func TestProbeKillDeadlineIsTheProbesGracePeriod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := startPod(t, obj, map[string]string{"leases": "", "worker-container": "worker"}, worker.Options{})
+	a := startPod(t, obj, map[string]string{"leases": "", "worker-container": "worker"}, worker.Options{}, nil)
 	rep, err := a.c.Shutdown(context.Background(), prestop.TriggerPreStop)
 	if err != nil {
 		t.Fatal(err)

@@ -15,14 +15,14 @@ import (
 
 // Step names recorded in the Report, in order.
 const (
-	StepTriggered     = "triggered"
-	StepStopClaiming  = "stop-claiming"
-	StepDrained       = "drained"
-	StepDrainDeadline = "drain-deadline"
-	StepClaimsHandled = "claims-handled"
-	StepRevoked       = "leadership-revoked"
-	StepReleased      = "lease-released"
-	StepDone          = "done"
+	StepTriggered     = protocol.StepTriggered
+	StepStopClaiming  = protocol.StepStopClaiming
+	StepDrained       = protocol.StepDrained
+	StepDrainDeadline = protocol.StepDrainDeadline
+	StepClaimsHandled = protocol.StepClaimsHandled
+	StepRevoked       = protocol.StepRevoked
+	StepReleased      = protocol.StepReleased
+	StepDone          = protocol.StepDone
 )
 
 const (
@@ -31,13 +31,17 @@ const (
 	minStep = 250 * time.Millisecond
 	// maxDrainPoll bounds one long poll of the app's drain status.
 	maxDrainPoll = 5 * time.Second
+	// minDrainPoll is the least time from one drain poll to the next, so an
+	// app that answers at once, not honouring waitMillis, is not polled in a
+	// tight loop.
+	minDrainPoll = 100 * time.Millisecond
 	// stopClaimingTimeout bounds the stop-claiming call; the drain wait
 	// then polls the app anyway.
 	stopClaimingTimeout = time.Second
 )
 
 // TriggerSignal names SIGTERM to the sidecar as the trigger of a sequence.
-const TriggerSignal = "SIGTERM"
+const TriggerSignal = protocol.TriggerSignal
 
 // Shutdown starts the shutdown sequence, or joins the one under way, and
 // returns its report once it is over, or ctx's error if ctx ends first (the
@@ -49,7 +53,7 @@ const TriggerSignal = "SIGTERM"
 // a pod that is not being deleted (a kill of the worker container for a
 // restart), the coordinator re-arms, and the next trigger starts a new
 // sequence. Shutdown is safe at any time, before Start too.
-func (c *Coordinator) Shutdown(ctx context.Context, trigger string) (*protocol.Report, error) {
+func (c *Coordinator) Shutdown(ctx context.Context, trigger protocol.Trigger) (*protocol.Report, error) {
 	c.mu.Lock()
 	r := c.cur
 	if trigger == TriggerSignal {
@@ -80,58 +84,80 @@ func (c *Coordinator) Shutdown(ctx context.Context, trigger string) (*protocol.R
 
 // sequence is one run of the shutdown steps and its report.
 type sequence struct {
-	mu       sync.Mutex // guards rep's slices: Leases are released in parallel
-	c        *Coordinator
-	r        *round
-	rep      *protocol.Report
-	deadline time.Time
+	mu  sync.Mutex // guards rep's slices: Leases are released in parallel
+	c   *Coordinator
+	r   *round
+	rep *protocol.Report
+	b   budgets
 }
 
-func (c *Coordinator) runSequence(r *round, trigger string) {
-	start := time.Now()
-	q := &sequence{c: c, r: r, rep: &protocol.Report{Trigger: trigger, Started: start}}
-	q.step(StepTriggered, trigger)
+// runSequence is the shutdown sequence, step by step, in the manner of
+// controller-runtime's engageStopProcedure: every wait below is bounded by
+// the budgets planned once from the deadline (q.b).
+func (c *Coordinator) runSequence(r *round, trigger protocol.Trigger) {
+	q := &sequence{c: c, r: r, rep: &protocol.Report{Trigger: trigger, Started: c.clock.Now()}}
+	q.step(StepTriggered, string(trigger))
 
-	// 2. No new Lease for a pod that is leaving; stop claiming, at once:
-	// it needs no deadline, and the Pod GET for one may be slow.
+	// A pod that is leaving takes no Lease it does not hold.
 	q.stopStandbys()
+	// Stop claiming at once: it needs no deadline, and reading the pod may be slow.
+	stopped := q.stopClaiming()
+	// The deadline, from the pod's own object: its deletion, or the grace period of the kill.
+	term := q.readDeadline()
+	// Drain until the deadline less the reserve, then the fallback for what is left.
+	q.handleClaims(<-stopped)
+	// Leader work stops (the app's ack), then the Leases are freed: never the other way round.
+	q.releaseLeases()
+	// The report answers the hook; the kubelet then sends SIGTERM to the worker.
+	q.finish()
+	// A kill of the worker container in a pod that stays re-arms: the kubelet restarts it.
+	c.endRound(r, q.rep, term.Leaving)
+}
+
+// stopClaiming tells the app to stop claiming, in the background; the
+// answer comes on the channel.
+func (q *sequence) stopClaiming() <-chan stopResult {
 	stopped := make(chan stopResult, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), stopClaimingTimeout)
 		defer cancel()
-		st, err := c.app.StopClaiming(ctx)
+		st, err := q.c.app.StopClaiming(ctx)
 		stopped <- stopResult{st, err}
 	}()
+	return stopped
+}
 
-	// 1. The deadline, from the pod's own object: its deletion, or the
-	// grace period of the kill.
-	term := c.termination(start)
-	deadline, source := term.Deadline, term.Source
-	q.deadline, q.rep.Deadline, q.rep.DeadlineSource = deadline, deadline, source
-	drainBy := deadline.Add(-c.s.HandbackReserve)
-	c.log.Info("shutdown started", "trigger", trigger, "deadline", deadline, "deadlineSource", source, "drainBy", drainBy,
-		"round", r.n, "podLeaving", term.Leaving, "why", term.Why)
+// readDeadline reads the pod, plans the budgets from its deadline, and
+// logs them.
+func (q *sequence) readDeadline() prestop.Termination {
+	c := q.c
+	term := c.termination(q.rep.Started)
+	q.b = plan(c.s, q.rep.Started, term.Deadline)
+	q.rep.Deadline, q.rep.DeadlineSource = term.Deadline, term.Source
+	c.log.Info("shutdown started", append([]any{"trigger", q.rep.Trigger, "deadlineSource", term.Source,
+		"round", q.r.n, "podLeaving", term.Leaving, "why", term.Why}, q.b.logValues()...)...)
+	return term
+}
 
-	// 3, 4. Drain, and the fallback.
-	q.handleClaims(<-stopped, drainBy)
-
-	// 5. Leader work stops, then the Leases are freed.
-	q.releaseLeases()
-
-	// 6. Answer the hook.
-	q.rep.Finished = time.Now()
+// finish closes the report.
+func (q *sequence) finish() {
+	c := q.c
+	q.rep.Finished = c.clock.Now()
 	q.step(StepDone, string(q.rep.Outcome))
 	c.metrics.Shutdowns.WithLabelValues(string(q.rep.Outcome)).Inc()
-	c.log.Info("shutdown finished", "outcome", q.rep.Outcome, "took", q.rep.Finished.Sub(start).String(),
-		"returned", q.rep.Returned, "beforeDeadline", q.rep.Finished.Before(deadline))
+	c.log.Info("shutdown finished", "outcome", q.rep.Outcome, "took", q.rep.Finished.Sub(q.rep.Started).String(),
+		"returned", q.rep.Returned, "abandoned", q.rep.Abandoned, "beforeDeadline", q.rep.Finished.Before(q.rep.Deadline))
+}
 
-	// 7. A kill of the worker container in a pod that stays re-arms: the
-	// kubelet restarts the container, and the new process must lead again.
-	// A pod being deleted, or a sidecar told to stop, does not.
-	leaving := term.Leaving || c.termination(time.Now()).Leaving
+// endRound records the report of r's sequence and either re-arms (a new
+// round, waiting for a new worker process) or stays done: when the pod is
+// leaving (at the trigger, or now), when SIGTERM to the sidecar joined the
+// sequence, or when Start's context has ended.
+func (c *Coordinator) endRound(r *round, rep *protocol.Report, leavingAtTrigger bool) {
+	leaving := leavingAtTrigger || c.termination(c.clock.Now()).Leaving
 	c.mu.Lock()
 	rearm := !leaving && !r.signalled && c.base.Err() == nil
-	r.report, c.last = q.rep, q.rep
+	r.report, c.last = rep, rep
 	c.phase = PhaseDone
 	var next *round
 	if rearm {
@@ -180,8 +206,8 @@ type stopResult struct {
 }
 
 // handleClaims records the answer to stop-claiming, waits for drained until
-// drainBy, then applies the fallback.
-func (q *sequence) handleClaims(stop stopResult, drainBy time.Time) {
+// the drain budget ends, then applies the fallback.
+func (q *sequence) handleClaims(stop stopResult) {
 	c := q.c
 	st, err := stop.st, stop.err
 	c.metrics.appResult("stop-claiming", err)
@@ -195,32 +221,40 @@ func (q *sequence) handleClaims(stop stopResult, drainBy time.Time) {
 	}
 	q.step(StepStopClaiming, fmt.Sprintf("%d in flight", st.InFlight))
 	c.event(corev1.EventTypeNormal, ReasonDrainStarted, "Stopped claiming with %d in flight; drain until %s, fallback %s",
-		st.InFlight, drainBy.Format(time.RFC3339Nano), c.s.Fallback)
+		st.InFlight, q.b.DrainBy.Format(time.RFC3339Nano), c.s.Fallback)
 
 	// 3. Wait for drained. st keeps the last status the app gave.
 	drained := err == nil && st.Drained
-	for !drained && time.Now().Before(drainBy) {
-		wait := min(time.Until(drainBy), maxDrainPoll)
+	clk := c.clock
+	for !drained && clk.Now().Before(q.b.DrainBy) {
+		polled := clk.Now()
+		wait := min(q.b.DrainBy.Sub(polled), maxDrainPoll)
 		ctx, cancel := context.WithTimeout(context.Background(), wait+time.Second)
-		polled, err := c.app.Drain(ctx, wait)
+		answer, err := c.app.Drain(ctx, wait)
 		cancel()
 		c.metrics.appResult("drain", err)
 		switch {
 		case IsAppGone(err):
-			q.rep.Outcome = protocol.OutcomeAppGone
-			q.step(StepDrained, "app exited")
+			// Whatever it still held is left to the visibility timeout:
+			// the last count it reported.
+			q.rep.Outcome, q.rep.Abandoned = protocol.OutcomeAppGone, st.InFlight
+			q.step(StepDrained, fmt.Sprintf("app exited with %d in flight", st.InFlight))
 			return
 		case err != nil:
 			c.log.V(1).Info("drain status", "error", err.Error())
-			time.Sleep(min(100*time.Millisecond, max(time.Until(drainBy), 0)))
 		default:
-			st, drained = polled, polled.Drained
+			st, drained = answer, answer.Drained
+		}
+		if !drained {
+			// Paced: at most one poll per minDrainPoll, whatever the app does.
+			now := clk.Now()
+			clk.Sleep(min(polled.Add(minDrainPoll).Sub(now), max(q.b.DrainBy.Sub(now), 0)))
 		}
 	}
 	if drained {
 		q.rep.Outcome = protocol.OutcomeDrained
 		q.step(StepDrained, "")
-		c.event(corev1.EventTypeNormal, ReasonDrained, "Drained in %s", time.Since(q.rep.Started).Round(time.Millisecond))
+		c.event(corev1.EventTypeNormal, ReasonDrained, "Drained in %s", clk.Since(q.rep.Started).Round(time.Millisecond))
 		return
 	}
 
@@ -229,7 +263,7 @@ func (q *sequence) handleClaims(stop stopResult, drainBy time.Time) {
 	c.metrics.ClaimsLeft.Add(float64(st.InFlight))
 	q.step(StepDrainDeadline, fmt.Sprintf("%d in flight", st.InFlight))
 	if c.s.Fallback == config.FallbackAbandon {
-		q.rep.Outcome = protocol.OutcomeAbandoned
+		q.rep.Outcome, q.rep.Abandoned = protocol.OutcomeAbandoned, st.InFlight
 		c.event(corev1.EventTypeWarning, ReasonDeadlineExceeded,
 			"Drain deadline exceeded with %d claims in flight; fallback abandon: left to the visibility timeout", st.InFlight)
 		return
@@ -238,7 +272,7 @@ func (q *sequence) handleClaims(stop stopResult, drainBy time.Time) {
 	if c.s.Fallback == config.FallbackCancel {
 		q.rep.Outcome = protocol.OutcomeCanceled
 	}
-	budget := q.budget(q.deadline.Add(-c.s.HandbackReserve / 2))
+	budget := q.b.left(clk.Now(), q.b.FallbackBy)
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	// Half the budget for canceled work to end, half to hand claims back.
 	res, err := c.app.Return(ctx, c.s.Fallback == config.FallbackCancel, budget/2)
@@ -303,9 +337,10 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 	l.mu.Lock()
 	l.revoked = true
 	granted := l.granted
-	if !granted.IsZero() && time.Now().Before(granted) {
+	clk := c.clock
+	if !granted.IsZero() && clk.Now().Before(granted) {
 		// No use waiting for an ack past the end of the app's term.
-		ctx, cancel := context.WithTimeout(context.Background(), q.budget(minTime(q.deadline, granted)))
+		ctx, cancel := context.WithTimeout(context.Background(), q.b.left(clk.Now(), minTime(q.b.RevokeBy, granted)))
 		err := c.app.SetLeadership(ctx, protocol.Leadership{Lease: name, Leader: false, Sequence: l.nextSequence()})
 		cancel()
 		c.metrics.appResult("revoke", err)
@@ -320,9 +355,9 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 
 	withheld := false
 	if !granted.IsZero() {
-		if wait := time.Until(granted); wait > 0 && granted.Before(q.deadline) {
+		if wait := granted.Sub(clk.Now()); wait > 0 && granted.Before(q.b.ReleaseBy) {
 			r.Detail = fmt.Sprintf("waited %s for the app's term to end", wait.Round(time.Millisecond))
-			time.Sleep(wait)
+			clk.Sleep(wait)
 		} else if wait > 0 {
 			l.elector.WithholdRelease()
 			withheld = true
@@ -332,7 +367,7 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 	l.cancel()
 	select {
 	case <-l.stopped:
-	case <-time.After(q.budget(q.deadline)):
+	case <-clk.After(q.b.left(clk.Now(), q.b.ReleaseBy)):
 		r.Detail = "release not confirmed by the deadline"
 	}
 	r.Released = l.elector.Released()
@@ -341,7 +376,7 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 	case !leader:
 		result = "not_leader"
 	case r.Released:
-		c.event(corev1.EventTypeNormal, ReasonLeaseReleased, "Lease %s released after %s", name, time.Since(q.rep.Started).Round(time.Millisecond))
+		c.event(corev1.EventTypeNormal, ReasonLeaseReleased, "Lease %s released after %s", name, clk.Since(q.rep.Started).Round(time.Millisecond))
 	case withheld:
 		result = "withheld"
 		c.event(corev1.EventTypeWarning, ReasonReleaseWithheld, "Lease %s not released: %s", name, r.Detail)
@@ -373,15 +408,12 @@ func errSuffix(err error) string {
 	return "; error: " + err.Error()
 }
 
-// budget is the time left until t, but never less than minStep.
-func (q *sequence) budget(t time.Time) time.Duration { return max(time.Until(t), minStep) }
-
-func (q *sequence) step(name, detail string) {
-	now := time.Now()
+func (q *sequence) step(name protocol.StepName, detail string) {
+	now := q.c.clock.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.rep.Steps = append(q.rep.Steps, protocol.Step{Name: name, At: now, Detail: detail})
-	q.c.metrics.StepSeconds.WithLabelValues(name).Observe(now.Sub(q.rep.Started).Seconds())
+	q.c.metrics.StepSeconds.WithLabelValues(string(name)).Observe(now.Sub(q.rep.Started).Seconds())
 	q.c.log.Info("shutdown step", "step", name, "detail", detail, "sinceTrigger", now.Sub(q.rep.Started).String())
 }
 

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/scheme"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 
@@ -45,7 +46,11 @@ type pod struct {
 	calls    *appCalls
 	app      atomic.Pointer[http.Handler] // the worker process now serving the app API
 	appURL   string
+	server   *httptest.Server // serves the app API
 	metrics  *sidecar.Metrics
+	recorder record.EventRecorder
+	leases   coordinationv1client.LeasesGetter // nil: the test's client
+	stop     func()                            // ends the sidecar
 }
 
 // restartApp replaces the worker process behind the app API with a new one,
@@ -63,6 +68,32 @@ type appCalls struct {
 	mu        sync.Mutex
 	n         map[string]int
 	lastUntil time.Time // the latest Until granted to the app
+	grants    []protocol.Leadership
+	revokes   []time.Time // when each Leadership with leader false arrived
+}
+
+// grantsSince counts the grants that arrived after t (by their Sequence,
+// which is the send time).
+func (a *appCalls) grantsSince(t time.Time) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, g := range a.grants {
+		if g.Sequence > t.UnixNano() {
+			n++
+		}
+	}
+	return n
+}
+
+// lastGrant is the latest grant the app was sent.
+func (a *appCalls) lastGrant() (protocol.Leadership, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.grants) == 0 {
+		return protocol.Leadership{}, false
+	}
+	return a.grants[len(a.grants)-1], true
 }
 
 func (a *appCalls) count(path string) int { a.mu.Lock(); defer a.mu.Unlock(); return a.n[path] }
@@ -70,15 +101,16 @@ func (a *appCalls) count(path string) int { a.mu.Lock(); defer a.mu.Unlock(); re
 // newPod starts a pod; values override the test defaults by setting name.
 func newPod(t *testing.T, ns, name string, values map[string]string, opts worker.Options) *pod {
 	t.Helper()
-	return startPod(t, kubetest.Get(t).Pod(t, ns, name, 30), values, opts)
+	return startPod(t, kubetest.Get(t).Pod(t, ns, name, 30), values, opts, nil)
 }
 
 // startPod starts a pod for the Pod object obj, already created.
-func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts worker.Options) *pod {
+// leases, if not nil, is the sidecar's Lease client.
+func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts worker.Options, leases coordinationv1client.LeasesGetter) *pod {
 	t.Helper()
 	env := kubetest.Get(t)
 	ns, name := obj.Namespace, obj.Name
-	p := &pod{name: name, calls: &appCalls{n: map[string]int{}}, metrics: sidecar.NewMetrics(prometheus.NewRegistry())}
+	p := &pod{name: name, leases: leases, calls: &appCalls{n: map[string]int{}}, metrics: sidecar.NewMetrics(prometheus.NewRegistry())}
 	p.uid = string(obj.UID)
 	opts.Logger = testr.New(t).WithName(name + "/app")
 	p.agent = worker.New(opts)
@@ -91,14 +123,21 @@ func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts work
 		var l protocol.Leadership
 		p.calls.mu.Lock()
 		p.calls.n[r.URL.Path]++
-		if r.Method == http.MethodPut && json.Unmarshal(body, &l) == nil && l.Leader && l.Until.After(p.calls.lastUntil) {
-			p.calls.lastUntil = l.Until
+		if r.Method == http.MethodPut && json.Unmarshal(body, &l) == nil {
+			if l.Leader && l.Until.After(p.calls.lastUntil) {
+				p.calls.lastUntil = l.Until
+			}
+			if l.Leader {
+				p.calls.grants = append(p.calls.grants, l)
+			} else {
+				p.calls.revokes = append(p.calls.revokes, time.Now())
+			}
 		}
 		p.calls.mu.Unlock()
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(app.Close)
-	p.appURL = app.URL
+	p.appURL, p.server = app.URL, app
 
 	v := map[string]string{
 		"pod-name": name, "pod-namespace": ns, "pod-uid": p.uid, "leases": lease,
@@ -114,22 +153,38 @@ func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts work
 		t.Fatal(err)
 	}
 	p.settings = s
-	b := record.NewBroadcaster()
-	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: env.Client.CoreV1().Events(ns)})
-	t.Cleanup(b.Shutdown)
+	p.recorder = func() record.EventRecorder {
+		b := record.NewBroadcaster()
+		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: env.Client.CoreV1().Events(ns)})
+		t.Cleanup(b.Shutdown)
+		return b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "handoff"})
+	}()
+	p.c, p.stop = p.startSidecar(t, p.metrics)
+	return p
+}
+
+// startSidecar makes and starts a Coordinator for the pod (one sidecar
+// process); stop ends it (its context, then Wait).
+func (p *pod) startSidecar(t *testing.T, m *sidecar.Metrics) (c *sidecar.Coordinator, stop func()) {
+	t.Helper()
+	env := kubetest.Get(t)
+	var leases coordinationv1client.LeasesGetter = env.Client.CoordinationV1()
+	if p.leases != nil {
+		leases = p.leases
+	}
 	c, err := sidecar.New(sidecar.Options{
-		Settings: s, Leases: env.Client.CoordinationV1(), Pods: env.Client.CoreV1(),
-		Events:  b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "handoff"}),
-		Metrics: p.metrics, Logger: testr.New(t).WithName(name),
+		Settings: p.settings, Leases: leases, Pods: env.Client.CoreV1(),
+		Events: p.recorder, Metrics: m, Logger: testr.New(t).WithName(p.name),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.Start(ctx)
-	t.Cleanup(func() { cancel(); c.Wait() })
-	p.c = c
-	return p
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); c.Wait() }) }
+	t.Cleanup(stop)
+	return c, stop
 }
 
 func (p *pod) leads() bool { _, ok := p.agent.Leader(lease); return ok }
@@ -166,7 +221,7 @@ func events(t *testing.T, ns, podName, reason string) []string {
 func stepNames(rep *protocol.Report) []string {
 	var names []string
 	for _, s := range rep.Steps {
-		names = append(names, s.Name)
+		names = append(names, string(s.Name))
 	}
 	return names
 }

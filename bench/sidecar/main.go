@@ -108,8 +108,8 @@ func run() error {
 
 	fmt.Printf("\nShutdown sequence, preStop to report, app drains at once (%d runs; target <= 50ms)\n", *shutdowns)
 	var took []time.Duration
-	steps := map[string][]time.Duration{}
-	var order []string
+	steps := map[protocol.StepName][]time.Duration{}
+	var order []protocol.StepName
 	for i := range *shutdowns {
 		rep, err := b.shutdown(i)
 		if err != nil {

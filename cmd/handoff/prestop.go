@@ -89,6 +89,9 @@ func printReport(w io.Writer, rep *protocol.Report) {
 	if rep.InFlightAtDeadline > 0 {
 		fmt.Fprintf(w, "  in flight at deadline: %d, returned: %d\n", rep.InFlightAtDeadline, rep.Returned)
 	}
+	if rep.Abandoned > 0 {
+		fmt.Fprintf(w, "  abandoned to the visibility timeout: %d\n", rep.Abandoned)
+	}
 	for _, e := range rep.Errors {
 		fmt.Fprintf(w, "  error: %s\n", e)
 	}

@@ -82,9 +82,7 @@ func runSidecar(s *config.Settings) error {
 	if err != nil {
 		return err
 	}
-	lrc := rest.CopyConfig(rc)
-	lrc.QPS, lrc.Burst = leaseQPS, leaseBurst
-	leaseClient, err := kubernetes.NewForConfig(lrc)
+	leaseClient, err := kubernetes.NewForConfig(leaseConfig(rc, s))
 	if err != nil {
 		return err
 	}
@@ -144,6 +142,17 @@ func runSidecar(s *config.Settings) error {
 		done()
 	}
 	return nil
+}
+
+// leaseConfig is the REST configuration of the Lease client: its own rate
+// budget, and a timeout per request of max(1s, renew deadline / 2), as
+// client-go's own leader-election constructor sets, so that one hung request
+// cannot use up the renew deadline and cost the Lease.
+func leaseConfig(rc *rest.Config, s *config.Settings) *rest.Config {
+	lrc := rest.CopyConfig(rc)
+	lrc.QPS, lrc.Burst = leaseQPS, leaseBurst
+	lrc.Timeout = max(time.Second, s.RenewDeadline/2)
+	return lrc
 }
 
 // listen binds addr before returning, so a busy port is an error at start.
