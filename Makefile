@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build image deploy demo test integration e2e e2e-assets rollout-figures unit bench lint kube-assets tools clean
+.PHONY: all build image deploy demo test integration e2e e2e-assets rollout-figures soak unit bench lint kube-assets tools clean
 
 all: build
 
@@ -55,6 +55,12 @@ e2e: e2e-assets
 # The rollout figures, handoff beside the baseline, from one e2e run.
 rollout-figures: e2e-assets
 	bash e2e/rollout-figures.sh
+
+# The soak: SOAK_RUNS rollout restarts in a row under load on a real kubelet,
+# with what each lost, applied twice or overlapped, and its handover time.
+SOAK_RUNS ?= 20
+soak: e2e-assets
+	bash e2e/soak.sh $(SOAK_RUNS)
 
 # What the e2e tests run, built before a test's timeout starts: the pinned
 # tools, and the node's binaries unless the cluster is given.

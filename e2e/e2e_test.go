@@ -50,9 +50,13 @@ const (
 )
 
 var cluster struct {
-	kube     kubernetes.Interface
-	pool     *pgxpool.Pool
-	podDBURL string // PostgreSQL as the pods reach it
+	kube       kubernetes.Interface
+	pool       *pgxpool.Pool
+	podDBURL   string // PostgreSQL as the pods reach it
+	kubeconfig string
+	// ctr is containerd's ctr on the node's socket, in namespace k8s.io:
+	// only on our own cluster, whose node is this machine.
+	ctr []string
 }
 
 // images are the images under test, as the pods name them.
@@ -157,10 +161,12 @@ func (s *setup) cluster() error {
 			return err
 		}
 		s.hostIP = ownHostIP
-		s.load = []string{"ctr", "--address", filepath.Join(runDir, "containerd", "containerd.sock"), "-n", "k8s.io", "images", "import"}
+		cluster.ctr = []string{"ctr", "--address", filepath.Join(runDir, "containerd", "containerd.sock"), "-n", "k8s.io"}
+		s.load = append(slices.Clone(cluster.ctr), "images", "import")
 	} else if s.hostIP == "" || len(s.load) == 0 {
 		return errors.New("HANDOFF_E2E_KUBECONFIG needs HANDOFF_E2E_HOST_IP (this machine's address as the pods reach it, like 172.18.0.1 for kind) and HANDOFF_E2E_LOAD (a command that loads an image tarball, like \"kind load image-archive\")")
 	}
+	cluster.kubeconfig = s.kubeconfig
 	cfg, err := clientcmd.BuildConfigFromFlags("", s.kubeconfig)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +31,10 @@ type recorder struct {
 type holderSeen struct {
 	at     time.Time
 	holder string // holder identity, "" when free
+	// renewed is the Lease's renewTime and duration its leaseDurationSeconds:
+	// no one else may take it before renewed + duration.
+	renewed  time.Time
+	duration time.Duration
 }
 
 // podSeen is one pod's life as observed.
@@ -105,7 +110,12 @@ func (r *recorder) lease(o any) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.holders = append(r.holders, holderSeen{now, ptr.Deref(l.Spec.HolderIdentity, "")})
+	h := holderSeen{at: now, holder: ptr.Deref(l.Spec.HolderIdentity, "")}
+	if l.Spec.RenewTime != nil {
+		h.renewed = l.Spec.RenewTime.Time
+	}
+	h.duration = time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0)) * time.Second
+	r.holders = append(r.holders, h)
 }
 
 // podOf returns the pod name in a holder identity (pod name, "_", UID or
@@ -131,4 +141,38 @@ func (r *recorder) holderAtLocked(t time.Time) string {
 		h = o.holder
 	}
 	return h
+}
+
+// checkTerms fails the test where the Lease was taken by a new holder
+// before the previous holder's term was over: the new holder's renewTime
+// (its acquireTime, on a takeover) before the previous holder's last
+// renewTime plus its lease duration, with no release (the Lease seen free)
+// in between. The same holder identity renewing is one holder: a
+// restarted sidecar of the same pod.
+func (r *recorder) checkTerms(t *testing.T, lease string) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var prev holderSeen // the last observation of the holder before
+	var changes []string
+	for i, o := range r.holders {
+		if i == 0 || o.holder != r.holders[i-1].holder {
+			changes = append(changes, fmt.Sprintf("  %s seen held by %q, renewed %s, lease duration %s",
+				o.at.Format("15:04:05.000"), o.holder, o.renewed.Format("15:04:05.000"), o.duration))
+		}
+		switch {
+		case o.holder == "":
+			prev = holderSeen{}
+		case prev.holder != "" && o.holder != prev.holder:
+			if end := prev.renewed.Add(prev.duration); o.renewed.Before(end) {
+				t.Errorf("Lease %s taken by %s at %s, %s before the term of %s ended (renewed %s, lease duration %s), with no release between",
+					lease, o.holder, o.renewed.Format("15:04:05.000"), end.Sub(o.renewed).Round(time.Millisecond),
+					prev.holder, prev.renewed.Format("15:04:05.000"), prev.duration)
+			}
+			prev = o
+		default:
+			prev = o
+		}
+	}
+	t.Logf("Lease %s, each change of holder:\n%s", lease, strings.Join(changes, "\n"))
 }

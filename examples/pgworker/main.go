@@ -66,6 +66,7 @@ type options struct {
 	leaderInterval    time.Duration
 	migrate           bool
 	withoutHandoff    bool
+	faultAddr         string // faults.go
 }
 
 // parseFlags parses args (without the program name) and fills in the
@@ -83,6 +84,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.leaderInterval, "leader-interval", time.Second, "how often the leader runs the leader job")
 	fs.BoolVar(&o.migrate, "migrate", true, "create the queue's tables at start if they do not exist")
 	fs.BoolVar(&o.withoutHandoff, "without-handoff", false, "baseline: hold --lease in this process with client-go leader election (lease duration 15s, renew deadline 10s, retry period 2s, not released at exit; API from $KUBECONFIG or in-cluster) instead of through the handoff sidecar")
+	fs.StringVar(&o.faultAddr, "fault-addr", "", "tests only: host:port, like :7460, to serve GET /healthz (a liveness endpoint), POST /fault/unhealthy (it fails from then on) and POST /fault/crash (exit 3 at once) on; no authentication (empty: off)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -200,6 +202,15 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 			pool.Close()
 			return err
 		}
+	}
+
+	if opts.faultAddr != "" {
+		stopFaults, err := startFaults(opts.faultAddr, log)
+		if err != nil {
+			pool.Close()
+			return err
+		}
+		defer stopFaults()
 	}
 
 	a := newApp(opts, log, pool)
