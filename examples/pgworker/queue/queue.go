@@ -204,9 +204,15 @@ SELECT id, dedup_key, amount, work_ms, deliveries, visible_at FROM c`,
 //
 // Complete does not check that worker still holds the claim: a worker whose
 // claim expired may still complete, and the worker that claimed the message
-// next then completes a duplicate.
+// next then completes a duplicate. It locks the message's row first, so a
+// ReturnClaims under way either hands the message back before the effect
+// is written or finds it gone: a hand-back at the drain deadline never
+// makes a message visible again while its completion commits.
 func Complete(ctx context.Context, pool *pgxpool.Pool, worker string, c *Claimed) (applied bool, err error) {
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM handoff_queue WHERE id = $1 FOR UPDATE`, c.ID); err != nil {
+			return err
+		}
 		tag, err := tx.Exec(ctx, `
 INSERT INTO handoff_processed (dedup_key, message_id, worker) VALUES ($1, $2, $3)
 ON CONFLICT (dedup_key) DO NOTHING`, c.DedupKey, c.ID, worker)
