@@ -36,6 +36,10 @@ type Termination struct {
 	Leaving bool
 	// Why says which of the above, for the log; "" when not leaving.
 	Why string
+	// PodRead is set when the deadline and Leaving come from the pod's
+	// object; unset when it could not be read (the grace period setting,
+	// and Leaving unknown).
+	PodRead bool
 }
 
 // TerminationOf returns the deadline of a trigger at now for the worker
@@ -65,6 +69,7 @@ func TerminationOf(pod *corev1.Pod, container string, now time.Time, gracePeriod
 	if pod == nil {
 		return t
 	}
+	t.PodRead = true
 	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
 		t.Deadline = now.Add(time.Duration(*g)*time.Second - margin)
 	}

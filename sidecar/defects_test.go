@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -353,4 +354,83 @@ func TestAppGoneMidDrainCountsAbandonedClaims(t *testing.T) {
 	if rep.Outcome != protocol.OutcomeAppGone || rep.Abandoned != 2 || len(rep.Errors) > 0 {
 		t.Errorf("outcome %s, abandoned %d, errors %v: want AppGone, 2, none", rep.Outcome, rep.Abandoned, rep.Errors)
 	}
+}
+
+// SIGTERM to the sidecar in a pod that stays is a restart of the sidecar
+// container alone: the worker is not told to stop claiming, the Lease is
+// not released (it still names the pod when the sidecar has stopped), and a
+// SidecarRestart Event says so. In a pod being deleted, SIGTERM runs the
+// sequence and releases.
+func TestSignalInAPodThatStaysKeepsWorkerAndLease(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	a := newPod(t, ns, "pod-a", nil, worker.Options{})
+	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", a.leads)
+
+	rep, err := a.c.Signal(context.Background())
+	if !errors.Is(err, sidecar.ErrSidecarRestart) || rep != nil {
+		t.Fatalf("Signal in a pod that stays = %v, %v; want ErrSidecarRestart", rep, err)
+	}
+	a.stop()
+	if n := a.calls.count(protocol.StopClaimingPath); n != 0 {
+		t.Errorf("the app was told to stop claiming %d times; want never", n)
+	}
+	select {
+	case <-a.agent.Stopping():
+		t.Error("the worker stopped claiming")
+	default:
+	}
+	held, err := env.Client.CoordinationV1().Leases(ns).Get(context.Background(), lease, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := ptr.Deref(held.Spec.HolderIdentity, ""); h != a.settings.Identity() {
+		t.Errorf("after the sidecar stopped the Lease names %q; want %q, kept for the next sidecar process", h, a.settings.Identity())
+	}
+	kubetest.WaitFor(t, 10*time.Second, "the SidecarRestart Event", func() bool {
+		return len(events(t, ns, "pod-a", sidecar.ReasonSidecarRestart)) == 1
+	})
+
+	// The same in a pod being deleted: the sequence runs and releases.
+	b := newPod(t, ns, "pod-b", nil, worker.Options{})
+	kubetest.WaitFor(t, 10*time.Second, "pod-b's app to lead", b.leads)
+	if err := env.Client.CoreV1().Pods(ns).Delete(context.Background(), "pod-b", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](20)}); err != nil {
+		t.Fatal(err)
+	}
+	kubetest.WaitFor(t, 10*time.Second, "the sidecar to see the deletion", func() bool {
+		p, err := env.Client.CoreV1().Pods(ns).Get(context.Background(), "pod-b", metav1.GetOptions{})
+		return err == nil && p.DeletionTimestamp != nil
+	})
+	rep, err = b.c.Signal(context.Background())
+	if err != nil || rep == nil || rep.Trigger != sidecar.TriggerSignal {
+		t.Fatalf("Signal in a pod being deleted = %+v, %v; want the sequence's report", rep, err)
+	}
+	if len(rep.Leases) != 1 || !rep.Leases[0].Released {
+		t.Errorf("Leases in the report %+v; want %s released", rep.Leases, lease)
+	}
+}
+
+// A release that is not written (the Lease writes hang until the release's
+// context ends) is a failure of the sequence: the report carries the error,
+// so `handoff prestop` exits non-zero, and a HandoverFailed Event says why.
+func TestReleaseNotWrittenFailsTheSequence(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	var hang atomic.Bool
+	a := startPod(t, env.Pod(t, ns, "pod-a", 30), nil, worker.Options{}, hangingLeases{env.Client.CoordinationV1(), &hang})
+	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", a.leads)
+	hang.Store(true)
+	rep, err := a.c.Shutdown(context.Background(), prestop.TriggerPreStop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Leases) != 1 || rep.Leases[0].Released || !rep.Leases[0].WasLeader {
+		t.Fatalf("Leases in the report %+v; want %s, was leader, not released", rep.Leases, lease)
+	}
+	if len(rep.Errors) == 0 || !strings.Contains(strings.Join(rep.Errors, "\n"), "releasing Lease "+lease) {
+		t.Errorf("report errors %q; want the release of %s named", rep.Errors, lease)
+	}
+	kubetest.WaitFor(t, 10*time.Second, "the HandoverFailed Event", func() bool {
+		return len(events(t, ns, "pod-a", sidecar.ReasonShutdownFailed)) == 1
+	})
 }

@@ -14,4 +14,8 @@ const (
 	// ReasonRearmed: a new worker process is up after a kill of the worker
 	// container, and the sidecar rejoined its elections.
 	ReasonRearmed = "Rearmed"
+	// ReasonSidecarRestart: SIGTERM reached the sidecar alone in a pod that
+	// stays (the kubelet restarts the native sidecar): the worker and its
+	// leadership go on, the Leases are kept for the next sidecar process.
+	ReasonSidecarRestart = "SidecarRestart"
 )

@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -80,6 +81,37 @@ func (c *Coordinator) Shutdown(ctx context.Context, trigger protocol.Trigger) (*
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// ErrSidecarRestart is returned by Signal when SIGTERM reached the sidecar
+// in a pod that stays: the kubelet is restarting the sidecar container
+// alone, so the worker must go on.
+var ErrSidecarRestart = errors.New("SIGTERM to the sidecar in a pod that stays: worker and Leases left to the next sidecar process")
+
+// Signal is SIGTERM to the sidecar. In a pod whose object shows it staying
+// (not being deleted, not finished, not a disruption target, restartable)
+// while no sequence runs, only the sidecar container is being stopped (a
+// restart of the native sidecar, for its own probe): nothing is asked of
+// the worker, which goes on claiming and leading until the term it was
+// given ends on its own clock; every Lease is left held (WithholdRelease),
+// so that the next sidecar process, with the same holder identity, renews
+// it and tells the worker again; it returns ErrSidecarRestart. Otherwise,
+// or when the pod cannot be read, it runs or joins the shutdown sequence
+// as Shutdown(ctx, TriggerSignal) does.
+func (c *Coordinator) Signal(ctx context.Context) (*protocol.Report, error) {
+	c.mu.Lock()
+	phase := c.phase
+	c.mu.Unlock()
+	if phase == PhaseRunning || phase == PhaseRearming {
+		if term := c.termination(c.clock.Now()); term.PodRead && !term.Leaving {
+			c.Abandon()
+			c.log.Info("SIGTERM in a pod that stays: the worker goes on, Leases kept for the next sidecar process")
+			c.event(corev1.EventTypeNormal, ReasonSidecarRestart,
+				"Sidecar stopped in a pod that stays: the worker goes on; its Leases are kept for the next sidecar process")
+			return nil, ErrSidecarRestart
+		}
+	}
+	return c.Shutdown(ctx, TriggerSignal)
 }
 
 // sequence is one run of the shutdown steps and its report.

@@ -210,7 +210,9 @@ func (s *sidecar) waitLeading(n int) error {
 	return fmt.Errorf("sidecar did not lead its %d Leases within 30s", n)
 }
 
-// stop sends SIGTERM, which releases the Leases, and waits for the exit.
+// stop sends SIGTERM and waits for the exit. The Pod is not being
+// deleted, so the sidecar exits keeping its Leases, as for a restart of its
+// container (each run uses Leases of its own).
 func (s *sidecar) stop() {
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	select {

@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
 )
@@ -24,45 +26,67 @@ func TestMain(m *testing.M) {
 	kubetest.Main(m)
 }
 
-// The real sidecar process: it takes the Lease, and SIGTERM with no preStop
-// hook runs the sequence, releases the Lease, records the Event, and exits 0.
+// The real sidecar process: it takes the Lease. SIGTERM in a pod that stays
+// (a restart of the sidecar container alone) exits 0 and keeps the Lease,
+// which the next sidecar process, with the same holder identity, renews
+// without a new transition. SIGTERM with no preStop hook in a pod being
+// deleted runs the sequence, releases the Lease, records the Event, and
+// exits 0.
 func TestSidecarProcessReleasesOnSIGTERM(t *testing.T) {
 	env := kubetest.Get(t)
 	ns := env.Namespace(t)
 	pod := env.Pod(t, ns, "worker-0", 30)
 	identity := "worker-0_" + string(pod.UID)
-
-	cmd, exited := runMain(t, "sidecar",
-		"HANDOFF_POD_NAME=worker-0", "HANDOFF_POD_NAMESPACE="+ns, "HANDOFF_POD_UID="+string(pod.UID),
-		"HANDOFF_LEASES=work", "HANDOFF_KUBECONFIG="+env.Kubeconfig,
-		"HANDOFF_CONTROL_ADDR=127.0.0.1:0", "HANDOFF_METRICS_ADDR=127.0.0.1:0",
-		"HANDOFF_APP_URL=http://127.0.0.1:1", // no app: nothing to drain
-		"HANDOFF_LEASE_DURATION=3s", "HANDOFF_RENEW_DEADLINE=2s", "HANDOFF_RETRY_PERIOD=250ms")
-
-	holder := func() string {
+	sidecar := func() (*exec.Cmd, <-chan error) {
+		return runMain(t, "sidecar",
+			"HANDOFF_POD_NAME=worker-0", "HANDOFF_POD_NAMESPACE="+ns, "HANDOFF_POD_UID="+string(pod.UID),
+			"HANDOFF_LEASES=work", "HANDOFF_KUBECONFIG="+env.Kubeconfig,
+			"HANDOFF_CONTROL_ADDR=127.0.0.1:0", "HANDOFF_METRICS_ADDR=127.0.0.1:0",
+			"HANDOFF_APP_URL=http://127.0.0.1:1", // no app: nothing to drain
+			"HANDOFF_LEASE_DURATION=3s", "HANDOFF_RENEW_DEADLINE=2s", "HANDOFF_RETRY_PERIOD=250ms")
+	}
+	get := func() *coordinationv1.Lease {
 		l, err := env.Client.CoordinationV1().Leases(ns).Get(context.Background(), "work", metav1.GetOptions{})
-		if err != nil || l.Spec.HolderIdentity == nil {
-			return ""
+		if err != nil {
+			return &coordinationv1.Lease{}
 		}
-		return *l.Spec.HolderIdentity
+		return l
 	}
-	for deadline := time.Now().Add(20 * time.Second); holder() != identity; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the sidecar did not take the Lease; holder %q", holder())
-		}
+	holder := func() string { return ptr.Deref(get().Spec.HolderIdentity, "") }
+
+	cmd, exited := sidecar()
+	kubetest.WaitFor(t, 20*time.Second, "the sidecar to take the Lease", func() bool { return holder() == identity })
+	terminate(t, cmd, exited, "sidecar in a pod that stays")
+	kept := get()
+	if h := ptr.Deref(kept.Spec.HolderIdentity, ""); h != identity {
+		t.Fatalf("Lease holder after SIGTERM in a pod that stays = %q, want %q (kept for the next sidecar)", h, identity)
 	}
 
-	terminate(t, cmd, exited, "sidecar")
+	cmd, exited = sidecar()
+	kubetest.WaitFor(t, 10*time.Second, "the next sidecar process to renew the Lease", func() bool {
+		l := get()
+		return ptr.Deref(l.Spec.HolderIdentity, "") == identity && l.Spec.RenewTime.After(kept.Spec.RenewTime.Time)
+	})
+	if got, want := ptr.Deref(get().Spec.LeaseTransitions, 0), ptr.Deref(kept.Spec.LeaseTransitions, 0); got != want {
+		t.Errorf("leaseTransitions %d after the sidecar restart, want %d: the same holder renews", got, want)
+	}
+
+	if err := env.Client.CoreV1().Pods(ns).Delete(context.Background(), "worker-0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	terminate(t, cmd, exited, "sidecar in a pod being deleted")
 	if h := holder(); h != "" {
 		t.Errorf("Lease holder after exit = %q, want released (empty)", h)
 	}
-	events, err := env.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
-		FieldSelector: "involvedObject.name=worker-0,reason=LeaseReleased"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(events.Items) != 1 {
-		t.Errorf("LeaseReleased Events on the pod = %d, want 1", len(events.Items))
+	for _, reason := range []string{"SidecarRestart", "LeaseReleased"} {
+		events, err := env.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
+			FieldSelector: "involvedObject.name=worker-0,reason=" + reason})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(events.Items) != 1 {
+			t.Errorf("%s Events on the pod = %d, want 1", reason, len(events.Items))
+		}
 	}
 }
 

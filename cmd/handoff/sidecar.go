@@ -125,16 +125,23 @@ func runSidecar(s *config.Settings) error {
 	// A second signal ends the wait at once; the Leases then expire.
 	sctx, cancel := context.WithCancel(context.Background())
 	go func() { <-sig; cancel() }()
-	rep, err := c.Shutdown(sctx, sidecar.TriggerSignal)
-	if err != nil {
+	rep, err := c.Signal(sctx)
+	switch {
+	case errors.Is(err, sidecar.ErrSidecarRestart):
+		// Only this container stops: its Event gets the same moment.
+		time.Sleep(eventFlush)
+	case err != nil:
 		// The app was not told to stop leading: the Leases must expire, not
 		// be freed under it.
 		c.Abandon()
 		log.Info("shutdown sequence abandoned by a second signal; Leases left to expire")
-	} else if wait := eventFlush - time.Since(rep.Finished); wait > 0 {
-		// Events are written asynchronously and Shutdown of the broadcaster
-		// cancels writes under way: give the sequence's last ones a moment.
-		time.Sleep(wait)
+	default:
+		if wait := eventFlush - time.Since(rep.Finished); wait > 0 {
+			// Events are written asynchronously and Shutdown of the
+			// broadcaster cancels writes under way: give the sequence's last
+			// ones a moment.
+			time.Sleep(wait)
+		}
 	}
 	cancel()
 	stop()
