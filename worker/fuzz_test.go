@@ -94,15 +94,15 @@ func FuzzHandler(f *testing.F) {
 		if ct := w.Header().Get("Content-Type"); w.Code/100 != 3 && ct != "application/json" {
 			t.Fatalf("%s %s: %d with Content-Type %q: %s", method, path, w.Code, ct, w.Body.Bytes())
 		}
-		switch {
-		case w.Code/100 == 2:
+		switch w.Code / 100 {
+		case 2:
 			if !valid {
 				t.Fatalf("%s %s %q: %d for a body that is not the route's request: %s", method, path, body, w.Code, w.Body.Bytes())
 			}
 			if !decodes(w.Body.Bytes(), want) {
 				t.Fatalf("%s %s: answer %s is not a %T", method, path, w.Body.Bytes(), want)
 			}
-		case w.Code/100 == 4 || w.Code/100 == 5:
+		case 4, 5:
 			var e struct{ Error string }
 			if !decodes(w.Body.Bytes(), &e) || e.Error == "" {
 				t.Fatalf("%s %s: %d without an error message: %s", method, path, w.Code, w.Body.Bytes())
