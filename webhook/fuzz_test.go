@@ -127,12 +127,25 @@ func checkAdmission(t *testing.T, h http.Handler, review []byte) {
 	if err != nil {
 		t.Fatalf("patch %s: %v", res.Patch, err)
 	}
-	patched, err := patch.Apply(req.Request.Object.Raw)
+	// The apiserver sends an object it encoded itself: apply the patch to
+	// the pod as a JSON value (duplicate keys merged, as a decoder reads
+	// them), not to the fuzzed bytes.
+	var original any
+	d := json.NewDecoder(bytes.NewReader(req.Request.Object.Raw))
+	d.UseNumber()
+	if err := d.Decode(&original); err != nil {
+		t.Fatalf("patched a pod that is not JSON: %s: %v", req.Request.Object.Raw, err)
+	}
+	raw, err := json.Marshal(original)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patched, err := patch.Apply(raw)
 	if err != nil {
 		t.Fatalf("patch %s does not apply to %s: %v", res.Patch, req.Request.Object.Raw, err)
 	}
 	var pod corev1.Pod
-	d := json.NewDecoder(bytes.NewReader(patched))
+	d = json.NewDecoder(bytes.NewReader(patched))
 	d.DisallowUnknownFields()
 	if err := d.Decode(&pod); err != nil {
 		t.Fatalf("patched pod %s: %v", patched, err)
