@@ -118,7 +118,9 @@ func Manifests(in io.Reader, out io.Writer, o Options) ([]Change, error) {
 // List's, so injecting them changes it).
 func injectObject(obj *unstructured.Unstructured, o Options) ([]Change, bool, error) {
 	items := []*unstructured.Unstructured{obj}
-	if obj.IsList() {
+	// A List is of kind List or <Kind>List; another object with a
+	// top-level items array (a custom resource, say) is not one.
+	if obj.IsList() && strings.HasSuffix(obj.GetKind(), "List") {
 		items = nil
 		if err := obj.EachListItem(func(item runtime.Object) error {
 			items = append(items, item.(*unstructured.Unstructured))
