@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build image deploy demo test integration e2e e2e-assets rollout-figures soak unit bench lint kube-assets tools clean
+.PHONY: all build image deploy demo test integration e2e e2e-assets rollout-figures soak unit bench fuzz lint kube-assets tools clean
 
 all: build
 
@@ -66,6 +66,11 @@ soak: e2e-assets
 # tools, and the node's binaries unless the cluster is given.
 e2e-assets: tools
 	@[ -n "$$HANDOFF_E2E_KUBECONFIG" ] || bash hack/kube-assets.sh kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
+
+# Every fuzz target for FUZZTIME each (default 10s), in turn; fails on a
+# crash. Their seed corpora also run in the plain go test run.
+fuzz:
+	bash hack/fuzz.sh
 
 unit:
 	go test -count=1 ./config ./worker

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -154,7 +155,7 @@ var Table = []Setting{
 	{Name: "metrics-addr", Default: ":7451", Form: "a host:port, like :7451", Annotation: true,
 		Usage: "address of the read-only metrics, /healthz and /readyz",
 		set:   setMetricsAddr},
-	{Name: "app-url", Default: "http://127.0.0.1:7452", Form: "an http URL on loopback, like http://127.0.0.1:7452", Annotation: true,
+	{Name: "app-url", Default: "http://127.0.0.1:7452", Form: "an http URL on loopback with no query or fragment, like http://127.0.0.1:7452", Annotation: true,
 		Usage: "base URL of the app's side of the handoff protocol",
 		set:   setAppURL},
 	{Name: "kubeconfig", Form: "a file path, or empty for in-cluster configuration",
@@ -367,6 +368,15 @@ func setAppURL(s *Settings, v string) error {
 	if err != nil || u.Scheme != "http" || u.Host == "" {
 		return errors.New("not an http:// URL")
 	}
+	// The clients append the protocol's paths to this base: a query or a
+	// fragment would swallow them, and an unclean path ("//", "..") is
+	// redirected by the app's mux, which turns a POST into a GET.
+	if strings.ContainsAny(v, "?#") || u.User != nil {
+		return errors.New("a base URL has no user, query or fragment: the protocol's paths are appended to it")
+	}
+	if p := strings.TrimRight(u.EscapedPath(), "/"); p != "" && path.Clean(p) != p {
+		return fmt.Errorf("path %q is not clean", u.EscapedPath())
+	}
 	if p := u.Port(); p != "" {
 		if _, err := Port(p); err != nil {
 			return err
@@ -375,7 +385,7 @@ func setAppURL(s *Settings, v string) error {
 	if !isLoopback(u.Hostname()) {
 		return errors.New("the app is called on loopback only")
 	}
-	s.AppURL = strings.TrimSuffix(v, "/")
+	s.AppURL = strings.TrimRight(v, "/")
 	return nil
 }
 

@@ -40,6 +40,9 @@ func TestBadValuesNameSettingOriginAndForm(t *testing.T) {
 		{map[string]string{"control-addr": "127.0.0.1:"}, []string{"control-addr", `port "" is not a number from 0 to 65535`}},
 		{map[string]string{"metrics-addr": ":99999"}, []string{"metrics-addr", `port "99999"`}},
 		{map[string]string{"app-url": "http://127.0.0.1:http"}, []string{"app-url"}},
+		{map[string]string{"app-url": "http://127.0.0.1:7452?x=1"}, []string{"app-url", "no user, query or fragment"}},
+		{map[string]string{"app-url": "http://127.0.0.1:7452#"}, []string{"app-url", "no user, query or fragment"}},
+		{map[string]string{"app-url": "http://127.0.0.1:7452/a//b"}, []string{"app-url", `path "/a//b" is not clean`}},
 		{map[string]string{"leases": "a"}, []string{"pod-name", "pod-uid are required"}},
 		{map[string]string{"worker-container": "Worker_1"}, []string{"worker-container", `"Worker_1"`, "not a container name", "DNS label"}},
 	} {

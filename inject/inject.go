@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net"
 	"net/url"
 	"path"
@@ -54,6 +55,11 @@ const (
 
 // defaultGracePeriod is the API's default terminationGracePeriodSeconds.
 const defaultGracePeriod = 30
+
+// maxGracePeriod is the longest grace period, in seconds, that is a
+// time.Duration: the sidecar reads it as one (HANDOFF_GRACE_PERIOD), and a
+// longer one would overflow.
+const maxGracePeriod = math.MaxInt64 / int64(time.Second)
 
 // Options are the injector's own settings, the same for every pod.
 type Options struct {
@@ -157,7 +163,10 @@ func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
 		errs = append(errs, refuse(ReasonInvalidAnnotation, namedAnnotations(err)))
 	} else {
 		p.settings = s
-		if g := time.Duration(p.grace) * time.Second; g <= s.DeadlineMargin+s.HandbackReserve {
+		if p.grace > maxGracePeriod {
+			errs = append(errs, refuse(ReasonGracePeriod, fmt.Errorf("spec.terminationGracePeriodSeconds %d: must be at most %d, the longest duration (in seconds) the sidecar reads",
+				p.grace, maxGracePeriod)))
+		} else if g := time.Duration(p.grace) * time.Second; g <= s.DeadlineMargin+s.HandbackReserve {
 			errs = append(errs, refuse(ReasonGracePeriod, fmt.Errorf("spec.terminationGracePeriodSeconds %d: must be more than %s (%s) plus %s (%s), or the handover has no time; raise it or lower those",
 				p.grace, config.AnnotationPrefix+"deadline-margin", s.DeadlineMargin, config.AnnotationPrefix+"handback-reserve", s.HandbackReserve)))
 		}

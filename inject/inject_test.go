@@ -230,6 +230,8 @@ func TestManifestsEdges(t *testing.T) {
 			wantErr: []string{"Pod p: reading the pod template", "imagePullPolicyy"}},
 		{name: "comments and separators kept", in: "# licence header\n--- # second\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
 			wantOut: []string{"# licence header\n--- # second\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n"}},
+		{name: "not UTF-8", in: "# a comment\n# \xfe\n",
+			wantErr: []string{"line 2: not UTF-8"}},
 		{name: "unsupported kind asking for injection", in: "apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata: {name: old}\nspec:\n  template:\n    metadata:\n      annotations: {handoff.dev/inject: \"true\"}\n",
 			wantErr: []string{"extensions/v1beta1 Deployment asks for injection", "apps/v1 Deployments"}},
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"regexp"
 	"strings"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -47,11 +48,16 @@ type Change struct {
 // (their comments are lost). A template is read strictly: a field the
 // Kubernetes API does not know is an error, not dropped. If any object
 // cannot be injected, Manifests writes nothing and returns every object's
-// errors, each prefixed with its kind and name.
+// errors, each prefixed with its kind and name. Input that is not UTF-8 is
+// an error naming its line.
 func Manifests(in io.Reader, out io.Writer, o Options) ([]Change, error) {
 	raw, err := io.ReadAll(in)
 	if err != nil {
 		return nil, err
+	}
+	if !utf8.Valid(raw) {
+		line := 1 + bytes.Count(raw[:invalidUTF8(raw)], []byte("\n"))
+		return nil, fmt.Errorf("line %d: not UTF-8; YAML and JSON manifests are UTF-8", line)
 	}
 	var (
 		buf     bytes.Buffer
@@ -112,7 +118,9 @@ func Manifests(in io.Reader, out io.Writer, o Options) ([]Change, error) {
 // List's, so injecting them changes it).
 func injectObject(obj *unstructured.Unstructured, o Options) ([]Change, bool, error) {
 	items := []*unstructured.Unstructured{obj}
-	if obj.IsList() {
+	// A List is of kind List or <Kind>List; another object with a
+	// top-level items array (a custom resource, say) is not one.
+	if obj.IsList() && strings.HasSuffix(obj.GetKind(), "List") {
 		items = nil
 		if err := obj.EachListItem(func(item runtime.Object) error {
 			items = append(items, item.(*unstructured.Unstructured))
@@ -272,6 +280,18 @@ func jsonValues(body []byte) ([][]byte, error) {
 		}
 		values = append(values, append(v, '\n'))
 	}
+}
+
+// invalidUTF8 is the offset of the first byte of raw that is not UTF-8.
+func invalidUTF8(raw []byte) int {
+	for i := 0; i < len(raw); {
+		r, n := utf8.DecodeRune(raw[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return i
+		}
+		i += n
+	}
+	return len(raw)
 }
 
 // isBlank reports whether a document holds only comments and blank lines.

@@ -5,6 +5,7 @@ package kubetest
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -67,6 +68,12 @@ func MainWith(m *testing.M, setup func(*Env) (cleanup func(), err error), opts .
 }
 
 func run(m *testing.M, setup func(*Env) (func(), error), opts []Option) int {
+	if Fuzzing() {
+		// The fuzz targets need no control plane, and every fuzz worker
+		// process runs TestMain again: starting one each would cost seconds
+		// per worker and an apiserver per core.
+		return m.Run()
+	}
 	env, stop, err := Start(opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kubetest:", err)
@@ -83,6 +90,17 @@ func run(m *testing.M, setup func(*Env) (func(), error), opts []Option) int {
 	}
 	current = env
 	return m.Run()
+}
+
+// Fuzzing reports whether the test binary runs with -test.fuzz (the
+// fuzzing coordinator) or as one of its fuzz workers. Main starts no control
+// plane then. Call it from TestMain or a test: it parses the test flags.
+func Fuzzing() bool {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	fuzz, worker := flag.Lookup("test.fuzz"), flag.Lookup("test.fuzzworker")
+	return (fuzz != nil && fuzz.Value.String() != "") || (worker != nil && worker.Value.String() == "true")
 }
 
 // Start starts a kube-apiserver and etcd and returns them with the func
@@ -151,6 +169,9 @@ func (e *Env) StartControllerManager(controllers ...string) (func(), error) {
 // Get returns the control plane started by Main.
 func Get(t testing.TB) *Env {
 	t.Helper()
+	if current == nil && Fuzzing() {
+		t.Skip("kubetest: no control plane while fuzzing (-test.fuzz); run the other tests without -fuzz")
+	}
 	if current == nil {
 		t.Fatal("kubetest: no control plane: call kubetest.Main from TestMain")
 	}
