@@ -238,18 +238,25 @@ func waitLeaderRun(t *testing.T, lease string, since time.Time, timeout time.Dur
 	return ""
 }
 
-// leaderRuns returns the holders of lease's leader runs in time order, one
-// entry per change of holder, and fails the test where a new holder's
-// fencing token is not above its predecessor's: then two pods acted as
-// leader in the same term.
-func leaderRuns(t *testing.T, lease string) []string {
+// leaderChange is one change of holder in the pods' own record of their
+// leader runs (handoff_leader_runs), in time order.
+type leaderChange struct {
+	holder, prev     string // the new holder; the one before ("" for the first)
+	token, prevToken int64  // its first run's fencing token; the last run's before (-1 for the first)
+	back             bool   // holder had led before prev: it went back to an earlier holder
+}
+
+// leaderChanges reads lease's leader runs since since (the zero time for
+// all), in time order, and returns one leaderChange per change of holder.
+func leaderChanges(t *testing.T, lease string, since time.Time) []leaderChange {
 	t.Helper()
-	rows, err := cluster.pool.Query(context.Background(), `SELECT holder, token FROM handoff_leader_runs WHERE lease = $1 ORDER BY ran_at, id`, lease)
+	rows, err := cluster.pool.Query(context.Background(), `SELECT holder, token FROM handoff_leader_runs WHERE lease = $1 AND ran_at >= $2 ORDER BY ran_at, id`, lease, since)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rows.Close()
-	var holders []string
+	var changes []leaderChange
+	seen := map[string]bool{}
 	var last int64 = -1
 	for rows.Next() {
 		var holder string
@@ -257,16 +264,34 @@ func leaderRuns(t *testing.T, lease string) []string {
 		if err := rows.Scan(&holder, &token); err != nil {
 			t.Fatal(err)
 		}
-		if n := len(holders); n == 0 || holders[n-1] != holder {
-			if token <= last {
-				t.Errorf("leader %s ran with fencing token %d, not above its predecessor's %d", holder, token, last)
+		if n := len(changes); n == 0 || changes[n-1].holder != holder {
+			c := leaderChange{holder: holder, token: token, prevToken: last, back: seen[holder]}
+			if n > 0 {
+				c.prev = changes[n-1].holder
 			}
-			holders = append(holders, holder)
+			changes = append(changes, c)
+			seen[holder] = true
 		}
 		last = token
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
+	}
+	return changes
+}
+
+// leaderRuns returns the holders of lease's leader runs in time order, one
+// entry per change of holder, and fails the test where a new holder's
+// fencing token is not above its predecessor's: then two pods acted as
+// leader in the same term.
+func leaderRuns(t *testing.T, lease string) []string {
+	t.Helper()
+	var holders []string
+	for _, c := range leaderChanges(t, lease, time.Time{}) {
+		if c.token <= c.prevToken {
+			t.Errorf("leader %s ran with fencing token %d, not above its predecessor's %d", c.holder, c.token, c.prevToken)
+		}
+		holders = append(holders, c.holder)
 	}
 	return holders
 }

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -214,29 +213,15 @@ func (r *rolloutRun) assertHandedOver(t *testing.T) {
 
 	// The pods' own view: leader runs, in time order, never go back to an
 	// earlier holder, and each new holder has a higher fencing token.
-	rows, err := cluster.pool.Query(context.Background(), `SELECT holder, token FROM handoff_leader_runs WHERE lease = $1 ORDER BY ran_at, id`, r.lease)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
 	var holders []string
-	var last int64 = -1
-	for rows.Next() {
-		var holder string
-		var token int64
-		if err := rows.Scan(&holder, &token); err != nil {
-			t.Fatal(err)
+	for _, c := range leaderChanges(t, r.lease, time.Time{}) {
+		if c.back {
+			t.Errorf("leader runs went back to %s after %s: two pods acted as leader in the same period", c.holder, c.prev)
 		}
-		if n := len(holders); n == 0 || holders[n-1] != holder {
-			if slices.Contains(holders, holder) {
-				t.Errorf("leader runs went back to %s after %s: two pods acted as leader in the same period", holder, holders[n-1])
-			}
-			if token <= last {
-				t.Errorf("leader %s ran with fencing token %d, not above its predecessor's %d", holder, token, last)
-			}
-			holders = append(holders, holder)
+		if c.token <= c.prevToken {
+			t.Errorf("leader %s ran with fencing token %d, not above its predecessor's %d", c.holder, c.token, c.prevToken)
 		}
-		last = token
+		holders = append(holders, c.holder)
 	}
 	if len(holders) < 2 {
 		t.Errorf("leader runs by %v: want the leader job to move to a new pod during the rollout", holders)

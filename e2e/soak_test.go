@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -120,30 +119,11 @@ func (r soakRun) String() string {
 // when two pods acted as leader in the same period.
 func overlappingRuns(t *testing.T, lease string, since time.Time) int {
 	t.Helper()
-	rows, err := cluster.pool.Query(context.Background(), `SELECT holder, token FROM handoff_leader_runs WHERE lease = $1 AND ran_at >= $2 ORDER BY ran_at, id`, lease, since)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var holders []string
-	var last int64 = -1
 	bad := 0
-	for rows.Next() {
-		var holder string
-		var token int64
-		if err := rows.Scan(&holder, &token); err != nil {
-			t.Fatal(err)
+	for _, c := range leaderChanges(t, lease, since) {
+		if c.back || c.token <= c.prevToken {
+			bad++
 		}
-		if n := len(holders); n == 0 || holders[n-1] != holder {
-			if slices.Contains(holders, holder) || (n > 0 && token <= last) {
-				bad++
-			}
-			holders = append(holders, holder)
-		}
-		last = token
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
 	}
 	return bad
 }
