@@ -210,14 +210,29 @@ func checkSettings(t *testing.T, values map[string]string, s *config.Settings) {
 }
 
 // render writes s back as setting values.
+// render is s as the value of every setting in config.Table
+// (TestRenderNamesEverySetting keeps it so).
 func render(s *config.Settings) map[string]string {
 	return map[string]string{
-		"pod-name": s.PodName, "pod-namespace": s.PodNamespace, "pod-uid": s.PodUID,
+		"pod-name": s.PodName, "pod-namespace": s.PodNamespace, "pod-uid": s.PodUID, "worker-container": s.WorkerContainer,
 		"leases":         strings.Join(s.Leases, ","),
 		"lease-duration": s.LeaseDuration.String(), "renew-deadline": s.RenewDeadline.String(), "retry-period": s.RetryPeriod.String(),
 		"grace-period": s.GracePeriod.String(), "deadline-margin": s.DeadlineMargin.String(), "handback-reserve": s.HandbackReserve.String(),
 		"fallback":     string(s.Fallback),
 		"control-addr": s.ControlAddr, "metrics-addr": s.MetricsAddr, "app-url": s.AppURL,
 		"kubeconfig": s.Kubeconfig,
+	}
+}
+
+// render must name every setting, or a new one escapes the round trip.
+func TestRenderNamesEverySetting(t *testing.T) {
+	r := render(&config.Settings{})
+	for _, d := range config.Table {
+		if _, ok := r[d.Name]; !ok {
+			t.Errorf("render does not name setting %s", d.Name)
+		}
+	}
+	if len(r) != len(config.Table) {
+		t.Errorf("render names %d settings, config.Table has %d", len(r), len(config.Table))
 	}
 }

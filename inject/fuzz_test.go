@@ -173,7 +173,8 @@ func checkInjected(t *testing.T, annotations map[string]string, meta *metav1.Obj
 		t.Fatalf("%q: injected, but the sidecar refuses its environment %q: %v", annotations, env, err)
 	}
 	fromAnnotations, err := config.Load(config.Annotations(annotations),
-		config.Map(map[string]string{"pod-name": "p", "pod-namespace": "ns", "pod-uid": "uid", "grace-period": env["HANDOFF_GRACE_PERIOD"]}, "pod"))
+		config.Map(map[string]string{"pod-name": "p", "pod-namespace": "ns", "pod-uid": "uid", "grace-period": env["HANDOFF_GRACE_PERIOD"],
+			"worker-container": workerName}, "pod"))
 	if err != nil {
 		t.Fatalf("%q: injected, but the annotations do not load: %v", annotations, err)
 	}
