@@ -28,7 +28,7 @@ tools:
 
 # A real handover with its timeline, beside the same replacement without handoff.
 demo: build kube-assets
-	go run ./examples/demo --handoff bin/handoff --worker bin/pgworker
+	go run ./examples/demo --handoff bin/handoff --worker bin/pgworker $(DEMO_ARGS)
 
 # Every test: unit and integration, then end to end on a real kubelet.
 test: integration e2e

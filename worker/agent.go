@@ -24,7 +24,7 @@
 //		if err != nil {
 //			return
 //		}
-//		msg, err := queue.Receive(r.Context()) // ends at stop-claiming
+//		msg, err := queue.Receive(r.Context()) // a long poll, cut off at stop-claiming without claiming
 //		if err != nil || msg == nil {
 //			r.End()
 //			continue
