@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,6 +48,10 @@ func (a *Agent) Handler() http.Handler {
 		var req protocol.ReturnRequest
 		if code, err := decodeBody(w, r, &req); err != nil {
 			writeError(w, code, err)
+			return
+		}
+		if req.CancelWaitMillis < 0 {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("body: cancelWaitMillis %d; want a whole number of milliseconds, 0 or more", req.CancelWaitMillis))
 			return
 		}
 		n, err := a.Return(r.Context(), req.Cancel, millis(req.CancelWaitMillis))
@@ -120,7 +125,15 @@ func (a *Agent) ListenAndServe(ctx context.Context, addr string) error {
 // not JSON of v's shape, or followed by anything but white space.
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) (int, error) {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	err := dec.Decode(v)
+	var raw json.RawMessage
+	err := dec.Decode(&raw)
+	if err == nil && !bytes.HasPrefix(bytes.TrimLeft(raw, " \t\r\n"), []byte("{")) {
+		// null, a number, a string or an array: not a message.
+		return http.StatusBadRequest, fmt.Errorf("body: %.20s is not a JSON object; want one JSON object", raw)
+	}
+	if err == nil {
+		err = json.Unmarshal(raw, v)
+	}
 	if err == nil {
 		// Anything after the value, a second value included, is refused:
 		// a body is one JSON object.
