@@ -50,6 +50,14 @@ type DrainStatus struct {
 	Receiving int `json:"receiving"`
 	// Drained is InFlight == 0 and Receiving == 0.
 	Drained bool `json:"drained"`
+	// Instance names this app process: any string, the same for every
+	// answer of one process and new for each process (the Go worker
+	// package: 16 random hex digits, made at worker.New). The sidecar
+	// re-arms after a kill of the worker container only for an instance
+	// other than the one that drained, so that the old process, still up
+	// until the kubelet's SIGTERM, is never taken for the new one. Apps that
+	// leave it out are taken for new once they answer not stopping.
+	Instance string `json:"instance,omitempty"`
 }
 
 // ReturnRequest asks the app to hand back its unfinished claims. With Cancel

@@ -95,6 +95,13 @@ type round struct {
 	// signalled: SIGTERM to the sidecar joined or started the sequence, so
 	// the sidecar is exiting and the round is not re-armed; c.mu.
 	signalled bool
+	// restarting: SIGTERM in a pod that stays decided that only the sidecar
+	// exits (Signal); a later trigger is refused with ErrSidecarRestart, as
+	// the exiting process could not finish a sequence; c.mu.
+	restarting bool
+	// drained is the app instance (DrainStatus.Instance) that drained in
+	// the sequence before this round: a re-arm waits for another one.
+	drained string
 
 	shutdown chan struct{} // closed when the sequence starts
 	done     chan struct{} // closed when the sequence is over
@@ -404,7 +411,9 @@ func (c *Coordinator) rearm(r *round) {
 		ctx, cancel := context.WithTimeout(c.base, time.Second)
 		st, err := c.app.Drain(ctx, 0)
 		cancel()
-		if err != nil || st.Stopping {
+		if err != nil || st.Stopping || (st.Instance != "" && st.Instance == r.drained) {
+			// Not a new process: the old one is still up until the kubelet
+			// kills it (it says not stopping when stop-claiming failed).
 			continue
 		}
 		if c.arm(r) {

@@ -55,8 +55,18 @@ const TriggerSignal = protocol.TriggerSignal
 // restart), the coordinator re-arms, and the next trigger starts a new
 // sequence. Shutdown is safe at any time, before Start too.
 func (c *Coordinator) Shutdown(ctx context.Context, trigger protocol.Trigger) (*protocol.Report, error) {
+	return c.shutdownAt(ctx, trigger, c.clock.Now())
+}
+
+// shutdownAt is Shutdown for a trigger that came at at: a sequence it
+// starts counts its deadline from then.
+func (c *Coordinator) shutdownAt(ctx context.Context, trigger protocol.Trigger, at time.Time) (*protocol.Report, error) {
 	c.mu.Lock()
 	r := c.cur
+	if r.restarting {
+		c.mu.Unlock()
+		return nil, ErrSidecarRestart
+	}
 	if trigger == TriggerSignal {
 		// The sidecar itself is being stopped: whatever the pod, this round
 		// is its last.
@@ -72,7 +82,7 @@ func (c *Coordinator) Shutdown(ctx context.Context, trigger protocol.Trigger) (*
 			}
 		}
 		c.metrics.Coordinating.Set(0)
-		go c.runSequence(r, trigger)
+		go c.runSequence(r, trigger, at)
 	}
 	c.mu.Unlock()
 	select {
@@ -98,20 +108,47 @@ var ErrSidecarRestart = errors.New("SIGTERM to the sidecar in a pod that stays: 
 // it and tells the worker again; it returns ErrSidecarRestart. Otherwise,
 // or when the pod cannot be read, it runs or joins the shutdown sequence
 // as Shutdown(ctx, TriggerSignal) does.
+//
+// The decision is taken under the coordinator's lock after the pod is read:
+// a sequence that a preStop started meanwhile is joined, and a preStop that
+// comes once the sidecar has decided to exit is refused with
+// ErrSidecarRestart (its hook then fails; the sidecar is gone a moment
+// later).
 func (c *Coordinator) Signal(ctx context.Context) (*protocol.Report, error) {
-	c.mu.Lock()
-	phase := c.phase
-	c.mu.Unlock()
-	if phase == PhaseRunning || phase == PhaseRearming {
-		if term := c.termination(c.clock.Now()); term.PodRead && !term.Leaving {
-			c.Abandon()
+	// The deadline counts from the signal, not from the end of this read.
+	at := c.clock.Now()
+	if c.idle() {
+		if term := c.termination(c.clock.Now()); term.PodRead && !term.Leaving && c.restart() {
 			c.log.Info("SIGTERM in a pod that stays: the worker goes on, Leases kept for the next sidecar process")
 			c.event(corev1.EventTypeNormal, ReasonSidecarRestart,
 				"Sidecar stopped in a pod that stays: the worker goes on; its Leases are kept for the next sidecar process")
 			return nil, ErrSidecarRestart
 		}
 	}
-	return c.Shutdown(ctx, TriggerSignal)
+	return c.shutdownAt(ctx, TriggerSignal, at)
+}
+
+// idle reports whether no sequence runs or is over in the current round.
+func (c *Coordinator) idle() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return (c.phase == PhaseRunning || c.phase == PhaseRearming) && !isClosed(c.cur.shutdown)
+}
+
+// restart marks the current round restarting and withholds its releases,
+// unless a sequence has started in it since idle said otherwise.
+func (c *Coordinator) restart() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := c.cur
+	if isClosed(r.shutdown) {
+		return false
+	}
+	r.restarting = true
+	for _, l := range r.leases {
+		l.elector.WithholdRelease()
+	}
+	return true
 }
 
 // sequence is one run of the shutdown steps and its report.
@@ -121,13 +158,16 @@ type sequence struct {
 	r   *round
 	rep *protocol.Report
 	b   budgets
+	// instance is the app process that answered the sequence
+	// (DrainStatus.Instance), "" if none said.
+	instance string
 }
 
 // runSequence is the shutdown sequence, step by step, in the manner of
 // controller-runtime's engageStopProcedure: every wait below is bounded by
 // the budgets planned once from the deadline (q.b).
-func (c *Coordinator) runSequence(r *round, trigger protocol.Trigger) {
-	q := &sequence{c: c, r: r, rep: &protocol.Report{Trigger: trigger, Started: c.clock.Now()}}
+func (c *Coordinator) runSequence(r *round, trigger protocol.Trigger, at time.Time) {
+	q := &sequence{c: c, r: r, rep: &protocol.Report{Trigger: trigger, Started: at}}
 	q.step(StepTriggered, string(trigger))
 
 	// A pod that is leaving takes no Lease it does not hold.
@@ -143,7 +183,7 @@ func (c *Coordinator) runSequence(r *round, trigger protocol.Trigger) {
 	// The report answers the hook; the kubelet then sends SIGTERM to the worker.
 	q.finish()
 	// A kill of the worker container in a pod that stays re-arms: the kubelet restarts it.
-	c.endRound(r, q.rep, term.Leaving)
+	c.endRound(r, q.rep, term.Leaving, q.instance)
 }
 
 // stopClaiming tells the app to stop claiming, in the background; the
@@ -185,7 +225,7 @@ func (q *sequence) finish() {
 // round, waiting for a new worker process) or stays done: when the pod is
 // leaving (at the trigger, or now), when SIGTERM to the sidecar joined the
 // sequence, or when Start's context has ended.
-func (c *Coordinator) endRound(r *round, rep *protocol.Report, leavingAtTrigger bool) {
+func (c *Coordinator) endRound(r *round, rep *protocol.Report, leavingAtTrigger bool, instance string) {
 	leaving := leavingAtTrigger || c.termination(c.clock.Now()).Leaving
 	c.mu.Lock()
 	rearm := !leaving && !r.signalled && c.base.Err() == nil
@@ -197,6 +237,7 @@ func (c *Coordinator) endRound(r *round, rep *protocol.Report, leavingAtTrigger 
 		if next, err = c.newRound(); err != nil { // validated in New
 			panic(err)
 		}
+		next.drained = instance // the process being killed: not a new one
 		c.cur, c.phase = next, PhaseRearming
 	}
 	c.mu.Unlock()
@@ -231,6 +272,13 @@ func (c *Coordinator) termination(now time.Time) prestop.Termination {
 	return prestop.TerminationOf(pod, c.s.WorkerContainer, now, c.s.GracePeriod, c.s.DeadlineMargin)
 }
 
+// noteInstance keeps the app instance of the latest answer that named one.
+func (q *sequence) noteInstance(instance string) {
+	if instance != "" {
+		q.instance = instance
+	}
+}
+
 // stopResult is the app's answer to stop-claiming.
 type stopResult struct {
 	st  protocol.DrainStatus
@@ -242,6 +290,7 @@ type stopResult struct {
 func (q *sequence) handleClaims(stop stopResult) {
 	c := q.c
 	st, err := stop.st, stop.err
+	q.noteInstance(st.Instance)
 	c.metrics.appResult("stop-claiming", err)
 	if IsAppGone(err) {
 		q.rep.Outcome = protocol.OutcomeAppGone
@@ -257,9 +306,25 @@ func (q *sequence) handleClaims(stop stopResult) {
 
 	// 3. Wait for drained. st keeps the last status the app gave.
 	drained := err == nil && st.Drained
+	stopping := err == nil && st.Stopping
 	clk := c.clock
 	for !drained && clk.Now().Before(q.b.DrainBy) {
 		polled := clk.Now()
+		if !stopping {
+			// Stop-claiming failed or timed out, or the app says it still
+			// claims: ask again, each time bounded as the first.
+			sctx, scancel := context.WithTimeout(context.Background(), min(stopClaimingTimeout, max(q.b.DrainBy.Sub(polled), minStep)))
+			answer, err := c.app.StopClaiming(sctx)
+			scancel()
+			c.metrics.appResult("stop-claiming", err)
+			if err == nil {
+				st, stopping, drained = answer, answer.Stopping, answer.Drained
+				q.noteInstance(answer.Instance)
+			}
+			if drained {
+				break
+			}
+		}
 		wait := min(q.b.DrainBy.Sub(polled), maxDrainPoll)
 		ctx, cancel := context.WithTimeout(context.Background(), wait+time.Second)
 		answer, err := c.app.Drain(ctx, wait)
@@ -275,7 +340,8 @@ func (q *sequence) handleClaims(stop stopResult) {
 		case err != nil:
 			c.log.V(1).Info("drain status", "error", err.Error())
 		default:
-			st, drained = answer, answer.Drained
+			st, drained, stopping = answer, answer.Drained, answer.Stopping
+			q.noteInstance(answer.Instance)
 		}
 		if !drained {
 			// Paced: at most one poll per minDrainPoll, whatever the app does.

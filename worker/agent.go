@@ -38,6 +38,8 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"sync"
 	"time"
@@ -82,9 +84,10 @@ type Options struct {
 // Agent is the worker's end of the handoff protocol. Its methods are safe
 // for concurrent use.
 type Agent struct {
-	opts  Options
-	log   logr.Logger
-	clock clock.WithDelayedExecution
+	instance string // DrainStatus.Instance: this process's, random
+	opts     Options
+	log      logr.Logger
+	clock    clock.WithDelayedExecution
 
 	mu       sync.Mutex
 	stopping chan struct{} // closed by StopClaiming
@@ -108,7 +111,10 @@ func New(opts Options) *Agent {
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
+	var id [8]byte
+	_, _ = rand.Read(id[:]) // crypto/rand.Read never fails
 	return &Agent{
+		instance:   hex.EncodeToString(id[:]),
 		opts:       opts,
 		log:        opts.Logger,
 		clock:      clk,
@@ -203,7 +209,7 @@ func (a *Agent) drainStatus() protocol.DrainStatus {
 	default:
 	}
 	return protocol.DrainStatus{Stopping: stopping, InFlight: a.held, Receiving: len(a.receives),
-		Drained: a.held == 0 && len(a.receives) == 0}
+		Drained: a.held == 0 && len(a.receives) == 0, Instance: a.instance}
 }
 
 // changedLocked wakes WaitDrained; a.mu must be held.
