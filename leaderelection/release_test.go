@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/leaderelection"
 )
 
 // meddled is a holder's Lease client that, while armed, has another client
@@ -194,3 +195,67 @@ func TestReleaseNeverFreesAnotherHoldersLease(t *testing.T) {
 		})
 	}
 }
+
+// ReleaseLeftover frees a Lease only while it names the identity, and the
+// next acquisition by that identity is a new transition (a greater fencing
+// token); another holder's Lease and a missing one are left alone.
+func TestReleaseLeftover(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	leases := env.Client.CoordinationV1()
+	now := metav1.NewMicroTime(time.Now())
+	create := func(name, holder string) {
+		t.Helper()
+		_, err := leases.Leases(ns).Create(context.Background(), &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: ptrTo[int32](15),
+				RenewTime: &now, AcquireTime: &now, LeaseTransitions: ptrTo[int32](4)},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	create("mine", "pod-a_uid-a")
+	create("theirs", "pod-b_uid-b")
+	for _, tc := range []struct {
+		lease, holder string
+		released      bool
+	}{
+		{"mine", "", true},
+		{"theirs", "pod-b_uid-b", false},
+		{"missing", "", false},
+	} {
+		released, err := leaderelection.ReleaseLeftover(context.Background(), leases, ns, tc.lease, "pod-a_uid-a", time.Second)
+		if err != nil || released != tc.released {
+			t.Errorf("ReleaseLeftover(%s) = %t, %v; want %t", tc.lease, released, err, tc.released)
+		}
+		l, err := leases.Leases(ns).Get(context.Background(), tc.lease, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h := *l.Spec.HolderIdentity; h != tc.holder || *l.Spec.LeaseTransitions != 4 {
+			t.Errorf("Lease %s: holder %q, transitions %d; want %q, 4", tc.lease, h, *l.Spec.LeaseTransitions, tc.holder)
+		}
+	}
+	// The same identity now acquires with a new transition.
+	cfg := config(env.Client, ns, "pod-a_uid-a")
+	cfg.Name = "mine"
+	startConfig(t, cfg)
+	var token int64
+	kubetest.WaitFor(t, 10*time.Second, "pod-a to lead mine again", func() bool {
+		l, err := leases.Leases(ns).Get(context.Background(), "mine", metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != "pod-a_uid-a" {
+			return false
+		}
+		token = int64(*l.Spec.LeaseTransitions)
+		return true
+	})
+	if token != 5 {
+		t.Errorf("pod-a took the released Lease with leaseTransitions %d; want 5, a new transition", token)
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }

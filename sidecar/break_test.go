@@ -153,7 +153,6 @@ func TestBreakRearmTakesOldProcessAfterFailedStopClaiming(t *testing.T) {
 // the old process held. A write of the old process still in flight is then
 // indistinguishable, by its token, from the new process's.
 func TestBreakRearmReusesFencingTokenOfOldProcess(t *testing.T) {
-	t.Skip("known defect, open in the reliability issue: a re-arm after a withheld release keeps the old process's fencing token")
 	env := kubetest.Get(t)
 	ns := env.Namespace(t)
 	p := startPod(t, env.Pod(t, ns, "pod-a", 2), nil, worker.Options{}, nil)

@@ -416,12 +416,33 @@ func (c *Coordinator) rearm(r *round) {
 			// kills it (it says not stopping when stop-claiming failed).
 			continue
 		}
+		// A Lease the last round left held (its release withheld: the old
+		// process never confirmed its leader work stopped) is freed now that
+		// that process is gone, so the new process's term comes with a new
+		// transition and a greater fencing token, never the old one's.
+		c.releaseLeftovers()
 		if c.arm(r) {
 			c.log.Info("re-armed: a new worker process is up; rejoining the elections", "round", r.n, "leases", c.s.Leases)
 			c.metrics.Rearms.Inc()
 			c.event(corev1.EventTypeNormal, ReasonRearmed, "Worker restarted: rejoined the elections for %v", c.s.Leases)
 		}
 		return
+	}
+}
+
+// releaseLeftovers frees every configured Lease that still names this pod
+// (leaderelection.ReleaseLeftover), each request bounded as the elector's.
+func (c *Coordinator) releaseLeftovers() {
+	for _, name := range c.s.Leases {
+		ctx, cancel := context.WithTimeout(c.base, 2*leaderelection.RequestTimeout(c.s.RenewDeadline))
+		released, err := leaderelection.ReleaseLeftover(ctx, c.leaseAPI, c.s.PodNamespace, name, c.s.Identity(), leaderelection.RequestTimeout(c.s.RenewDeadline))
+		cancel()
+		switch {
+		case err != nil:
+			c.log.Info("a Lease left held by the last worker process was not released: it expires", "lease", name, "error", err.Error())
+		case released:
+			c.log.Info("released a Lease left held by the last worker process", "lease", name)
+		}
 	}
 }
 
