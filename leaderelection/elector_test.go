@@ -76,6 +76,8 @@ type candidate struct {
 	// when stop was called.
 	termAt []time.Time
 	stopAt time.Time
+	// endAt is when Run returned after stop: after its release, if written.
+	endAt time.Time
 }
 
 func start(t *testing.T, ns, identity string) *candidate {
@@ -118,6 +120,9 @@ func (c *candidate) stop() {
 	c.mu.Unlock()
 	c.cancel()
 	<-c.done
+	c.mu.Lock()
+	c.endAt = time.Now()
+	c.mu.Unlock()
 }
 
 func getLease(t *testing.T, ns string) *coordinationv1.Lease {

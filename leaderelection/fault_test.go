@@ -48,6 +48,7 @@ func holderAndStandby(t *testing.T, ns string, leases kubernetes.Interface) (a, 
 type span struct{ from, until time.Time }
 
 func (c *candidate) spans() []span {
+	released := c.e.Released()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make([]span, len(c.terms))
@@ -55,6 +56,12 @@ func (c *candidate) spans() []span {
 		out[i] = span{c.termAt[i], tm.Until}
 		if !c.stopAt.IsZero() && c.stopAt.After(c.termAt[i]) && c.stopAt.Before(tm.Until) {
 			out[i].until = c.stopAt
+		}
+		// A renewal that lands after stop was called (it was under way)
+		// begins a term that the written release ends: the term is over
+		// before the release is written, and so before Run returns.
+		if released && !c.endAt.IsZero() && !c.termAt[i].Before(c.stopAt) && c.endAt.Before(out[i].until) {
+			out[i].until = c.endAt
 		}
 	}
 	return out
