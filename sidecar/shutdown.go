@@ -226,7 +226,12 @@ func (q *sequence) finish() {
 // leaving (at the trigger, or now), when SIGTERM to the sidecar joined the
 // sequence, or when Start's context has ended.
 func (c *Coordinator) endRound(r *round, rep *protocol.Report, leavingAtTrigger bool, instance string) {
-	leaving := leavingAtTrigger || c.termination(c.clock.Now()).Leaving
+	c.mu.Lock()
+	signalled := r.signalled
+	c.mu.Unlock()
+	// A round that cannot re-arm needs no second read of the pod: it would
+	// only delay the hook's answer.
+	leaving := leavingAtTrigger || signalled || c.termination(c.clock.Now()).Leaving
 	c.mu.Lock()
 	rearm := !leaving && !r.signalled && c.base.Err() == nil
 	r.report, c.last = rep, rep
