@@ -17,6 +17,7 @@ set -euo pipefail
 TOOLS='
 golangci-lint=github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 helm=helm.sh/helm/v3/cmd/helm@v3.22.0
+govulncheck=golang.org/x/vuln/cmd/govulncheck@v1.9.0
 helm-unittest=github.com/helm-unittest/helm-unittest/cmd/helm-unittest@v1.1.2|github.com/vmware-labs/yaml-jsonpath v0.3.2 => github.com/helm-unittest/yaml-jsonpath v0.4.0
 '
 
@@ -25,6 +26,7 @@ BIN="$CACHE/bin"
 mkdir -p "$BIN"
 
 log() { echo "tools: $*" >&2; }
+goversion=$(go env GOVERSION)
 
 while IFS= read -r line; do
   [[ -z "$line" || "$line" == \#* ]] && continue
@@ -34,10 +36,12 @@ while IFS= read -r line; do
   replaces=""
   [[ "$rest" == *"|"* ]] && replaces=${rest#*|}
   version=${pkg##*@}
-  # A stamp beside the binary records the version installed, so a bumped pin
-  # reinstalls and an unchanged one costs nothing.
+  # A stamp beside the binary records the version installed and the Go that
+  # built it, so a bumped pin or toolchain reinstalls (an analyser built with
+  # an older Go cannot read packages written for a newer one) and an
+  # unchanged one costs nothing.
   stamp="$BIN/.$name.version"
-  if [[ -x "$BIN/$name" && -f "$stamp" && "$(<"$stamp")" == "$version" ]]; then
+  if [[ -x "$BIN/$name" && -f "$stamp" && "$(<"$stamp")" == "$version $goversion" ]]; then
     continue
   fi
   log "installing $name $version"
@@ -56,7 +60,7 @@ while IFS= read -r line; do
       CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -o "$BIN/$name" "${pkg%@*}" >&2
     )
   fi
-  echo "$version" >"$stamp"
+  echo "$version $goversion" >"$stamp"
 done <<<"$TOOLS"
 
 # helm-unittest runs as a helm plugin: HELM_PLUGINS=$BIN/helm-plugins.
