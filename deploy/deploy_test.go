@@ -59,7 +59,7 @@ func helm(t *testing.T, args ...string) []byte {
 }
 
 func TestChartLints(t *testing.T) {
-	for _, set := range []string{"", "certs.certManager.enabled=true,rbac.sidecarBindings[0].namespace=shop,rbac.sidecarBindings[0].serviceAccount=orders"} {
+	for _, set := range []string{"", "certs.certManager.enabled=true,rbac.sidecarBindings[0].namespace=shop,rbac.sidecarBindings[0].serviceAccount=orders,rbac.sidecarBindings[0].leases={orders-leader}"} {
 		args := []string{"lint", "--strict", "../charts/handoff"}
 		if set != "" {
 			args = append(args, "--set", set)
