@@ -5,7 +5,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,14 +35,15 @@ import (
 	"github.com/handoff-dev/handoff/leaderelection"
 )
 
-// TestSidecarRoleHoldsOnlyItsOwnLeases applies the chart's sidecar RBAC for
-// one workload, exactly as helm template renders it, to a real apiserver
-// (RBAC authorization, as envtest starts it) and acts as that workload's
-// service account by impersonation: its pods' sidecars can take, renew and
-// release the workload's Lease through handoff's own Elector (whose standby
-// lists and watches the Lease with a metadata.name field selector), and are
-// forbidden to read, write or watch another Lease of their namespace, and
-// any Lease of another namespace.
+// TestSidecarRoleHoldsOnlyItsOwnLeases applies the chart's sidecar RBAC and
+// Lease name policy for one workload, exactly as helm template renders
+// them, to a real apiserver (RBAC authorization, as envtest starts it) and
+// acts as that workload's service account by impersonation: its pods'
+// sidecars can take, renew and release the workload's Lease through
+// handoff's own Elector (whose standby lists and watches the Lease with a
+// metadata.name field selector), and are forbidden to read, write or watch
+// another Lease of their namespace, to create one, and any Lease of another
+// namespace.
 func TestSidecarRoleHoldsOnlyItsOwnLeases(t *testing.T) {
 	env := kubetest.Get(t)
 	ctx := context.Background()
@@ -59,9 +63,10 @@ func TestSidecarRoleHoldsOnlyItsOwnLeases(t *testing.T) {
 	}
 
 	rendered := helm(t, "template", "handoff", "../charts/handoff", "--namespace", "handoff", "--kube-version", "1.35.0",
-		"--show-only", "templates/sidecar-rbac.yaml",
-		"--set-json", `rbac.sidecarBindings=[{"namespace":"`+ns+`","serviceAccount":"`+sa+`","leases":["`+own+`"]}]`)
-	applyAll(t, env.Config, rendered)
+		"--show-only", "templates/sidecar-rbac.yaml", "--show-only", "templates/sidecar-lease-policy.yaml",
+		// A second workload of the namespace only drains: it holds no Lease.
+		"--set-json", `rbac.sidecarBindings=[{"namespace":"`+ns+`","serviceAccount":"`+sa+`","leases":["`+own+`"]},{"namespace":"`+ns+`","serviceAccount":"mail","leases":[]}]`)
+	applyAll(t, env.Config, rendered, 2)
 
 	user := "system:serviceaccount:" + ns + ":" + sa
 	cfg := rest.CopyConfig(env.Config)
@@ -76,6 +81,16 @@ func TestSidecarRoleHoldsOnlyItsOwnLeases(t *testing.T) {
 				Namespace: ns, Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Name: own}},
 		}, metav1.CreateOptions{})
 		return err == nil && r.Status.Allowed
+	})
+	// The admission policy is compiled and served asynchronously too: wait
+	// until it refuses a create of a Lease the service account is not
+	// listed for (those created before are in a namespace of the test's).
+	probes := 0
+	kubetest.WaitFor(t, 10*time.Second, "the Lease name policy to take effect", func() bool {
+		probes++
+		_, err := asSA.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("probe-%d", probes)}}, metav1.CreateOptions{})
+		return apierrors.IsForbidden(err)
 	})
 
 	t.Run("takes, renews and releases its own Lease", func(t *testing.T) {
@@ -131,17 +146,27 @@ func TestSidecarRoleHoldsOnlyItsOwnLeases(t *testing.T) {
 		}
 	})
 
-	t.Run("may create a Lease of any name, but not write it after", func(t *testing.T) {
+	t.Run("is refused creating a Lease it is not listed for", func(t *testing.T) {
 		// RBAC cannot limit create by name (the name is in the body): the
-		// limit the chart's Role states, as kube-scheduler's does.
-		leases := asSA.CoordinationV1().Leases(ns)
-		created, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "unlisted"}}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatalf("create a Lease of another name: %v; RBAC cannot refuse it", err)
+		// chart's ValidatingAdmissionPolicy does, so the service account
+		// cannot pin another workload's Lease before that one creates it.
+		_, err := asSA.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: "unlisted"},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To("pod-a_uid-a"), LeaseDurationSeconds: ptr.To[int32](1 << 30)},
+		}, metav1.CreateOptions{})
+		want := "handoff: " + user + " may create only the Leases " + own + " (rbac.sidecarBindings of the handoff chart), not unlisted"
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
+			t.Errorf("create Lease unlisted: %v; want Forbidden: %s", err, want)
 		}
-		created.Spec.HolderIdentity = ptr.To("pod-a_uid-a")
-		if _, err := leases.Update(ctx, created, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
-			t.Errorf("update the Lease it created but is not listed for: %v; want Forbidden", err)
+	})
+
+	t.Run("a workload with no Leases may create none", func(t *testing.T) {
+		drainOnly := rest.CopyConfig(cfg)
+		drainOnly.Impersonate.UserName = "system:serviceaccount:" + ns + ":mail"
+		_, err := kubernetes.NewForConfigOrDie(drainOnly).CoordinationV1().Leases(ns).Create(ctx,
+			&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "mail-new"}}, metav1.CreateOptions{})
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("create a Lease as the drain-only service account: %v; want Forbidden", err)
 		}
 	})
 
@@ -199,8 +224,11 @@ func forbidden(t *testing.T, what string, leases coordinationv1client.LeaseInter
 	}
 }
 
-// applyAll creates every object of the YAML stream, as the admin.
-func applyAll(t *testing.T, cfg *rest.Config, stream []byte) {
+// applyAll creates every object of the YAML stream, as the admin: the
+// sidecar RBAC of bindings rbac.sidecarBindings entries and the Lease name
+// policy. (A policy that does not compile refuses every create it matches,
+// with the compile error: the test of its message shows it compiles.)
+func applyAll(t *testing.T, cfg *rest.Config, stream []byte, bindings int) {
 	t.Helper()
 	dyn := dynamic.NewForConfigOrDie(cfg)
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(stream)))
@@ -221,18 +249,31 @@ func applyAll(t *testing.T, cfg *rest.Config, stream []byte) {
 			continue
 		}
 		gvk := obj.GroupVersionKind()
-		if gvk.Group != "rbac.authorization.k8s.io" || (gvk.Kind != "Role" && gvk.Kind != "RoleBinding") {
-			t.Fatalf("the sidecar RBAC renders a %s %s; want only a Role and a RoleBinding", gvk.Kind, obj.GetName())
+		res, ok := sidecarKinds[gvk.Kind]
+		if !ok || res.Group != gvk.Group {
+			t.Fatalf("the sidecar RBAC renders a %s %s; want only Roles, RoleBindings and the Lease name policy", gvk.Kind, obj.GetName())
 		}
-		res := schema.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: map[string]string{"Role": "roles", "RoleBinding": "rolebindings"}[gvk.Kind]}
+		res.Version = gvk.Version
 		if _, err := dyn.Resource(res).Namespace(obj.GetNamespace()).Create(context.Background(), obj, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create %s %s/%s: %v", gvk.Kind, obj.GetNamespace(), obj.GetName(), err)
 		}
+		if obj.GetNamespace() == "" {
+			t.Cleanup(func() { _ = dyn.Resource(res).Delete(context.Background(), obj.GetName(), metav1.DeleteOptions{}) })
+		}
 		kinds[gvk.Kind]++
 	}
-	if kinds["Role"] != 1 || kinds["RoleBinding"] != 1 {
-		t.Fatalf("the sidecar RBAC renders %v; want one Role and one RoleBinding", kinds)
+	want := map[string]int{"Role": bindings, "RoleBinding": bindings, "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1}
+	if !maps.Equal(kinds, want) {
+		t.Fatalf("the sidecar RBAC renders %v; want %v", kinds, want)
 	}
+}
+
+// sidecarKinds are what the chart renders for one rbac.sidecarBindings entry.
+var sidecarKinds = map[string]schema.GroupVersionResource{
+	"Role":                             {Group: "rbac.authorization.k8s.io", Resource: "roles"},
+	"RoleBinding":                      {Group: "rbac.authorization.k8s.io", Resource: "rolebindings"},
+	"ValidatingAdmissionPolicy":        {Group: "admissionregistration.k8s.io", Resource: "validatingadmissionpolicies"},
+	"ValidatingAdmissionPolicyBinding": {Group: "admissionregistration.k8s.io", Resource: "validatingadmissionpolicybindings"},
 }
 
 // forbiddenLog is a Leases client that keeps every Forbidden answer.
