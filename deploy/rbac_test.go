@@ -1,12 +1,8 @@
 package deploy_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"os/exec"
@@ -21,17 +17,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/yaml"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/leaderelection"
@@ -239,23 +232,8 @@ func forbidden(t *testing.T, what string, leases coordinationv1client.LeaseInter
 func applyAll(t *testing.T, cfg *rest.Config, stream []byte, bindings int) {
 	t.Helper()
 	dyn := dynamic.NewForConfigOrDie(cfg)
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(stream)))
 	kinds := map[string]int{}
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		obj := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal(doc, &obj.Object); err != nil {
-			t.Fatal(err)
-		}
-		if len(obj.Object) == 0 {
-			continue
-		}
+	for _, obj := range decodeStream(t, stream) {
 		gvk := obj.GroupVersionKind()
 		res, ok := sidecarKinds[gvk.Kind]
 		if !ok || res.Group != gvk.Group {
