@@ -159,6 +159,11 @@ func TestSidecarRoleHoldsOnlyItsOwnLeases(t *testing.T) {
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
 			t.Errorf("create Lease unlisted: %v; want Forbidden: %s", err, want)
 		}
+		// The policy is about the listed service accounts only.
+		if _, err := env.Client.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: "unlisted"}}, metav1.CreateOptions{}); err != nil {
+			t.Errorf("create Lease unlisted as another user: %v", err)
+		}
 	})
 
 	t.Run("a workload with no Leases may create none", func(t *testing.T) {
