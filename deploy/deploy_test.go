@@ -59,7 +59,7 @@ func helm(t *testing.T, args ...string) []byte {
 }
 
 func TestChartLints(t *testing.T) {
-	for _, set := range []string{"", "certs.certManager.enabled=true,rbac.sidecarBindings[0].namespace=shop,rbac.sidecarBindings[0].serviceAccount=orders"} {
+	for _, set := range []string{"", "certs.certManager.enabled=true,rbac.sidecarBindings[0].namespace=shop,rbac.sidecarBindings[0].serviceAccount=orders,rbac.sidecarBindings[0].leases={orders-leader}"} {
 		args := []string{"lint", "--strict", "../charts/handoff"}
 		if set != "" {
 			args = append(args, "--set", set)
@@ -132,12 +132,18 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 
 func decode(t *testing.T, path string) []*unstructured.Unstructured {
 	t.Helper()
-	f, err := os.Open(path)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = f.Close() }()
-	r := utilyaml.NewYAMLReader(bufio.NewReader(f))
+	return decodeStream(t, data)
+}
+
+// decodeStream parses a YAML stream into its objects, skipping empty
+// documents.
+func decodeStream(t *testing.T, stream []byte) []*unstructured.Unstructured {
+	t.Helper()
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(stream)))
 	var objs []*unstructured.Unstructured
 	for {
 		doc, err := r.Read()

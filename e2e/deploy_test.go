@@ -4,6 +4,8 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,24 +15,31 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
+	"github.com/handoff-dev/handoff/inject"
 )
 
-// worker is the example worker's Deployment, asking the webhook to inject
-// handoff for the Lease name-leader, whose leader runs the leader job; args
-// are added to the worker's.
+// worker is the example worker's Deployment, run as serviceAccount and
+// labelled for the webhook to inject handoff for the Lease name-leader,
+// whose leader runs the leader job; args are added to the worker's. The
+// Lease must be one of workerLeases, the only ones the chart lets
+// serviceAccount hold.
 func worker(name string, replicas int32, grace int64, args ...string) *appsv1.Deployment {
-	labels := map[string]string{"app": name}
 	lease := name + "-leader"
+	if !slices.Contains(workerLeases, lease) {
+		panic(fmt.Sprintf("e2e: Lease %s is not in workerLeases (e2e_test.go): the chart's Role lets service account %s hold only those", lease, serviceAccount))
+	}
 	return &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: appsv1.DeploymentSpec{
 			Replicas: ptr.To(replicas),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{
-					"handoff.dev/inject": "true", "handoff.dev/leases": lease,
-				}},
+				ObjectMeta: metav1.ObjectMeta{
+					Labels:      map[string]string{"app": name, inject.LabelInject: "true"},
+					Annotations: map[string]string{"handoff.dev/leases": lease},
+				},
 				Spec: corev1.PodSpec{
+					ServiceAccountName:            serviceAccount,
 					TerminationGracePeriodSeconds: ptr.To(grace),
 					Containers: []corev1.Container{{
 						Name: "worker", Image: images.pgworker, ImagePullPolicy: images.pullPolicy,
@@ -48,10 +57,11 @@ func annotate(d *appsv1.Deployment, key, value string) *appsv1.Deployment {
 	return d
 }
 
-// withoutHandoff turns d into the baseline: handoff's annotation off, and
-// the worker holding its Lease itself with client-go, as a worker without
-// handoff does.
+// withoutHandoff turns d into the baseline: no handoff label or
+// annotations, and the worker holding its Lease itself with client-go (with
+// the same service account's Role), as a worker without handoff does.
 func withoutHandoff(d *appsv1.Deployment) *appsv1.Deployment {
+	delete(d.Spec.Template.Labels, inject.LabelInject)
 	d.Spec.Template.Annotations = map[string]string{}
 	c := &d.Spec.Template.Spec.Containers[0]
 	c.Args = append(c.Args, "--without-handoff")

@@ -21,6 +21,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,7 +32,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	corev1 "k8s.io/api/core/v1"
@@ -51,7 +51,20 @@ const (
 	// connections on its socket but not on 127.0.0.1:55450").
 	pgPort    = "25450"
 	namespace = "e2e"
+	// serviceAccount is the e2e workloads' own service account, bound by
+	// the chart to workerLeases.
+	serviceAccount = "pgworker"
 )
+
+// workerLeases are the Leases of every e2e workload (worker's name-leader):
+// the chart's Role lets serviceAccount hold these and no other.
+var workerLeases = []string{
+	"orders-leader", "plain-leader", // TestRolloutRestart
+	"delete-grace-6-leader", "legacy-leader", "never-drains-leader", // TestDeadlineHandsBackUnfinishedClaims
+	"sigkill-leader", "crash-leader", "twice-leader", "sigterm-leader", "stateful-leader", "evict-leader", // faults_test.go
+	"alive-leader", // TestLivenessKillHandsOverAndRearms
+	"soak-leader",  // TestSoak
+}
 
 var cluster struct {
 	kube       kubernetes.Interface
@@ -223,7 +236,7 @@ func (s *setup) postgres() error {
 }
 
 // chart installs the Helm chart with the images just loaded, its sidecar
-// role bound to the test namespace's default service account.
+// Role bound to the workloads' own service account for their Leases.
 func (s *setup) chart() error {
 	ctx := context.Background()
 	tools, err := s.sh(nil, "bash", "hack/tools.sh")
@@ -243,20 +256,18 @@ func (s *setup) chart() error {
 	if os.Getenv("HANDOFF_E2E_KUBECONFIG") != "" {
 		s.c.add(func() { removeNamespaces(helm, namespace, "handoff") })
 	}
-	if _, err := helm("install", "handoff", "charts/handoff",
+	_, err = cluster.kube.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: serviceAccount}}, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	bindings, err := json.Marshal([]map[string]any{{"namespace": namespace, "serviceAccount": serviceAccount, "leases": workerLeases}})
+	if err != nil {
+		return err
+	}
+	_, err = helm("install", "handoff", "charts/handoff",
 		"--namespace", "handoff", "--create-namespace", "--wait", "--timeout", "2m",
 		"--set", "image.repository="+images.handoffRepo, "--set", "image.tag="+images.tag, "--set", "image.pullPolicy="+string(images.pullPolicy),
 		"--set", "webhook.failurePolicy=Fail",
-		"--set", "rbac.sidecarBindings[0].namespace="+namespace, "--set", "rbac.sidecarBindings[0].serviceAccount=default"); err != nil {
-		return err
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		_, err := cluster.kube.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{})
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("service account %s/default: %w", namespace, err)
-		}
-	}
+		"--set-json", "rbac.sidecarBindings="+string(bindings))
+	return err
 }

@@ -18,6 +18,12 @@ const (
 	AnnotationStatus      = config.AnnotationPrefix + "status"
 )
 
+// LabelInject is the pod label that asks for injection, as the annotation
+// of the same key does. The chart's webhook is sent only pods with this
+// label "true" by default (its values' webhook.selectBy), since the API
+// server can select the pods it sends by label but not by annotation.
+const LabelInject = config.AnnotationPrefix + "inject"
+
 // Layouts, the values of AnnotationLayout.
 const (
 	// LayoutNative runs the sidecar as an init container with restartPolicy
@@ -43,7 +49,7 @@ type Key struct {
 // Keys lists the injection annotations, in documentation order.
 var Keys = []Key{
 	{Key: AnnotationInject, Default: "false", Form: `"true" or "false"`, valid: isBool,
-		Usage: "add the handoff sidecar to this pod; without it the pod is left alone"},
+		Usage: "add the handoff sidecar to this pod, as the label of the same key does; without either the pod is left alone. The chart's webhook is sent only labelled pods by default: set the label"},
 	{Key: AnnotationLayout, Default: LayoutNative, Form: `"native" or "legacy"`,
 		valid: func(v string) bool { return v == LayoutNative || v == LayoutLegacy },
 		Usage: "native: the sidecar is an init container with restartPolicy Always (Kubernetes 1.29+); legacy: a plain container whose own preStop waits for the handover"},
@@ -93,8 +99,30 @@ Every key has the prefix ` + "`" + config.AnnotationPrefix + "`" + `. Put them o
 (` + "`spec.template.metadata.annotations`" + ` of a Deployment, StatefulSet, ...).
 The webhook, and ` + "`handoff inject`" + `, refuse a pod whose handoff annotations
 are not valid, naming the annotation, the value and the accepted form. An
-unknown key under the prefix is refused on any pod, even one that does not
-ask for injection, so a misspelt key (` + "`handoff.dev/injct`" + `) is not lost.
+unknown key under the prefix is refused on any pod they see, even one that
+does not ask for injection, so a misspelt key (` + "`handoff.dev/injct`" + `) is not lost.
+
+## Which pods the webhook sees
+
+A pod asks for the sidecar with the label ` + "`" + LabelInject + `: "true"` + "`" + ` or the annotation of
+the same key. The API server selects the pods it sends to a webhook by label,
+never by annotation, and the chart has it send only the pods that need the
+webhook, so that no other pod waits on it, or, with ` + "`failurePolicy: Fail`" + `,
+fails with it. Its ` + "`webhook.selectBy`" + `:
+
+| value | the API server sends |
+|---|---|
+| ` + "`pod`" + ` (default) | pods labelled ` + "`" + LabelInject + `: "true"` + "`" + ` |
+| ` + "`namespace`" + ` | every pod of a namespace labelled ` + "`" + LabelInject + `: "true"` + "`" + `, but pods labelled ` + "`\"false\"`" + ` |
+| ` + "`podOrNamespace`" + ` | either (two webhook entries, as Istio's chart has) |
+
+The trade-off: the webhook reads the annotations only of the pods it is sent.
+With ` + "`selectBy: pod`" + `, a pod that has the annotation ` + "`" + AnnotationInject + `: "true"` + "`" + ` but not
+the label is created without the sidecar, and a misspelt key (` + "`handoff.dev/injct`" + `,
+or the label misspelt) on a pod without the label is not seen at all. With
+` + "`selectBy: namespace`" + ` every pod of the labelled namespaces is checked as before,
+at the cost of each of their pods waiting on the webhook. ` + "`handoff inject`" + `
+reads every pod template it is given, labelled or not.
 
 ## Injection
 

@@ -82,8 +82,8 @@ const (
 
 // Pod injects the sidecar into the pod (or pod template) described by meta
 // and spec, in place. It leaves them untouched and returns AlreadyInjected
-// when handoff.dev/status is "injected", and Skipped when handoff.dev/inject
-// is absent or "false". Otherwise it checks every handoff.dev/ annotation
+// when handoff.dev/status is "injected", and Skipped when neither the label
+// nor the annotation handoff.dev/inject is "true". Otherwise it checks every handoff.dev/ annotation
 // and the pod itself first and, if anything is wrong, returns all the
 // problems joined, each naming the annotation or field, the value and the
 // accepted form, and changes nothing. It refuses a worker container that
@@ -96,7 +96,7 @@ func Pod(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) (Result, erro
 		return "", refuse(ReasonNoImage, errors.New("inject: no handoff image configured"))
 	}
 	a := meta.Annotations
-	if res, err := wanted(a); res != "" || err != nil {
+	if res, err := wanted(meta.Labels, a); res != "" || err != nil {
 		return res, err
 	}
 	p, err := newPlan(a, spec)
@@ -107,22 +107,38 @@ func Pod(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) (Result, erro
 	return Injected, nil
 }
 
-// wanted tells from a pod's annotations whether it asks for injection: ""
-// when it does, AlreadyInjected or Skipped when it does not, or an error for
-// an invalid handoff.dev/inject or, on a pod that does not ask, an unknown
-// handoff.dev/ key (a misspelt handoff.dev/injct must not pass unnoticed).
-func wanted(a map[string]string) (Result, error) {
+// wanted tells from a pod's labels and annotations whether it asks for
+// injection: "" when the label or the annotation handoff.dev/inject is
+// "true", AlreadyInjected or Skipped when it does not, or an error for a
+// label or annotation handoff.dev/inject that is not "true" or "false", for
+// a label and an annotation that disagree, or, on a pod that does not ask,
+// for an unknown handoff.dev/ key (a misspelt handoff.dev/injct must not
+// pass unnoticed).
+func wanted(labels, a map[string]string) (Result, error) {
 	if a[AnnotationStatus] == StatusInjected {
 		return AlreadyInjected, nil
 	}
-	switch v, ok := a[AnnotationInject]; {
-	case !ok || v == "false":
+	label, labelled := labels[LabelInject]
+	annotation, annotated := a[AnnotationInject]
+	var errs []error
+	if labelled && !isBool(label) {
+		errs = append(errs, refuse(ReasonInvalidLabel, fmt.Errorf("label %s: %q is not accepted; want \"true\" or \"false\"", LabelInject, label)))
+	}
+	if annotated && !isBool(annotation) {
+		errs = append(errs, refuse(ReasonInvalidAnnotation, annotationError(AnnotationInject, annotation)))
+	}
+	if len(errs) > 0 {
+		return "", errors.Join(errs...)
+	}
+	if labelled && annotated && label != annotation {
+		return "", refuse(ReasonInvalidLabel, fmt.Errorf("label %s is %q but annotation %s is %q; set one, or both the same",
+			LabelInject, label, AnnotationInject, annotation))
+	}
+	if label != "true" && annotation != "true" {
 		if err := unknownKeys(a); err != nil {
 			return "", err
 		}
 		return Skipped, nil
-	case v != "true":
-		return "", refuse(ReasonInvalidAnnotation, annotationError(AnnotationInject, v))
 	}
 	return "", nil
 }

@@ -192,6 +192,64 @@ func TestPodLeavesOthersAlone(t *testing.T) {
 	}
 }
 
+// The label handoff.dev/inject, which the chart's webhook selects pods by,
+// asks for injection as the annotation does; a bad value, or a label and an
+// annotation that disagree, are refused naming both.
+func TestPodAskedByLabel(t *testing.T) {
+	for _, tc := range []struct {
+		name                string
+		labels, annotations map[string]string
+		want                inject.Result
+		wantErr             []string
+		reason              inject.Reason
+	}{
+		{name: "label only", labels: map[string]string{"handoff.dev/inject": "true"}, want: inject.Injected},
+		{name: "label and annotation", labels: map[string]string{"handoff.dev/inject": "true"},
+			annotations: map[string]string{"handoff.dev/inject": "true", "handoff.dev/leases": "work"}, want: inject.Injected},
+		{name: "label false", labels: map[string]string{"handoff.dev/inject": "false"}, want: inject.Skipped},
+		{name: "label not a bool", labels: map[string]string{"handoff.dev/inject": "yes"},
+			wantErr: []string{`label handoff.dev/inject: "yes" is not accepted; want "true" or "false"`}, reason: inject.ReasonInvalidLabel},
+		{name: "label false, annotation true", labels: map[string]string{"handoff.dev/inject": "false"},
+			annotations: map[string]string{"handoff.dev/inject": "true"},
+			wantErr:     []string{`label handoff.dev/inject is "false" but annotation handoff.dev/inject is "true"`}, reason: inject.ReasonInvalidLabel},
+		{name: "label true, annotation false", labels: map[string]string{"handoff.dev/inject": "true"},
+			annotations: map[string]string{"handoff.dev/inject": "false"},
+			wantErr:     []string{`label handoff.dev/inject is "true" but annotation handoff.dev/inject is "false"`}, reason: inject.ReasonInvalidLabel},
+		{name: "label true, misspelt key", labels: map[string]string{"handoff.dev/inject": "true"},
+			annotations: map[string]string{"handoff.dev/leasse": "work"},
+			wantErr:     []string{"annotation handoff.dev/leasse: not a handoff annotation"}, reason: inject.ReasonUnknownAnnotation},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			meta, spec := pod(tc.annotations)
+			meta.Labels = tc.labels
+			res, err := inject.Pod(meta, spec, opts)
+			if len(tc.wantErr) == 0 {
+				if err != nil || res != tc.want {
+					t.Fatalf("%s, %v; want %s", res, err, tc.want)
+				}
+				if injected := len(spec.InitContainers) > 0; injected != (tc.want == inject.Injected) {
+					t.Errorf("sidecar added: %v; want %v", injected, tc.want == inject.Injected)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("%s, no error; want %q", res, tc.wantErr)
+			}
+			for _, w := range tc.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+			if got := inject.Reasons(err); !slices.Contains(got, tc.reason) {
+				t.Errorf("reasons %v; want %s", got, tc.reason)
+			}
+			if len(spec.InitContainers) > 0 {
+				t.Errorf("refused, yet the pod changed")
+			}
+		})
+	}
+}
+
 func TestAnnotationsDoc(t *testing.T) {
 	path := filepath.Join("..", "docs", "annotations.md")
 	got := []byte(inject.Markdown())
@@ -224,6 +282,8 @@ func TestManifestsEdges(t *testing.T) {
 			wantErr: []string{"Pod p: annotation handoff.dev/injct: not a handoff annotation", "handoff.dev/inject"}},
 		{name: "not annotated, loose types pass through", in: "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: plain}\nspec:\n  template:\n    spec:\n      containers: [{name: w, image: w, env: [{name: PORT, value: 8080}]}]\n",
 			wantOut: []string{"value: 8080"}},
+		{name: "label asks for injection", in: "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: labelled}\nspec:\n  template:\n    metadata:\n      labels: {app: w, handoff.dev/inject: \"true\"}\n    spec:\n      containers: [{name: w, image: w}]\n",
+			wantOut: []string{"handoff.dev/status: injected", "name: handoff"}, injected: 1},
 		{name: "patch without a template", in: "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: scale}\nspec: {replicas: 3}\n",
 			wantOut: []string{"spec: {replicas: 3}"}},
 		{name: "unknown field is an error, not dropped", in: "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {handoff.dev/inject: \"true\"}\nspec: {containers: [{name: w, image: w, imagePullPolicyy: Always}]}\n",

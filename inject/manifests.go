@@ -180,7 +180,8 @@ func object(obj *unstructured.Unstructured, o Options) (Change, error) {
 	}
 	// Decided before the template is read: one that does not ask for
 	// injection is passed through, however loosely typed.
-	if res, err := wanted(strs); res != "" || err != nil {
+	labels, _, _ := unstructured.NestedStringMap(raw, "metadata", "labels")
+	if res, err := wanted(labels, strs); res != "" || err != nil {
 		c.Result = res
 		return c, err
 	}

@@ -11,6 +11,9 @@ const (
 	// ReasonInvalidAnnotation: a handoff.dev/ annotation has a value that
 	// is not accepted, or settings that do not fit together.
 	ReasonInvalidAnnotation Reason = "invalid-annotation"
+	// ReasonInvalidLabel: the label handoff.dev/inject is not "true" or
+	// "false", or disagrees with the annotation of the same key.
+	ReasonInvalidLabel Reason = "invalid-label"
 	// ReasonUnknownAnnotation: a key under handoff.dev/ is not a handoff
 	// annotation.
 	ReasonUnknownAnnotation Reason = "unknown-annotation"

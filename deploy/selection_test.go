@@ -1,0 +1,137 @@
+package deploy_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/handoff-dev/handoff/internal/kubetest"
+)
+
+// TestWebhookIsSentOnlySelectedPods installs the chart's
+// MutatingWebhookConfiguration, as helm template renders it for each
+// webhook.selectBy, on a real apiserver, with failurePolicy Fail and no
+// webhook behind its Service: a pod the apiserver sends to the webhook is
+// refused ("failed calling webhook"), one it does not send is created. So
+// the pods that do not ask for handoff never wait on the webhook, and a pod
+// with only the annotation is not seen under selectBy pod.
+func TestWebhookIsSentOnlySelectedPods(t *testing.T) {
+	env := kubetest.Get(t)
+	ctx := context.Background()
+	plain := env.Namespace(t)
+	labelled := env.Namespace(t)
+	ns, err := env.Client.CoreV1().Namespaces().Get(ctx, labelled, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Labels["handoff.dev/inject"] = "true"
+	if _, err := env.Client.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	type pod struct {
+		ns, label, annotation string // "" is none
+		sent                  bool
+	}
+	for _, tc := range []struct {
+		selectBy string
+		pods     []pod
+	}{
+		{"pod", []pod{
+			{ns: plain, label: "true", sent: true},
+			{ns: labelled, label: "true", sent: true},
+			{ns: plain},
+			{ns: plain, annotation: "true"}, // the trade-off: not seen
+			{ns: plain, label: "false"},
+			{ns: labelled},
+		}},
+		{"namespace", []pod{
+			{ns: labelled, sent: true},
+			{ns: labelled, annotation: "true", sent: true},
+			{ns: labelled, label: "true", sent: true},
+			{ns: labelled, label: "false"},
+			{ns: plain, label: "true"},
+			{ns: plain},
+		}},
+		{"podOrNamespace", []pod{
+			{ns: plain, label: "true", sent: true},
+			{ns: labelled, sent: true},
+			{ns: labelled, label: "true", sent: true},
+			{ns: labelled, label: "false"},
+			{ns: plain},
+			{ns: plain, annotation: "true"},
+		}},
+	} {
+		t.Run(tc.selectBy, func(t *testing.T) {
+			rendered := helm(t, "template", "handoff", "../charts/handoff", "--namespace", "handoff", "--kube-version", "1.35.0",
+				"--show-only", "templates/mutatingwebhookconfiguration.yaml",
+				"--set", "webhook.selectBy="+tc.selectBy, "--set", "webhook.failurePolicy=Fail", "--set", "webhook.timeoutSeconds=1")
+			objs := decodeStream(t, rendered)
+			if len(objs) != 1 || objs[0].GetKind() != "MutatingWebhookConfiguration" {
+				t.Fatalf("rendered %d objects; want one MutatingWebhookConfiguration", len(objs))
+			}
+			res := dynamic.NewForConfigOrDie(env.Config).Resource(schema.GroupVersionResource{
+				Group: "admissionregistration.k8s.io", Version: "v1", Resource: "mutatingwebhookconfigurations"})
+			if _, err := res.Create(ctx, objs[0], metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			probe := tc.pods[0]
+			// The apiserver picks up webhook configurations asynchronously:
+			// wait until it sends the first pod, and, after the delete,
+			// until it no longer does.
+			kubetest.WaitFor(t, 10*time.Second, "the webhook configuration to take effect", func() bool {
+				return sentToWebhook(t, probe.ns, probe.label, probe.annotation)
+			})
+			defer func() {
+				if err := res.Delete(ctx, objs[0].GetName(), metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				kubetest.WaitFor(t, 10*time.Second, "the webhook configuration to be gone", func() bool {
+					return !sentToWebhook(t, probe.ns, probe.label, probe.annotation)
+				})
+			}()
+			for _, p := range tc.pods {
+				if got := sentToWebhook(t, p.ns, p.label, p.annotation); got != p.sent {
+					t.Errorf("pod in namespace labelled %v, label %q, annotation %q: sent to the webhook %v; want %v",
+						p.ns == labelled, p.label, p.annotation, got, p.sent)
+				}
+			}
+		})
+	}
+}
+
+var podSeq atomic.Int64
+
+// sentToWebhook creates a pod in ns with the label and annotation
+// handoff.dev/inject given ("" for none) and reports whether the apiserver
+// sent it to the webhook, which nothing serves: it is then refused.
+func sentToWebhook(t *testing.T, ns, label, annotation string) bool {
+	t.Helper()
+	meta := metav1.ObjectMeta{Name: fmt.Sprintf("p%d", podSeq.Add(1)), Labels: map[string]string{}, Annotations: map[string]string{}}
+	if label != "" {
+		meta.Labels["handoff.dev/inject"] = label
+	}
+	if annotation != "" {
+		meta.Annotations["handoff.dev/inject"] = annotation
+	}
+	_, err := kubetest.Get(t).Client.CoreV1().Pods(ns).Create(context.Background(), &corev1.Pod{
+		ObjectMeta: meta, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "worker", Image: "worker"}}},
+	}, metav1.CreateOptions{})
+	switch {
+	case err == nil:
+		return false
+	case apierrors.IsInternalError(err) && strings.Contains(err.Error(), "failed calling webhook"):
+		return true
+	default:
+		t.Fatalf("create pod %s/%s: %v", ns, meta.Name, err)
+		return false
+	}
+}
