@@ -5,7 +5,7 @@
 #
 #   docker build --build-arg VERSION=$(git describe --always) -t handoff .
 
-FROM golang:1.26 AS build
+FROM golang:1.27 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
