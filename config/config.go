@@ -16,6 +16,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/handoff-dev/handoff/protocol"
 )
 
 // AnnotationPrefix is the prefix of every pod annotation handoff reads.
@@ -81,6 +83,10 @@ type Settings struct {
 	AppURL string
 	// Kubeconfig is a kubeconfig path; empty means in-cluster configuration.
 	Kubeconfig string
+	// TokenFile is the file with the pod's token (protocol.TokenFile in an
+	// injected pod), required by `handoff sidecar`: the control API and the
+	// app accept only calls that carry it.
+	TokenFile string
 }
 
 // Identity returns the Lease holder identity: pod name and pod UID, so that
@@ -161,6 +167,9 @@ var Table = []Setting{
 	{Name: "kubeconfig", Form: "a file path, or empty for in-cluster configuration",
 		Usage: "kubeconfig file; empty means in-cluster configuration",
 		set:   func(s *Settings, v string) error { s.Kubeconfig = v; return nil }},
+	{Name: "token-file", Form: "the path of the pod's token file, like " + protocol.TokenFile,
+		Usage: "file with the pod's token, required on POST /v1/prestop and sent to the app (set by injection; handoff install --token-file writes one)",
+		set:   func(s *Settings, v string) error { s.TokenFile = v; return nil }},
 }
 
 // Lookup returns the setting named name.

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/protocol"
 )
 
 func TestDefaultsAreValid(t *testing.T) {
@@ -104,5 +105,14 @@ func TestAnnotationKeys(t *testing.T) {
 	}
 	if d, _ := config.Lookup("pod-uid"); d.AnnotationKey() != "" {
 		t.Errorf("pod-uid has annotation %q, want none: it comes from the downward API", d.AnnotationKey())
+	}
+}
+
+// The token-file setting is read from the variable package worker and the
+// hook read.
+func TestTokenFileSetting(t *testing.T) {
+	d, ok := config.Lookup("token-file")
+	if !ok || d.Env() != protocol.TokenFileEnv || d.Annotation {
+		t.Errorf("token-file: %+v; want a setting read from %s and not an annotation", d, protocol.TokenFileEnv)
 	}
 }

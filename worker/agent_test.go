@@ -19,11 +19,11 @@ import (
 func serve(t *testing.T, a *worker.Agent) *sidecar.AppClient {
 	srv := httptest.NewServer(a.Handler())
 	t.Cleanup(srv.Close)
-	return sidecar.NewAppClient(srv.URL)
+	return sidecar.NewAppClient(srv.URL, testToken)
 }
 
 func TestStopClaimingOnlyShrinksClaims(t *testing.T) {
-	a := worker.New(worker.Options{})
+	a := newAgent(t, worker.Options{})
 	app := serve(t, a)
 	_, done, err := a.Begin(context.Background())
 	if err != nil {
@@ -49,7 +49,7 @@ func TestStopClaimingOnlyShrinksClaims(t *testing.T) {
 }
 
 func TestDrainLongPollEndsAtWait(t *testing.T) {
-	a := worker.New(worker.Options{})
+	a := newAgent(t, worker.Options{})
 	app := serve(t, a)
 	if _, _, err := a.Begin(context.Background()); err != nil {
 		t.Fatal(err)
@@ -63,7 +63,7 @@ func TestDrainLongPollEndsAtWait(t *testing.T) {
 func TestReturnWithCancelCancelsThenReturns(t *testing.T) {
 	var inFlightAtReturn int
 	var a *worker.Agent
-	a = worker.New(worker.Options{ReturnClaims: func(context.Context) (int, error) {
+	a = newAgent(t, worker.Options{ReturnClaims: func(context.Context) (int, error) {
 		inFlightAtReturn = a.InFlight()
 		return 2, nil
 	}})
@@ -87,7 +87,7 @@ func TestReturnWithCancelCancelsThenReturns(t *testing.T) {
 // newFake returns an Agent on a fake clock, served over HTTP.
 func newFake(t *testing.T) (*worker.Agent, *clocktesting.FakeClock, *sidecar.AppClient) {
 	fake := clocktesting.NewFakeClock(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
-	a := worker.New(worker.Options{Clock: fake})
+	a := newAgent(t, worker.Options{Clock: fake})
 	return a, fake, serve(t, a)
 }
 

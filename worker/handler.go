@@ -26,8 +26,31 @@ const maxDrainWait = 30 * time.Second
 const MaxBodyBytes = 64 << 10
 
 // Handler serves the app side of the protocol under protocol.AppPrefix
-// ("/handoff/v1/"). Serve it on loopback only.
+// ("/handoff/v1/"). Serve it on loopback only. Every call must carry
+// "Authorization: Bearer <the pod's token>" (Options.Token): one without it,
+// or with another token, is answered 401 with a JSON error and not acted on
+// (unless the Agent was made with InsecureNoToken and no token).
 func (a *Agent) Handler() http.Handler {
+	mux := a.mux()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.token != "" && !protocol.HasToken(r.Header, a.token) {
+			w.Header().Set("WWW-Authenticate", protocol.TokenScheme+` realm="handoff"`)
+			writeError(w, http.StatusUnauthorized, unauthorized(r.Header))
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// unauthorized says why a call's Authorization header was refused.
+func unauthorized(h http.Header) error {
+	if h.Get("Authorization") == "" {
+		return fmt.Errorf("no Authorization header; every call must carry %q with the pod's token (the file named by %s)", protocol.TokenScheme+" <token>", protocol.TokenFileEnv)
+	}
+	return fmt.Errorf("the Authorization header does not carry the pod's token; want %q with the content of the file named by %s", protocol.TokenScheme+" <token>", protocol.TokenFileEnv)
+}
+
+func (a *Agent) mux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+protocol.StopClaimingPath, func(w http.ResponseWriter, _ *http.Request) {
 		a.StopClaiming()

@@ -28,6 +28,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
 )
 
@@ -74,6 +75,13 @@ func runSidecar(s *config.Settings) error {
 	klog.SetLogger(log.WithName("client-go"))
 	defer func() { _ = zl.Sync() }()
 
+	if s.TokenFile == "" {
+		return fmt.Errorf("token-file: required: the file with the pod's token (flag --token-file or %s; injected pods have %s, and handoff install --token-file FILE writes one)", protocol.TokenFileEnv, protocol.TokenFile)
+	}
+	token, err := protocol.ReadTokenFile(s.TokenFile)
+	if err != nil {
+		return fmt.Errorf("token-file: %w", err)
+	}
 	setHTTP2HealthCheck(os.LookupEnv, os.Setenv, s.RenewDeadline)
 	rc, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
 	if err != nil {
@@ -98,7 +106,7 @@ func runSidecar(s *config.Settings) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	c, err := sidecar.New(sidecar.Options{
 		Settings: s, Leases: leaseClient.CoordinationV1(), Pods: kube.CoreV1(),
-		Events: recorder, Metrics: sidecar.NewMetrics(reg), Logger: log,
+		Events: recorder, Metrics: sidecar.NewMetrics(reg), Logger: log, Token: token,
 	})
 	if err != nil {
 		return err
