@@ -197,6 +197,9 @@ func checkInjected(t *testing.T, annotations map[string]string, meta *metav1.Obj
 		t.Fatalf("%q: injected, but the annotations do not load: %v", annotations, err)
 	}
 	fromAnnotations.TokenFile = protocol.TokenFile
+	if workerEnv[protocol.LeaseDurationEnv] != fromEnv.LeaseDuration.String() {
+		t.Errorf("%q: the worker's %s is %q, the sidecar's lease duration %s", annotations, protocol.LeaseDurationEnv, workerEnv[protocol.LeaseDurationEnv], fromEnv.LeaseDuration)
+	}
 	if !reflect.DeepEqual(fromEnv, fromAnnotations) {
 		t.Errorf("%q: the sidecar reads %+v, the annotations say %+v", annotations, fromEnv, fromAnnotations)
 	}

@@ -14,7 +14,8 @@
 //     reads the token (HANDOFF_TOKEN_FILE);
 //   - on the worker container, handoff-bin mounted read-only at BinDir, a
 //     preStop exec hook running `handoff prestop --token-file ...`, and
-//     HANDOFF_TOKEN_FILE for package worker (the token its calls need);
+//     HANDOFF_TOKEN_FILE and HANDOFF_LEASE_DURATION for package worker (the
+//     token its calls need, the bound of a term);
 //   - the annotation handoff.dev/status: injected.
 package inject
 
@@ -426,8 +427,11 @@ func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
 
 	w := &spec.Containers[p.worker]
 	w.VolumeMounts = append(w.VolumeMounts, corev1.VolumeMount{Name: VolumeName, MountPath: BinDir, ReadOnly: true})
-	// For package worker: the token the sidecar's calls carry.
-	w.Env = append(w.Env, corev1.EnvVar{Name: protocol.TokenFileEnv, Value: protocol.TokenFile})
+	// For package worker: the token the sidecar's calls carry, and the
+	// lease duration that bounds any term it grants.
+	w.Env = append(w.Env,
+		corev1.EnvVar{Name: protocol.TokenFileEnv, Value: protocol.TokenFile},
+		corev1.EnvVar{Name: protocol.LeaseDurationEnv, Value: p.settings.LeaseDuration.String()})
 	if w.Lifecycle == nil {
 		w.Lifecycle = &corev1.Lifecycle{}
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"time"
 )
 
 // The pod's token: a secret that only the pod's own handoff sidecar, preStop
@@ -82,3 +83,25 @@ func HasToken(h http.Header, token string) bool {
 	}
 	return subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
 }
+
+// Bounds of a Leadership message the app accepts: a message beyond them
+// cannot come from the sidecar, and the app answers it 422 without
+// applying it (package worker; docs/protocol.md).
+const (
+	// MaxLeaseDuration is the longest lease duration the sidecar accepts
+	// (its lease-duration setting), and so a bound on any term it grants:
+	// a term is shorter than the lease duration.
+	MaxLeaseDuration = time.Hour
+	// LeaseDurationEnv names the environment variable with the sidecar's
+	// lease duration (a Go duration, like 15s), which the injector also sets
+	// in the worker container: the app then refuses a grant valid for
+	// longer than that, rather than MaxLeaseDuration.
+	LeaseDurationEnv = "HANDOFF_LEASE_DURATION"
+	// MaxSequenceAhead is how far a Leadership sequence may be ahead of the
+	// app's own clock (Unix nanoseconds). The sidecar's sequence is its send
+	// time on the same node's clock, so a genuine one is never ahead by
+	// more than the moment the message takes, unless the clock was set back
+	// by more than this while both ran: then the app refuses the grants
+	// (leadership runs out early, never late) until the clock catches up.
+	MaxSequenceAhead = 10 * time.Second
+)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -201,17 +202,19 @@ func TestRevokeIsAnsweredAfterLeaderWorkStops(t *testing.T) {
 	}
 }
 
-// A grant's validForMillis of any size is bounded by its until, not
-// overflowed into a term already over.
-func TestHugeValidForIsBoundedByUntil(t *testing.T) {
+// A grant valid for longer than any term (here of any size, up to the
+// largest) is refused, not applied: neither overflowed into a term already
+// over nor taken for a term beyond the lease duration.
+func TestHugeValidForIsRefused(t *testing.T) {
 	a, fake, app := newFake(t)
 	until := fake.Now().Add(time.Minute)
-	l := protocol.Leadership{Lease: "l", Leader: true, Sequence: 1, FencingToken: 1, Until: until, ValidForMillis: math.MaxInt64}
-	if err := app.SetLeadership(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
-	lead, ok := a.Leader("l")
-	if !ok || !lead.Until.Equal(until) {
-		t.Fatalf("Leader = %+v, %v: want leader until %v", lead, ok, until)
+	for _, v := range []int64{math.MaxInt64, time.Hour.Milliseconds() + 1} {
+		l := protocol.Leadership{Lease: "l", Leader: true, Sequence: 1, FencingToken: 1, Until: until, ValidForMillis: v}
+		if err := app.SetLeadership(context.Background(), l); err == nil || !strings.Contains(err.Error(), "422") || !strings.Contains(err.Error(), "validForMillis") {
+			t.Fatalf("validForMillis %d: %v; want 422 naming validForMillis", v, err)
+		}
+		if lead, ok := a.Leader("l"); ok {
+			t.Fatalf("validForMillis %d: Leader = %+v; want no leadership", v, lead)
+		}
 	}
 }

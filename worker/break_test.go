@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -250,10 +251,51 @@ func TestBreakNeighbourWithoutTheTokenIsRefused(t *testing.T) {
 	}
 }
 
+// A leadership message the sidecar cannot have sent, even one with the
+// token (a bug, a stolen token): a sequence far ahead of the Agent's clock,
+// or a grant longer than the lease duration. Applied, the first made every
+// later revoke stale: the worker went on leading with the message's
+// fencing token while the Lease moved. Each is answered 422 and changes
+// nothing; the sidecar's revoke then ends the term.
+func TestBreakImpossibleLeadershipIsRefused(t *testing.T) {
+	a := newAgent(t, worker.Options{LeaseDuration: 15 * time.Second})
+	app := serve(t, a)
+	now := time.Now()
+	if err := app.SetLeadership(context.Background(), protocol.Leadership{Lease: "work", Leader: true, Sequence: now.UnixNano(),
+		FencingToken: 3, Until: now.Add(10 * time.Second), ValidForMillis: 10000}); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []protocol.Leadership{
+		{Lease: "work", Leader: true, Sequence: now.Add(time.Hour).UnixNano(), FencingToken: 99, Until: now.Add(10 * time.Second), ValidForMillis: 10000},
+		{Lease: "work", Leader: true, Sequence: math.MaxInt64, FencingToken: 99, Until: now.Add(10 * time.Second), ValidForMillis: 10000},
+		{Lease: "work", Leader: false, Sequence: now.Add(protocol.MaxSequenceAhead + time.Minute).UnixNano()},
+		{Lease: "work", Leader: true, Sequence: now.UnixNano() + 1, FencingToken: 99, Until: now.Add(16 * time.Second), ValidForMillis: 10000},
+		{Lease: "work", Leader: true, Sequence: now.UnixNano() + 2, FencingToken: 99, Until: now.Add(10 * time.Second), ValidForMillis: 15001},
+		{Lease: "work", Leader: true, Sequence: now.UnixNano() + 3, FencingToken: 99, ValidForMillis: 24 * 3600 * 1000},
+	} {
+		err := app.SetLeadership(context.Background(), l)
+		if err == nil || !strings.Contains(err.Error(), "422") {
+			t.Errorf("%+v: %v; want 422", l, err)
+		}
+		if lead, ok := a.Leader("work"); !ok || lead.FencingToken != 3 {
+			t.Errorf("after %+v: Leader = %+v, %v; want the sidecar's term, fencing token 3", l, lead, ok)
+		}
+	}
+	revoke := protocol.Leadership{Lease: "work", Leader: false, Sequence: time.Now().UnixNano()}
+	if err := app.SetLeadership(context.Background(), revoke); err != nil {
+		t.Fatalf("the sidecar's revoke: %v; want it applied (not stale)", err)
+	}
+	if _, ok := a.Leader("work"); ok {
+		t.Error("still leader after the sidecar's revoke")
+	}
+}
+
 // New refuses an Agent with no token unless asked for an insecure one, and
-// reads the token file from the variable the injector sets.
+// reads the token file and the lease duration from the variables the
+// injector sets.
 func TestNewNeedsATokenOrTheInsecureOptOut(t *testing.T) {
 	t.Setenv(protocol.TokenFileEnv, "")
+	t.Setenv(protocol.LeaseDurationEnv, "")
 	if _, err := worker.New(worker.Options{}); err == nil || !strings.Contains(err.Error(), protocol.TokenFileEnv) || !strings.Contains(err.Error(), "InsecureNoToken") {
 		t.Errorf("New without a token: %v; want an error naming %s and Options.InsecureNoToken", err, protocol.TokenFileEnv)
 	}
@@ -275,17 +317,26 @@ func TestNewNeedsATokenOrTheInsecureOptOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv(protocol.TokenFileEnv, file)
+	t.Setenv(protocol.LeaseDurationEnv, "15s")
 	a, err := worker.New(worker.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	app := serve(t, a)
+	if err := app.SetLeadership(context.Background(), protocol.Leadership{Lease: "l", Leader: true, Sequence: 1, ValidForMillis: 15001}); err == nil || !strings.Contains(err.Error(), "422") {
+		t.Errorf("grant over %s=15s: %v; want 422", protocol.LeaseDurationEnv, err)
+	}
 	if err := app.SetLeadership(context.Background(), protocol.Leadership{Lease: "l", Leader: true, Sequence: 2, ValidForMillis: 14000}); err != nil {
 		t.Errorf("grant with the token of %s: %v", protocol.TokenFileEnv, err)
+	}
+	t.Setenv(protocol.LeaseDurationEnv, "forever")
+	if _, err := worker.New(worker.Options{}); err == nil || !strings.Contains(err.Error(), protocol.LeaseDurationEnv) {
+		t.Errorf("New with %s=forever: %v; want an error naming it", protocol.LeaseDurationEnv, err)
 	}
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	t.Setenv(protocol.LeaseDurationEnv, "")
 	if _, err := worker.New(worker.Options{}); err == nil || !strings.Contains(err.Error(), file) {
 		t.Errorf("New with an empty token file: %v; want an error naming the file", err)
 	}

@@ -29,7 +29,10 @@ const MaxBodyBytes = 64 << 10
 // ("/handoff/v1/"). Serve it on loopback only. Every call must carry
 // "Authorization: Bearer <the pod's token>" (Options.Token): one without it,
 // or with another token, is answered 401 with a JSON error and not acted on
-// (unless the Agent was made with InsecureNoToken and no token).
+// (unless the Agent was made with InsecureNoToken and no token). A
+// leadership message that cannot come from the sidecar (a sequence more
+// than protocol.MaxSequenceAhead ahead of the Agent's clock, a grant valid
+// for longer than the lease duration) is answered 422 and not applied.
 func (a *Agent) Handler() http.Handler {
 	mux := a.mux()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -96,6 +99,10 @@ func (a *Agent) mux() *http.ServeMux {
 			writeError(w, http.StatusBadRequest, fmt.Errorf("body: lease %q differs from the path's Lease %q; want the same name, or leave it out", l.Lease, lease))
 			return
 		}
+		if err := a.genuine(l, received); err != nil {
+			writeError(w, http.StatusUnprocessableEntity, err)
+			return
+		}
 		if !a.sequenced(lease, l.Sequence) {
 			writeJSON(w, http.StatusOK, protocol.LeadershipAck{Leader: l.Leader, Stale: true})
 			return
@@ -116,6 +123,30 @@ func (a *Agent) mux() *http.ServeMux {
 		writeJSON(w, http.StatusOK, protocol.LeadershipAck{Leader: true})
 	})
 	return mux
+}
+
+// genuine refuses a leadership message received at received that the
+// sidecar cannot have sent: applied, a sequence far ahead would make every
+// later genuine message stale (a revoke among them), and a grant longer
+// than any term would keep this process leading after the Lease has moved.
+func (a *Agent) genuine(l protocol.Leadership, received time.Time) error {
+	now := received.UnixNano()
+	if l.Sequence > now && l.Sequence-now > int64(protocol.MaxSequenceAhead) {
+		return fmt.Errorf("body: sequence %d is %s ahead of this process's clock; want a sequence (the send time in Unix nanoseconds) at most %s ahead",
+			l.Sequence, time.Duration(l.Sequence-now), protocol.MaxSequenceAhead)
+	}
+	if !l.Leader {
+		return nil
+	}
+	if l.ValidForMillis > a.maxTerm.Milliseconds() {
+		return fmt.Errorf("body: validForMillis %d is longer than the lease duration %s, which bounds every term the sidecar grants; want at most %d",
+			l.ValidForMillis, a.maxTerm, a.maxTerm.Milliseconds())
+	}
+	if !l.Until.IsZero() && l.Until.Sub(received) > a.maxTerm {
+		return fmt.Errorf("body: until %s is %s after receipt, longer than the lease duration %s, which bounds every term the sidecar grants; want an until at most %s ahead",
+			l.Until.Format(time.RFC3339Nano), l.Until.Sub(received), a.maxTerm, a.maxTerm)
+	}
+	return nil
 }
 
 // ListenAndServe serves Handler on addr until ctx ends. addr must be a

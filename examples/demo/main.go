@@ -191,7 +191,7 @@ func (d *demo) startPod(ctx context.Context, name string) error {
 		"HANDOFF_APP_URL=http://"+p.app, "HANDOFF_GRACE_PERIOD="+d.o.grace.String())
 	p.worker = exec.Command(d.o.worker, "--database-url", d.dbURL, "--worker-id", name,
 		"--handoff-addr", p.app, "--lease", leaseName, "--visibility-timeout", visibility.String())
-	p.worker.Env = append(os.Environ(), "HANDOFF_TOKEN_FILE="+p.token)
+	p.worker.Env = append(os.Environ(), "HANDOFF_TOKEN_FILE="+p.token, "HANDOFF_LEASE_DURATION=15s") // the sidecar's default
 	for _, c := range []*exec.Cmd{p.sidecar, p.worker} {
 		part := "sidecar"
 		if c == p.worker {
