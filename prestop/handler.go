@@ -3,7 +3,9 @@ package prestop
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"time"
 
 	"github.com/handoff-dev/handoff/protocol"
 )
@@ -15,6 +17,9 @@ type Sequence interface {
 	// sequence goes on).
 	Shutdown(ctx context.Context, trigger protocol.Trigger) (*protocol.Report, error)
 }
+
+// maxBody is the most of a request body Handler reads: the call has none.
+const maxBody = 1 << 10
 
 // TriggerPreStop names the preStop hook as the trigger of a sequence.
 const TriggerPreStop = protocol.TriggerPreStop
@@ -37,6 +42,19 @@ func Handler(seq Sequence, token string) http.Handler {
 			http.Error(w, "use POST", http.StatusMethodNotAllowed)
 			return
 		}
+		// The call has no body; what there is, up to maxBody, is read under
+		// the server's read deadline. Then the connection's deadlines are
+		// cleared: the answer waits for the whole sequence (bounded by its
+		// own deadline), and a read deadline passing meanwhile would end
+		// the server's wait for the hook to go away, and cancel the call.
+		if _, err := io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, maxBody)); err != nil {
+			w.Header().Set("Connection", "close")
+			http.Error(w, "body: "+err.Error()+"; POST "+protocol.PreStopPath+" takes no body", http.StatusRequestEntityTooLarge)
+			return
+		}
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Time{}) // unsupported only off net/http's server: no deadline to clear
+		_ = rc.SetWriteDeadline(time.Time{})
 		rep, err := seq.Shutdown(r.Context(), TriggerPreStop)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)

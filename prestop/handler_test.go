@@ -74,3 +74,27 @@ func TestHandlerRequiresTheToken(t *testing.T) {
 		t.Errorf("%d sequences with the token; want 1", n)
 	}
 }
+
+// The preStop call waits for the whole sequence: the server's read and
+// write timeouts, which cut off slow clients, do not cut it (a read
+// deadline that passed would cancel the call's context: net/http's wait
+// for the client to go away fails with it). Here the timeouts are short and
+// the sequence goes on past them.
+func TestLongCallOutlivesTheServersTimeouts(t *testing.T) {
+	seq := &sequence{release: make(chan struct{})}
+	srv := httptest.NewUnstartedServer(prestop.Handler(seq, testToken))
+	srv.Config.ReadTimeout, srv.Config.WriteTimeout, srv.Config.ReadHeaderTimeout = 100*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond
+	srv.Start()
+	defer srv.Close()
+	go func() {
+		for seq.runs.Load() == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(500 * time.Millisecond) // five times the timeouts
+		close(seq.release)
+	}()
+	rep, err := prestop.Call(context.Background(), strings.TrimPrefix(srv.URL, "http://"), testToken, time.Second)
+	if err != nil || rep.Outcome != protocol.OutcomeDrained {
+		t.Fatalf("Call across the server's timeouts: %+v, %v; want the report", rep, err)
+	}
+}
