@@ -72,16 +72,17 @@ func SetToken(h http.Header, token string) {
 	h.Set("Authorization", TokenScheme+" "+token)
 }
 
-// HasToken reports whether h carries "Authorization: Bearer <token>", in
-// constant time in the token's content (crypto/subtle), so that the answer
-// time does not tell how much of a guess was right. An empty token matches
-// nothing.
+// HasToken reports whether h carries "Authorization: Bearer <token>" (the
+// scheme in any case, as RFC 9110 has it; one space), in constant time in
+// the token's content (crypto/subtle), so that the answer time does not
+// tell how much of a guess was right. An empty token matches nothing.
 func HasToken(h http.Header, token string) bool {
-	got, ok := strings.CutPrefix(h.Get("Authorization"), TokenScheme+" ")
-	if !ok || token == "" {
+	v := h.Get("Authorization")
+	prefix := len(TokenScheme) + 1
+	if token == "" || len(v) < prefix || !strings.EqualFold(v[:len(TokenScheme)], TokenScheme) || v[len(TokenScheme)] != ' ' {
 		return false
 	}
-	return subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
+	return subtle.ConstantTimeCompare([]byte(v[prefix:]), []byte(token)) == 1
 }
 
 // Bounds of a Leadership message the app accepts: a message beyond them
