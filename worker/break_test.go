@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -339,5 +340,91 @@ func TestNewNeedsATokenOrTheInsecureOptOut(t *testing.T) {
 	t.Setenv(protocol.LeaseDurationEnv, "")
 	if _, err := worker.New(worker.Options{}); err == nil || !strings.Contains(err.Error(), file) {
 		t.Errorf("New with an empty token file: %v; want an error naming the file", err)
+	}
+}
+
+// ListenAndServe's server cuts off a client that sends its request a byte
+// at a time, with the token or without (the server closes the connection),
+// but not an authorized long poll that waits past its read and write
+// timeouts: the poll still answers when the claim it waits for is done.
+func TestBreakSlowClientCutOffLongPollNot(t *testing.T) {
+	a := newAgent(t, worker.Options{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- a.ListenAndServe(ctx, addr) }()
+	defer func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("ListenAndServe: %v", err)
+		}
+	}()
+	dial := func() net.Conn {
+		for {
+			c, err := net.Dial("tcp", addr)
+			if err == nil {
+				return c
+			}
+			select {
+			case err := <-served:
+				t.Fatalf("ListenAndServe: %v", err)
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	for _, auth := range []string{"", "Authorization: Bearer " + testToken + "\r\n"} {
+		conn := dial()
+		_, _ = io.WriteString(conn, "PUT "+protocol.LeasePathPrefix+"work HTTP/1.1\r\nHost: app\r\n"+auth+"Content-Length: 1000\r\n\r\n{")
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() { // one byte every 100ms, until the server closes
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				if _, err := io.WriteString(conn, " "); err != nil {
+					return
+				}
+			}
+		})
+		_ = conn.SetReadDeadline(time.Now().Add(time.Minute)) // the test's bound, far beyond the server's
+		_, err := io.Copy(io.Discard, conn)
+		close(stop)
+		wg.Wait()
+		_ = conn.Close()
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Errorf("%q: the connection was still open after a minute of a byte every 100ms; want the server to close it", auth)
+		}
+	}
+
+	_, done, err := a.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan string, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+protocol.DrainPath+"?waitMillis=30000", nil)
+		protocol.SetToken(req.Header, testToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		answered <- string(b)
+	}()
+	time.Sleep(11 * time.Second) // past the server's read (5s) and write (10s) timeouts
+	done()
+	if body := <-answered; !strings.Contains(body, `"drained":true`) {
+		t.Errorf("a long poll past the server's timeouts answered %q; want it to wait for the claim and answer drained", body)
 	}
 }

@@ -17,6 +17,13 @@ import (
 	"github.com/handoff-dev/handoff/protocol"
 )
 
+// Timeouts of the server ListenAndServe runs.
+const (
+	serverReadTimeout  = 5 * time.Second
+	serverWriteTimeout = 10 * time.Second
+	serverIdleTimeout  = 90 * time.Second
+)
+
 // maxDrainWait bounds one long poll of the drain status.
 const maxDrainWait = 30 * time.Second
 
@@ -29,7 +36,11 @@ const MaxBodyBytes = 64 << 10
 // ("/handoff/v1/"). Serve it on loopback only. Every call must carry
 // "Authorization: Bearer <the pod's token>" (Options.Token): one without it,
 // or with another token, is answered 401 with a JSON error and not acted on
-// (unless the Agent was made with InsecureNoToken and no token). A
+// (unless the Agent was made with InsecureNoToken and no token). An
+// authorized call's body is read at once (under the server's read
+// timeout, if it has one), then the connection's read and write deadlines
+// are cleared, so that a drain long poll or a revoke may wait longer than
+// the server's timeouts. A
 // leadership message that cannot come from the sidecar (a sequence more
 // than protocol.MaxSequenceAhead ahead of the Agent's clock, a grant valid
 // for longer than the lease duration) is answered 422 and not applied.
@@ -41,6 +52,22 @@ func (a *Agent) Handler() http.Handler {
 			writeError(w, http.StatusUnauthorized, unauthorized(r.Header))
 			return
 		}
+		// The body (at most one byte over the limit, so that the handler
+		// still answers 413) is read under the server's read deadline;
+		// then the connection's deadlines are cleared: a drain long poll
+		// or a revoke waits longer than a server's read timeout, and a read
+		// deadline passing meanwhile would cancel the call (net/http's wait
+		// for the client to go away fails with it).
+		body, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
+		if err != nil {
+			w.Header().Set("Connection", "close")
+			writeError(w, http.StatusBadRequest, fmt.Errorf("body: %w; want one JSON object of at most %d bytes, sent at once", err, MaxBodyBytes))
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Time{}) // unsupported off net/http's server: no deadline to clear
+		_ = rc.SetWriteDeadline(time.Time{})
 		mux.ServeHTTP(w, r)
 	})
 }
@@ -150,7 +177,10 @@ func (a *Agent) genuine(l protocol.Leadership, received time.Time) error {
 }
 
 // ListenAndServe serves Handler on addr until ctx ends. addr must be a
-// loopback host:port, like "127.0.0.1:7452".
+// loopback host:port, like "127.0.0.1:7452". Its server cuts off a client
+// that takes more than 5 s to send its request or 10 s to read an answer,
+// except an authorized call once its body is read (Handler); it closes
+// idle connections after 90 s.
 func (a *Agent) ListenAndServe(ctx context.Context, addr string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -159,7 +189,12 @@ func (a *Agent) ListenAndServe(ctx context.Context, addr string) error {
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return fmt.Errorf("handoff app address %q: want a loopback address, like 127.0.0.1:7452", addr)
 	}
-	srv := &http.Server{Addr: addr, Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Addr: addr, Handler: a.Handler(),
+		// A client that sends its request (or reads the answer) slower is
+		// cut off; an authorized call, once its body is read, is exempt
+		// (Handler). Idle connections outlive the sidecar's own (30 s), so
+		// the sidecar closes them first and never sends on a closing one.
+		ReadHeaderTimeout: serverReadTimeout, ReadTimeout: serverReadTimeout, WriteTimeout: serverWriteTimeout, IdleTimeout: serverIdleTimeout}
 	stop := context.AfterFunc(ctx, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
