@@ -16,6 +16,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/handoff-dev/handoff/protocol"
 )
 
 // AnnotationPrefix is the prefix of every pod annotation handoff reads.
@@ -81,6 +83,10 @@ type Settings struct {
 	AppURL string
 	// Kubeconfig is a kubeconfig path; empty means in-cluster configuration.
 	Kubeconfig string
+	// TokenFile is the file with the pod's token (protocol.TokenFile in an
+	// injected pod), required by `handoff sidecar`: the control API and the
+	// app accept only calls that carry it.
+	TokenFile string
 }
 
 // Identity returns the Lease holder identity: pod name and pod UID, so that
@@ -128,9 +134,9 @@ var Table = []Setting{
 	{Name: "leases", Form: "comma-separated Lease names (DNS subdomains), or empty", Annotation: true,
 		Usage: "Leases this pod competes for, in its namespace",
 		set:   setLeases},
-	{Name: "lease-duration", Default: "15s", Form: "a duration of at least 2s, like 15s", Annotation: true,
+	{Name: "lease-duration", Default: "15s", Form: "a duration of at least 2s and at most 1h, like 15s", Annotation: true,
 		Usage: "how long a standby waits after the last renewal it saw before taking the Lease",
-		set:   duration(func(s *Settings) *time.Duration { return &s.LeaseDuration }, 2*time.Second)},
+		set:   durationUpTo(func(s *Settings) *time.Duration { return &s.LeaseDuration }, 2*time.Second, protocol.MaxLeaseDuration)},
 	{Name: "renew-deadline", Default: "10s", Form: "a duration shorter than lease-duration, like 10s", Annotation: true,
 		Usage: "how long the holder retries a renewal before it gives leadership up",
 		set:   duration(func(s *Settings) *time.Duration { return &s.RenewDeadline }, time.Millisecond)},
@@ -161,6 +167,9 @@ var Table = []Setting{
 	{Name: "kubeconfig", Form: "a file path, or empty for in-cluster configuration",
 		Usage: "kubeconfig file; empty means in-cluster configuration",
 		set:   func(s *Settings, v string) error { s.Kubeconfig = v; return nil }},
+	{Name: "token-file", Form: "the path of the pod's token file, like " + protocol.TokenFile,
+		Usage: "file with the pod's token, required on POST /v1/prestop and sent to the app (set by injection; handoff install --token-file writes one)",
+		set:   func(s *Settings, v string) error { s.TokenFile = v; return nil }},
 }
 
 // Lookup returns the setting named name.
@@ -293,6 +302,11 @@ func (s *Settings) validate(invalid map[string]bool) []error {
 }
 
 func duration(field func(*Settings) *time.Duration, minimum time.Duration) func(*Settings, string) error {
+	return durationUpTo(field, minimum, 0)
+}
+
+// durationUpTo parses a duration from minimum to maximum (0: no maximum).
+func durationUpTo(field func(*Settings) *time.Duration, minimum, maximum time.Duration) func(*Settings, string) error {
 	return func(s *Settings, v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil {
@@ -300,6 +314,9 @@ func duration(field func(*Settings) *time.Duration, minimum time.Duration) func(
 		}
 		if d < minimum {
 			return fmt.Errorf("below the minimum %s", minimum)
+		}
+		if maximum > 0 && d > maximum {
+			return fmt.Errorf("above the maximum %s", maximum)
 		}
 		*field(s) = d
 		return nil

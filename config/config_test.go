@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/protocol"
 )
 
 func TestDefaultsAreValid(t *testing.T) {
@@ -104,5 +105,21 @@ func TestAnnotationKeys(t *testing.T) {
 	}
 	if d, _ := config.Lookup("pod-uid"); d.AnnotationKey() != "" {
 		t.Errorf("pod-uid has annotation %q, want none: it comes from the downward API", d.AnnotationKey())
+	}
+}
+
+// The token-file setting is read from the variable package worker and the
+// hook read, and lease-duration is bounded by the protocol's maximum.
+func TestTokenFileAndLeaseDurationBound(t *testing.T) {
+	d, ok := config.Lookup("token-file")
+	if !ok || d.Env() != protocol.TokenFileEnv || d.Annotation {
+		t.Errorf("token-file: %+v; want a setting read from %s and not an annotation", d, protocol.TokenFileEnv)
+	}
+	if d, _ := config.Lookup("lease-duration"); d.Env() != protocol.LeaseDurationEnv {
+		t.Errorf("lease-duration is read from %s; the worker reads %s", d.Env(), protocol.LeaseDurationEnv)
+	}
+	_, err := config.Load(config.Map(map[string]string{"lease-duration": "61m", "renew-deadline": "10s"}, "test"))
+	if err == nil || !strings.Contains(err.Error(), "above the maximum 1h0m0s") {
+		t.Errorf("lease-duration 61m: %v; want it refused above the maximum", err)
 	}
 }

@@ -220,7 +220,7 @@ func render(s *config.Settings) map[string]string {
 		"grace-period": s.GracePeriod.String(), "deadline-margin": s.DeadlineMargin.String(), "handback-reserve": s.HandbackReserve.String(),
 		"fallback":     string(s.Fallback),
 		"control-addr": s.ControlAddr, "metrics-addr": s.MetricsAddr, "app-url": s.AppURL,
-		"kubeconfig": s.Kubeconfig,
+		"kubeconfig": s.Kubeconfig, "token-file": s.TokenFile,
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path"
 	"reflect"
 	"slices"
 	"strings"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/inject"
+	"github.com/handoff-dev/handoff/protocol"
 )
 
 // FuzzPod gives inject.Pod a pod with fuzzed handoff annotations (a key
@@ -131,7 +133,7 @@ func checkInjected(t *testing.T, annotations map[string]string, meta *metav1.Obj
 	if meta.Annotations[inject.AnnotationStatus] != inject.StatusInjected {
 		t.Fatalf("%q: injected pod has no %s", annotations, inject.AnnotationStatus)
 	}
-	var sidecar *corev1.Container
+	var sidecar, install *corev1.Container
 	names := map[string]bool{}
 	for _, list := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
 		for i := range list {
@@ -142,11 +144,15 @@ func checkInjected(t *testing.T, annotations map[string]string, meta *metav1.Obj
 			if list[i].Name == inject.SidecarName {
 				sidecar = &list[i]
 			}
+			if list[i].Name == inject.InstallName {
+				install = &list[i]
+			}
 		}
 	}
 	if sidecar == nil || !names[inject.InstallName] {
 		t.Fatalf("%q: injected pod lacks the sidecar or the install step", annotations)
 	}
+	var workerEnv map[string]string
 	workerName := annotations[inject.AnnotationContainer]
 	if workerName == "" {
 		workerName = "worker"
@@ -159,6 +165,18 @@ func checkInjected(t *testing.T, annotations map[string]string, meta *metav1.Obj
 			!slices.Equal(c.Lifecycle.PreStop.Exec.Command[:2], []string{inject.BinDir + "/handoff", "prestop"}) {
 			t.Fatalf("%q: worker %s has no handoff preStop hook: %+v", annotations, c.Name, c.Lifecycle)
 		}
+		workerEnv = envOf(c)
+		if !slices.Contains(c.Lifecycle.PreStop.Exec.Command, "--token-file") || !mounted(c) {
+			t.Fatalf("%q: worker %s's hook cannot send the pod's token: hook %q, mounts %+v", annotations, c.Name, c.Lifecycle.PreStop.Exec.Command, c.VolumeMounts)
+		}
+	}
+	// The pod's token: written by the install step into the volume, read
+	// by the sidecar, the hook and the worker from the same file.
+	if path.Dir(protocol.TokenFile) != inject.BinDir || !slices.Equal(install.Args[2:], []string{"--token-file", protocol.TokenFile}) {
+		t.Fatalf("%q: the install step %q does not write the token %s into %s", annotations, install.Args, protocol.TokenFile, inject.BinDir)
+	}
+	if !mounted(*sidecar) || envOf(*sidecar)[protocol.TokenFileEnv] != protocol.TokenFile || workerEnv[protocol.TokenFileEnv] != protocol.TokenFile {
+		t.Fatalf("%q: the sidecar (mounts %+v, env %v) or the worker (env %v) does not read the token %s", annotations, sidecar.VolumeMounts, sidecar.Env, workerEnv, protocol.TokenFile)
 	}
 
 	// The sidecar must accept what the injector accepted.
@@ -177,6 +195,10 @@ func checkInjected(t *testing.T, annotations map[string]string, meta *metav1.Obj
 			"worker-container": workerName}, "pod"))
 	if err != nil {
 		t.Fatalf("%q: injected, but the annotations do not load: %v", annotations, err)
+	}
+	fromAnnotations.TokenFile = protocol.TokenFile
+	if workerEnv[protocol.LeaseDurationEnv] != fromEnv.LeaseDuration.String() {
+		t.Errorf("%q: the worker's %s is %q, the sidecar's lease duration %s", annotations, protocol.LeaseDurationEnv, workerEnv[protocol.LeaseDurationEnv], fromEnv.LeaseDuration)
 	}
 	if !reflect.DeepEqual(fromEnv, fromAnnotations) {
 		t.Errorf("%q: the sidecar reads %+v, the annotations say %+v", annotations, fromEnv, fromAnnotations)
@@ -318,4 +340,22 @@ func id(obj map[string]any) string {
 	meta, _ := obj["metadata"].(map[string]any)
 	str := func(v any) string { s, _ := v.(string); return s }
 	return str(obj["kind"]) + " " + str(meta["namespace"]) + "/" + str(meta["name"])
+}
+
+// envOf is the plain values of c's environment.
+func envOf(c corev1.Container) map[string]string {
+	env := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom == nil {
+			env[e.Name] = e.Value
+		}
+	}
+	return env
+}
+
+// mounted reports whether c mounts the handoff volume read-only at BinDir.
+func mounted(c corev1.Container) bool {
+	return slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == inject.VolumeName && m.MountPath == inject.BinDir && m.ReadOnly
+	})
 }

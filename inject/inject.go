@@ -4,13 +4,18 @@
 //
 // An injected pod has:
 //   - a volume handoff-bin (emptyDir) and an init container handoff-install
-//     that copies the handoff binary into it;
+//     that copies the handoff binary into it and writes the pod's token
+//     there (protocol.TokenFile), kept if already written;
 //   - the sidecar container handoff: with the native layout an init
 //     container with restartPolicy Always, started before the worker and
 //     stopped after it; with the legacy layout a plain container whose own
 //     preStop hook waits for the handover;
-//   - on the worker container, handoff-bin mounted read-only at BinDir and
-//     a preStop exec hook running `handoff prestop`;
+//   - handoff-bin mounted read-only at BinDir into the sidecar, which
+//     reads the token (HANDOFF_TOKEN_FILE);
+//   - on the worker container, handoff-bin mounted read-only at BinDir, a
+//     preStop exec hook running `handoff prestop --token-file ...`, and
+//     HANDOFF_TOKEN_FILE and HANDOFF_LEASE_DURATION for package worker (the
+//     token its calls need, the bound of a term);
 //   - the annotation handoff.dev/status: injected.
 package inject
 
@@ -34,6 +39,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/protocol"
 )
 
 // Names and paths of what Pod adds.
@@ -390,7 +396,7 @@ func conflicts(spec *corev1.PodSpec) []error {
 // preStop is the worker's hook command: handoff prestop, then the hook the
 // container had, when asked to wrap it.
 func (p *plan) preStop(w corev1.Container, wrap bool) ([]string, error) {
-	hook := []string{BinDir + "/handoff", "prestop", "--addr", p.settings.ControlAddr, "--timeout", fmt.Sprintf("%ds", p.grace)}
+	hook := []string{BinDir + "/handoff", "prestop", "--addr", p.settings.ControlAddr, "--timeout", fmt.Sprintf("%ds", p.grace), "--token-file", protocol.TokenFile}
 	if w.Lifecycle == nil || w.Lifecycle.PreStop == nil {
 		return hook, nil
 	}
@@ -418,7 +424,7 @@ func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
 		EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("64Mi"))}}})
 	install := corev1.Container{
 		Name: InstallName, Image: o.Image, ImagePullPolicy: o.ImagePullPolicy,
-		Args:            []string{"install", BinDir + "/handoff"},
+		Args:            []string{"install", BinDir + "/handoff", "--token-file", protocol.TokenFile},
 		VolumeMounts:    []corev1.VolumeMount{{Name: VolumeName, MountPath: BinDir}},
 		Resources:       o.Resources,
 		SecurityContext: securityContext(),
@@ -427,7 +433,7 @@ func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
 	spec.InitContainers = append(spec.InitContainers, install)
 	if p.layout == LayoutLegacy {
 		sidecar.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{
-			Command: []string{ImageBinary, "prestop", "--addr", p.settings.ControlAddr, "--timeout", fmt.Sprintf("%ds", p.grace)}}}}
+			Command: []string{ImageBinary, "prestop", "--addr", p.settings.ControlAddr, "--timeout", fmt.Sprintf("%ds", p.grace), "--token-file", protocol.TokenFile}}}}
 		spec.Containers = append(spec.Containers, sidecar)
 	} else {
 		sidecar.RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
@@ -437,6 +443,11 @@ func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
 
 	w := &spec.Containers[p.worker]
 	w.VolumeMounts = append(w.VolumeMounts, corev1.VolumeMount{Name: VolumeName, MountPath: BinDir, ReadOnly: true})
+	// For package worker: the token the sidecar's calls carry, and the
+	// lease duration that bounds any term it grants.
+	w.Env = append(w.Env,
+		corev1.EnvVar{Name: protocol.TokenFileEnv, Value: protocol.TokenFile},
+		corev1.EnvVar{Name: protocol.LeaseDurationEnv, Value: p.settings.LeaseDuration.String()})
 	if w.Lifecycle == nil {
 		w.Lifecycle = &corev1.Lifecycle{}
 	}
@@ -450,17 +461,20 @@ func (p *plan) sidecar(o Options) corev1.Container {
 	}
 	grace, _ := config.Lookup("grace-period")
 	workerContainer, _ := config.Lookup("worker-container")
+	tokenFile, _ := config.Lookup("token-file")
 	env := []corev1.EnvVar{
 		fromPod("pod-name", "metadata.name"),
 		fromPod("pod-namespace", "metadata.namespace"),
 		fromPod("pod-uid", "metadata.uid"),
 		{Name: grace.Env(), Value: fmt.Sprintf("%ds", p.grace)},
 		{Name: workerContainer.Env(), Value: p.workerName},
+		{Name: tokenFile.Env(), Value: protocol.TokenFile},
 	}
 	c := corev1.Container{
 		Name: SidecarName, Image: o.Image, ImagePullPolicy: o.ImagePullPolicy,
 		Args:            []string{"sidecar"},
 		Env:             append(env, p.env...),
+		VolumeMounts:    []corev1.VolumeMount{{Name: VolumeName, MountPath: BinDir, ReadOnly: true}},
 		Resources:       o.Resources,
 		SecurityContext: securityContext(),
 	}

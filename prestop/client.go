@@ -1,6 +1,7 @@
 package prestop
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,15 +14,21 @@ import (
 	"github.com/handoff-dev/handoff/protocol"
 )
 
+// ErrUnauthorized is wrapped by Call's error when the sidecar refused the
+// token (401).
+var ErrUnauthorized = errors.New("the handoff sidecar refused the token (401)")
+
 // ErrUnreachable is returned by Call when no sidecar answers at the address
 // within the connect timeout.
 var ErrUnreachable = errors.New("handoff sidecar not reachable")
 
 // Call asks the sidecar at addr (a loopback host:port) to run the shutdown
-// sequence and waits, until ctx ends, for its Report. Connection refusals
-// are retried every 100 ms for up to connectTimeout (a sidecar that is still
-// starting); after that Call returns an error wrapping ErrUnreachable.
-func Call(ctx context.Context, addr string, connectTimeout time.Duration) (*protocol.Report, error) {
+// sequence and waits, until ctx ends, for its Report. token is the pod's
+// token, sent as "Authorization: Bearer <token>"; a 401 answer is an error
+// wrapping ErrUnauthorized. Connection refusals are retried every 100 ms for
+// up to connectTimeout (a sidecar that is still starting); after that Call
+// returns an error wrapping ErrUnreachable.
+func Call(ctx context.Context, addr, token string, connectTimeout time.Duration) (*protocol.Report, error) {
 	url := "http://" + addr + protocol.PreStopPath
 	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
 	giveUp := time.Now().Add(connectTimeout)
@@ -30,6 +37,7 @@ func Call(ctx context.Context, addr string, connectTimeout time.Duration) (*prot
 		if err != nil {
 			return nil, err
 		}
+		protocol.SetToken(req.Header, token)
 		resp, err := client.Do(req)
 		if err != nil {
 			if ctx.Err() != nil || !errors.Is(err, syscall.ECONNREFUSED) {
@@ -48,6 +56,9 @@ func Call(ctx context.Context, addr string, connectTimeout time.Duration) (*prot
 		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		if err != nil {
 			return nil, fmt.Errorf("handoff sidecar at %s: reading answer: %w", addr, err)
+		}
+		if resp.StatusCode == http.StatusUnauthorized {
+			return nil, fmt.Errorf("%w at %s: %s (does %s name this pod's token file?)", ErrUnauthorized, addr, bytes.TrimSpace(body), protocol.TokenFileEnv)
 		}
 		if resp.StatusCode != http.StatusOK {
 			return nil, fmt.Errorf("handoff sidecar at %s: %s: %s", addr, resp.Status, body)

@@ -66,7 +66,7 @@ func FuzzCall(f *testing.F) {
 		mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		rep, err := prestop.Call(ctx, addr, time.Second)
+		rep, err := prestop.Call(ctx, addr, testToken, time.Second)
 		mu.Lock()
 		code2, got := status, sent
 		mu.Unlock()

@@ -3,7 +3,9 @@ package prestop
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"time"
 
 	"github.com/handoff-dev/handoff/protocol"
 )
@@ -16,19 +18,43 @@ type Sequence interface {
 	Shutdown(ctx context.Context, trigger protocol.Trigger) (*protocol.Report, error)
 }
 
+// maxBody is the most of a request body Handler reads: the call has none.
+const maxBody = 1 << 10
+
 // TriggerPreStop names the preStop hook as the trigger of a sequence.
 const TriggerPreStop = protocol.TriggerPreStop
 
 // Handler serves POST protocol.PreStopPath: it runs seq and answers 200 with
 // the JSON Report when the sequence is over, or 503 if the caller went away
-// first.
-func Handler(seq Sequence) http.Handler {
+// first. A call without "Authorization: Bearer <token>" (token is the pod's
+// token) is answered 401 with {"error": "..."} and starts nothing.
+func Handler(seq Sequence, token string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !protocol.HasToken(r.Header, token) {
+			w.Header().Set("WWW-Authenticate", protocol.TokenScheme+` realm="handoff"`)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": unauthorized(r.Header)})
+			return
+		}
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", http.MethodPost)
 			http.Error(w, "use POST", http.StatusMethodNotAllowed)
 			return
 		}
+		// The call has no body; what there is, up to maxBody, is read under
+		// the server's read deadline. Then the connection's deadlines are
+		// cleared: the answer waits for the whole sequence (bounded by its
+		// own deadline), and a read deadline passing meanwhile would end
+		// the server's wait for the hook to go away, and cancel the call.
+		if _, err := io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, maxBody)); err != nil {
+			w.Header().Set("Connection", "close")
+			http.Error(w, "body: "+err.Error()+"; POST "+protocol.PreStopPath+" takes no body", http.StatusRequestEntityTooLarge)
+			return
+		}
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Time{}) // unsupported only off net/http's server: no deadline to clear
+		_ = rc.SetWriteDeadline(time.Time{})
 		rep, err := seq.Shutdown(r.Context(), TriggerPreStop)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -37,4 +63,12 @@ func Handler(seq Sequence) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(rep)
 	})
+}
+
+// unauthorized says why a call's Authorization header was refused.
+func unauthorized(h http.Header) string {
+	if h.Get("Authorization") == "" {
+		return "no Authorization header; " + protocol.PreStopPath + " needs \"" + protocol.TokenScheme + " <token>\" with the pod's token (the file named by " + protocol.TokenFileEnv + "; handoff prestop sends it)"
+	}
+	return "the Authorization header does not carry the pod's token; want \"" + protocol.TokenScheme + " <token>\" with the content of the file named by " + protocol.TokenFileEnv
 }

@@ -45,7 +45,7 @@ func TestDeadline(t *testing.T) {
 
 func TestCallUnreachableSidecar(t *testing.T) {
 	start := time.Now()
-	_, err := prestop.Call(context.Background(), "127.0.0.1:1", 300*time.Millisecond)
+	_, err := prestop.Call(context.Background(), "127.0.0.1:1", testToken, 300*time.Millisecond)
 	if !errors.Is(err, prestop.ErrUnreachable) {
 		t.Fatalf("Call = %v, want ErrUnreachable", err)
 	}

@@ -18,14 +18,16 @@ import (
 // AppClient calls the app's side of the protocol on loopback. Every call is
 // bounded by its context.
 type AppClient struct {
-	base string
-	http *http.Client
+	base  string
+	token string
+	http  *http.Client
 }
 
 // NewAppClient returns a client for the app API at base, e.g.
-// "http://127.0.0.1:7452".
-func NewAppClient(base string) *AppClient {
-	return &AppClient{base: base, http: &http.Client{Transport: &http.Transport{
+// "http://127.0.0.1:7452", that sends token, the pod's token, on every call
+// ("Authorization: Bearer <token>").
+func NewAppClient(base, token string) *AppClient {
+	return &AppClient{base: base, token: token, http: &http.Client{Transport: &http.Transport{
 		Proxy:               nil, // loopback: never through a proxy
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     30 * time.Second,
@@ -85,6 +87,11 @@ func (a *AppClient) Return(ctx context.Context, cancel bool, cancelWait time.Dur
 	return res, err
 }
 
+// ErrUnauthorized is wrapped by the error of a call the app answered 401:
+// it refused the sidecar's token, so the sidecar and the worker do not read
+// the same token file (HANDOFF_TOKEN_FILE), or the app is not the pod's.
+var ErrUnauthorized = errors.New("the app refused the sidecar's token (401): the sidecar and the worker must read the same token file (" + protocol.TokenFileEnv + ")")
+
 // ErrStale is returned by SetLeadership when the app ignored the message
 // because it had applied one with a higher sequence.
 var ErrStale = errors.New("the app ignored a stale leadership message")
@@ -124,6 +131,7 @@ func (a *AppClient) do(ctx context.Context, method, path string, in, out any) er
 		if in != nil {
 			req.Header.Set("Content-Type", "application/json")
 		}
+		protocol.SetToken(req.Header, a.token)
 		return a.http.Do(req)
 	}
 	resp, err := send()
@@ -145,6 +153,9 @@ func (a *AppClient) do(ctx context.Context, method, path string, in, out any) er
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
 		return err
+	}
+	if resp.StatusCode == http.StatusUnauthorized {
+		return fmt.Errorf("%s %s: %w: %s", method, path, ErrUnauthorized, bytes.TrimSpace(data))
 	}
 	if resp.StatusCode/100 != 2 {
 		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(data))

@@ -7,7 +7,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -67,7 +70,7 @@ func TestBreakSignalRacingPreStopInPodThatStays(t *testing.T) {
 	p.stop() // this sidecar process ends; the next one reads the pod slowly
 
 	gp := &gatedPods{CoreV1Interface: env.Client.CoreV1(), entered: make(chan struct{}), gate: make(chan struct{})}
-	c, err := sidecar.New(sidecar.Options{Settings: p.settings, Leases: env.Client.CoordinationV1(), Pods: gp,
+	c, err := sidecar.New(sidecar.Options{Token: testToken, Settings: p.settings, Leases: env.Client.CoordinationV1(), Pods: gp,
 		Metrics: sidecar.NewMetrics(prometheus.NewRegistry()), Logger: testr.New(t).WithName("pod-a/2")})
 	if err != nil {
 		t.Fatal(err)
@@ -222,7 +225,7 @@ func TestBreakRearmBadAnswersAndHangingPodReads(t *testing.T) {
 	p := newPod(t, ns, "pod-a", nil, worker.Options{})
 	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", p.leads)
 	p.stop()
-	c, err := sidecar.New(sidecar.Options{Settings: p.settings, Leases: env.Client.CoordinationV1(),
+	c, err := sidecar.New(sidecar.Options{Token: testToken, Settings: p.settings, Leases: env.Client.CoordinationV1(),
 		Pods: hangingPods{env.Client.CoreV1()}, Metrics: sidecar.NewMetrics(prometheus.NewRegistry()),
 		Logger: testr.New(t).WithName("pod-a/2")})
 	if err != nil {
@@ -343,7 +346,7 @@ func TestBreakSignalDeadlineShiftedByPodRead(t *testing.T) {
 	p := newPod(t, ns, "pod-a", nil, worker.Options{})
 	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", p.leads)
 	p.stop()
-	c, err := sidecar.New(sidecar.Options{Settings: p.settings, Leases: env.Client.CoordinationV1(),
+	c, err := sidecar.New(sidecar.Options{Token: testToken, Settings: p.settings, Leases: env.Client.CoordinationV1(),
 		Pods: hangingPods{env.Client.CoreV1()}, Metrics: sidecar.NewMetrics(prometheus.NewRegistry()),
 		Logger: testr.New(t).WithName("pod-a/2")})
 	if err != nil {
@@ -409,5 +412,75 @@ func TestBreakStopClaimingNotRetried(t *testing.T) {
 	}
 	if rep.Outcome != protocol.OutcomeDrained {
 		t.Errorf("outcome %s, want Drained: the idle worker drains at once once told", rep.Outcome)
+	}
+}
+
+// A process on the pod's loopback without the pod's token (another
+// container of the pod, an agent): its POST /v1/prestop is answered 401
+// with a JSON error and starts nothing: the sidecar keeps running, the app
+// is never told to stop claiming, the Lease stays held. Its calls to the
+// app are answered 401 too, and the app's term and claiming are unchanged.
+// Every call the sidecar itself makes to the app carries the token. Then
+// the hook, with the token, hands over.
+func TestBreakNeighbourWithoutTheToken(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	p := startPod(t, env.Pod(t, ns, "pod-a", 30), nil, worker.Options{}, nil)
+	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", p.leads)
+	inner := *p.app.Load()
+	var untokened atomic.Int32
+	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if !protocol.HasToken(req.Header, testToken) {
+			untokened.Add(1)
+		}
+		inner.ServeHTTP(w, req)
+	})
+	p.app.Store(&h)
+	control := httptest.NewServer(p.c.ControlHandler())
+	t.Cleanup(control.Close)
+
+	lead, _ := p.agent.Leader(lease)
+	far := strconv.FormatInt(time.Now().Add(24*time.Hour).UnixNano(), 10)
+	for _, auth := range []string{"", "Bearer " + strings.Repeat("a", 64), "Bearer " + testToken[:63]} {
+		for _, c := range []struct{ url, method, body string }{
+			{control.URL + protocol.PreStopPath, http.MethodPost, ``},
+			{p.appURL + protocol.StopClaimingPath, http.MethodPost, `{}`},
+			{p.appURL + protocol.LeasePathPrefix + lease, http.MethodPut, `{"leader":false,"sequence":` + far + `}`},
+			{p.appURL + protocol.LeasePathPrefix + lease, http.MethodPut, `{"leader":true,"fencingToken":99,"validForMillis":2000,"sequence":` + far + `}`},
+		} {
+			req, _ := http.NewRequest(c.method, c.url, strings.NewReader(c.body))
+			if auth != "" {
+				req.Header.Set("Authorization", auth)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var e struct{ Error string }
+			derr := json.NewDecoder(resp.Body).Decode(&e)
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusUnauthorized || derr != nil || e.Error == "" {
+				t.Errorf("Authorization %q, %s %s: %s (%v); want 401 with a JSON error", auth, c.method, c.url, resp.Status, derr)
+			}
+		}
+	}
+	if st := p.c.Status(); st.Phase != protocol.PhaseRunning || st.Report != nil {
+		t.Errorf("after the neighbour's preStop: phase %s, report %v; want Running and no sequence", st.Phase, st.Report)
+	}
+	select {
+	case <-p.agent.Stopping():
+		t.Error("the neighbour's calls stopped the app's claiming")
+	default:
+	}
+	if now, ok := p.agent.Leader(lease); !ok || now.FencingToken != lead.FencingToken {
+		t.Errorf("after the neighbour's calls: Leader = %+v, %v; want the sidecar's term, fencing token %d", now, ok, lead.FencingToken)
+	}
+	n := untokened.Load() // the neighbour's own calls to the app
+	rep, err := prestop.Call(context.Background(), strings.TrimPrefix(control.URL, "http://"), testToken, time.Second)
+	if err != nil || rep.Outcome != protocol.OutcomeDrained || len(rep.Errors) > 0 || len(rep.Leases) != 1 || !rep.Leases[0].Released {
+		t.Fatalf("the hook with the token: %+v, %v; want Drained, the Lease released", rep, err)
+	}
+	if got := untokened.Load() - n; got != 0 || n != 9 {
+		t.Errorf("%d of the sidecar's calls to the app had no token (the neighbour's: %d of 9); want none", got, n)
 	}
 }

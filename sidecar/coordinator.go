@@ -60,12 +60,17 @@ type Options struct {
 	// poll pacing); nil is clock.RealClock{}. The Lease terms stay on the
 	// elector's wall clock.
 	Clock clock.WithTicker
+	// Token is the pod's token (protocol.ReadTokenFile of the file named by
+	// the token-file setting): the control API's POST /v1/prestop requires
+	// it, and every call to the app carries it. Required.
+	Token string
 }
 
 // Coordinator runs one pod's elections and its shutdown sequences.
 type Coordinator struct {
 	s         *config.Settings
 	log       logr.Logger
+	token     string
 	app       *AppClient
 	leaseAPI  coordinationv1client.LeasesGetter
 	pods      *prestop.PodWatch // nil when the pod is unknown
@@ -140,12 +145,18 @@ func (l *lease) nextSequence() int64 {
 
 // New returns a Coordinator for o.Settings; Start runs it. Shutdown may be
 // called at any time, before Start too.
+//
+// It returns an error when o.Token is not a token (protocol.CheckToken).
 func New(o Options) (*Coordinator, error) {
+	if err := protocol.CheckToken(o.Token); err != nil {
+		return nil, fmt.Errorf("sidecar: the pod's token (setting token-file, %s): %w", protocol.TokenFileEnv, err)
+	}
 	s := o.Settings
 	c := &Coordinator{
 		s:        s,
 		log:      o.Logger,
-		app:      NewAppClient(s.AppURL),
+		token:    o.Token,
+		app:      NewAppClient(s.AppURL, o.Token),
 		leaseAPI: o.Leases,
 		events:   o.Events,
 		metrics:  o.Metrics,

@@ -36,7 +36,7 @@ func TestShutdownBeforeStart(t *testing.T) {
 	env := kubetest.Get(t)
 	ns := env.Namespace(t)
 	obj := env.Pod(t, ns, "pod-a", 30)
-	agent := worker.New(worker.Options{Logger: testr.New(t)})
+	agent := newAgent(t, worker.Options{Logger: testr.New(t)})
 	app := httptest.NewServer(agent.Handler())
 	t.Cleanup(app.Close)
 	s, err := config.Load(config.Map(map[string]string{
@@ -46,14 +46,14 @@ func TestShutdownBeforeStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := sidecar.New(sidecar.Options{Settings: s, Leases: env.Client.CoordinationV1(), Pods: env.Client.CoreV1(),
+	c, err := sidecar.New(sidecar.Options{Token: testToken, Settings: s, Leases: env.Client.CoordinationV1(), Pods: env.Client.CoreV1(),
 		Metrics: sidecar.NewMetrics(prometheus.NewRegistry()), Logger: testr.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	control := httptest.NewServer(c.ControlHandler())
 	t.Cleanup(control.Close)
-	rep, err := prestop.Call(context.Background(), strings.TrimPrefix(control.URL, "http://"), time.Second)
+	rep, err := prestop.Call(context.Background(), strings.TrimPrefix(control.URL, "http://"), testToken, time.Second)
 	if err != nil {
 		t.Fatalf("preStop before Start: %v", err)
 	}

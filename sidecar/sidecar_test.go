@@ -58,7 +58,7 @@ type pod struct {
 func (p *pod) restartApp(t *testing.T, opts worker.Options) {
 	t.Helper()
 	opts.Logger = testr.New(t).WithName(p.name + "/app2")
-	p.agent = worker.New(opts)
+	p.agent = newAgent(t, opts)
 	h := p.agent.Handler()
 	p.app.Store(&h)
 }
@@ -113,7 +113,7 @@ func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts work
 	p := &pod{name: name, leases: leases, calls: &appCalls{n: map[string]int{}}, metrics: sidecar.NewMetrics(prometheus.NewRegistry())}
 	p.uid = string(obj.UID)
 	opts.Logger = testr.New(t).WithName(name + "/app")
-	p.agent = worker.New(opts)
+	p.agent = newAgent(t, opts)
 	h0 := p.agent.Handler()
 	p.app.Store(&h0)
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -172,7 +172,7 @@ func (p *pod) startSidecar(t *testing.T, m *sidecar.Metrics) (c *sidecar.Coordin
 	if p.leases != nil {
 		leases = p.leases
 	}
-	c, err := sidecar.New(sidecar.Options{
+	c, err := sidecar.New(sidecar.Options{Token: testToken,
 		Settings: p.settings, Leases: leases, Pods: env.Client.CoreV1(),
 		Events: p.recorder, Metrics: m, Logger: testr.New(t).WithName(p.name),
 	})
@@ -403,7 +403,7 @@ func TestConcurrentTriggersJoinOneSequence(t *testing.T) {
 				reports[i], errs[i] = a.c.Shutdown(context.Background(), sidecar.TriggerSignal)
 				return
 			}
-			reports[i], errs[i] = prestop.Call(context.Background(), addr, time.Second)
+			reports[i], errs[i] = prestop.Call(context.Background(), addr, testToken, time.Second)
 		}()
 	}
 	wg.Wait()

@@ -41,6 +41,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -79,6 +81,31 @@ type Options struct {
 	// validForMillis counts from. Nil: clock.RealClock{}. Tests pass a
 	// k8s.io/utils/clock/testing.FakeClock.
 	Clock clock.WithDelayedExecution
+
+	// Token is the pod's token (docs/protocol.md, "The pod's token"): every
+	// call to Handler must carry "Authorization: Bearer <Token>", or it is
+	// answered 401 and not acted on. Empty: read from the file TokenFile.
+	Token string
+	// TokenFile is the file the token is read from, once, by New (it does
+	// not change while the pod lives). Empty: the file named by the
+	// environment variable HANDOFF_TOKEN_FILE (protocol.TokenFileEnv),
+	// which the injector sets in the worker container.
+	TokenFile string
+	// InsecureNoToken lets New return an Agent that answers calls without a
+	// token when none is configured (Token, TokenFile and
+	// HANDOFF_TOKEN_FILE all empty): any process that reaches its address
+	// can then stop its claiming and grant or revoke its leadership. For
+	// local development and tests without a sidecar only; a configured
+	// token is required even with this set.
+	InsecureNoToken bool
+	// LeaseDuration bounds the leadership grants the Agent accepts: a
+	// grant valid for longer (validForMillis, or until beyond receipt plus
+	// LeaseDuration) cannot come from a sidecar whose lease duration this
+	// is (its terms are shorter), and is answered 422. Zero: the duration
+	// in the environment variable HANDOFF_LEASE_DURATION
+	// (protocol.LeaseDurationEnv; the injector sets it in the worker
+	// container), else protocol.MaxLeaseDuration (1h).
+	LeaseDuration time.Duration
 }
 
 // Agent is the worker's end of the handoff protocol. Its methods are safe
@@ -86,6 +113,8 @@ type Options struct {
 type Agent struct {
 	instance string // DrainStatus.Instance: this process's, random
 	opts     Options
+	token    string        // the pod's token; "" only with InsecureNoToken
+	maxTerm  time.Duration // the longest grant accepted
 	log      logr.Logger
 	clock    clock.WithDelayedExecution
 
@@ -104,8 +133,23 @@ type Agent struct {
 	sequences  map[string]int64 // the last Leadership.Sequence applied, by Lease
 }
 
-// New returns an Agent that has not been asked to stop.
-func New(opts Options) *Agent {
+// New returns an Agent that has not been asked to stop. It reads the pod's
+// token (Options.Token, else the file Options.TokenFile, else the file
+// named by HANDOFF_TOKEN_FILE) and the bound of a leadership term
+// (Options.LeaseDuration, else HANDOFF_LEASE_DURATION, else 1h). It
+// returns an error naming the option and the variable when no token is
+// configured and Options.InsecureNoToken is not set, when the token file
+// cannot be read or holds no token (protocol.ReadTokenFile), and when
+// HANDOFF_LEASE_DURATION is not a duration from 1ms to 1h.
+func New(opts Options) (*Agent, error) {
+	token, err := agentToken(opts)
+	if err != nil {
+		return nil, err
+	}
+	maxTerm, err := agentMaxTerm(opts)
+	if err != nil {
+		return nil, err
+	}
 	work, cancel := context.WithCancelCause(context.Background())
 	clk := opts.Clock
 	if clk == nil {
@@ -116,6 +160,8 @@ func New(opts Options) *Agent {
 	return &Agent{
 		instance:   hex.EncodeToString(id[:]),
 		opts:       opts,
+		token:      token,
+		maxTerm:    maxTerm,
 		log:        opts.Logger,
 		clock:      clk,
 		stopping:   make(chan struct{}),
@@ -125,7 +171,54 @@ func New(opts Options) *Agent {
 		cancelWork: cancel,
 		leases:     map[string]*term{},
 		sequences:  map[string]int64{},
+	}, nil
+}
+
+// agentToken is the token New configures: Options.Token, else the file
+// Options.TokenFile, else the file named by HANDOFF_TOKEN_FILE; "" only
+// with Options.InsecureNoToken.
+func agentToken(opts Options) (string, error) {
+	if opts.Token != "" {
+		if err := protocol.CheckToken(opts.Token); err != nil {
+			return "", fmt.Errorf("worker: Options.Token: %w", err)
+		}
+		return opts.Token, nil
 	}
+	file := opts.TokenFile
+	if file == "" {
+		file = os.Getenv(protocol.TokenFileEnv)
+	}
+	if file != "" {
+		tok, err := protocol.ReadTokenFile(file)
+		if err != nil {
+			return "", fmt.Errorf("worker: the pod's token (Options.TokenFile or %s): %w", protocol.TokenFileEnv, err)
+		}
+		return tok, nil
+	}
+	if opts.InsecureNoToken {
+		return "", nil
+	}
+	return "", fmt.Errorf("worker: no token configured: set the environment variable %s to the pod's token file (the handoff injector sets it to %s), or Options.TokenFile or Options.Token; Options.InsecureNoToken serves without one, for local development only",
+		protocol.TokenFileEnv, protocol.TokenFile)
+}
+
+// agentMaxTerm is the longest grant New accepts.
+func agentMaxTerm(opts Options) (time.Duration, error) {
+	if opts.LeaseDuration < 0 {
+		return 0, fmt.Errorf("worker: Options.LeaseDuration %s: want a duration above 0, or 0 for %s", opts.LeaseDuration, protocol.LeaseDurationEnv)
+	}
+	if opts.LeaseDuration > 0 {
+		return opts.LeaseDuration, nil
+	}
+	v, ok := os.LookupEnv(protocol.LeaseDurationEnv)
+	if !ok || v == "" {
+		return protocol.MaxLeaseDuration, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 || d > protocol.MaxLeaseDuration {
+		return 0, fmt.Errorf("worker: environment variable %s %q: want the sidecar's lease duration, a duration above 0 and at most %s, like 15s", protocol.LeaseDurationEnv, v, protocol.MaxLeaseDuration)
+	}
+	return d, nil
 }
 
 // Stopping returns a channel that is closed when the worker must stop

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,11 +20,11 @@ import (
 func serve(t *testing.T, a *worker.Agent) *sidecar.AppClient {
 	srv := httptest.NewServer(a.Handler())
 	t.Cleanup(srv.Close)
-	return sidecar.NewAppClient(srv.URL)
+	return sidecar.NewAppClient(srv.URL, testToken)
 }
 
 func TestStopClaimingOnlyShrinksClaims(t *testing.T) {
-	a := worker.New(worker.Options{})
+	a := newAgent(t, worker.Options{})
 	app := serve(t, a)
 	_, done, err := a.Begin(context.Background())
 	if err != nil {
@@ -49,7 +50,7 @@ func TestStopClaimingOnlyShrinksClaims(t *testing.T) {
 }
 
 func TestDrainLongPollEndsAtWait(t *testing.T) {
-	a := worker.New(worker.Options{})
+	a := newAgent(t, worker.Options{})
 	app := serve(t, a)
 	if _, _, err := a.Begin(context.Background()); err != nil {
 		t.Fatal(err)
@@ -63,7 +64,7 @@ func TestDrainLongPollEndsAtWait(t *testing.T) {
 func TestReturnWithCancelCancelsThenReturns(t *testing.T) {
 	var inFlightAtReturn int
 	var a *worker.Agent
-	a = worker.New(worker.Options{ReturnClaims: func(context.Context) (int, error) {
+	a = newAgent(t, worker.Options{ReturnClaims: func(context.Context) (int, error) {
 		inFlightAtReturn = a.InFlight()
 		return 2, nil
 	}})
@@ -87,7 +88,7 @@ func TestReturnWithCancelCancelsThenReturns(t *testing.T) {
 // newFake returns an Agent on a fake clock, served over HTTP.
 func newFake(t *testing.T) (*worker.Agent, *clocktesting.FakeClock, *sidecar.AppClient) {
 	fake := clocktesting.NewFakeClock(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
-	a := worker.New(worker.Options{Clock: fake})
+	a := newAgent(t, worker.Options{Clock: fake})
 	return a, fake, serve(t, a)
 }
 
@@ -201,17 +202,19 @@ func TestRevokeIsAnsweredAfterLeaderWorkStops(t *testing.T) {
 	}
 }
 
-// A grant's validForMillis of any size is bounded by its until, not
-// overflowed into a term already over.
-func TestHugeValidForIsBoundedByUntil(t *testing.T) {
+// A grant valid for longer than any term (here of any size, up to the
+// largest) is refused, not applied: neither overflowed into a term already
+// over nor taken for a term beyond the lease duration.
+func TestHugeValidForIsRefused(t *testing.T) {
 	a, fake, app := newFake(t)
 	until := fake.Now().Add(time.Minute)
-	l := protocol.Leadership{Lease: "l", Leader: true, Sequence: 1, FencingToken: 1, Until: until, ValidForMillis: math.MaxInt64}
-	if err := app.SetLeadership(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
-	lead, ok := a.Leader("l")
-	if !ok || !lead.Until.Equal(until) {
-		t.Fatalf("Leader = %+v, %v: want leader until %v", lead, ok, until)
+	for _, v := range []int64{math.MaxInt64, time.Hour.Milliseconds() + 1} {
+		l := protocol.Leadership{Lease: "l", Leader: true, Sequence: 1, FencingToken: 1, Until: until, ValidForMillis: v}
+		if err := app.SetLeadership(context.Background(), l); err == nil || !strings.Contains(err.Error(), "422") || !strings.Contains(err.Error(), "validForMillis") {
+			t.Fatalf("validForMillis %d: %v; want 422 naming validForMillis", v, err)
+		}
+		if lead, ok := a.Leader("l"); ok {
+			t.Fatalf("validForMillis %d: Leader = %+v; want no leadership", v, lead)
+		}
 	}
 }

@@ -3,10 +3,16 @@ package worker_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
+	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,7 +30,7 @@ import (
 // ErrStopping (or Canceled, if it was ended first).
 func TestBreakReceiveMisuseAndRaces(t *testing.T) {
 	for i := 0; i < 200; i++ {
-		a := worker.New(worker.Options{})
+		a := newAgent(t, worker.Options{})
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		var claims []*worker.Claim
@@ -98,7 +104,7 @@ func TestBreakReceiveMisuseAndRaces(t *testing.T) {
 // ErrCanceled, including one held after End and one held after
 // stop-claiming; claims Done before are untouched.
 func TestBreakCancelFallbackReachesLateHolds(t *testing.T) {
-	a := worker.New(worker.Options{})
+	a := newAgent(t, worker.Options{})
 	r, err := a.Receive(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +138,7 @@ func TestBreakCancelFallbackReachesLateHolds(t *testing.T) {
 // {"leader":false}) where "[]" is refused with "want one JSON object", and
 // cancelWaitMillis -5 is taken for 0.
 func TestBreakAppAPIBadInput(t *testing.T) {
-	a := worker.New(worker.Options{})
+	a := newAgent(t, worker.Options{})
 	srv := httptest.NewServer(a.Handler())
 	defer srv.Close()
 	big := `{"leader":false,"lease":"` + strings.Repeat("x", worker.MaxBodyBytes) + `"}`
@@ -154,6 +160,7 @@ func TestBreakAppAPIBadInput(t *testing.T) {
 		{http.MethodGet, protocol.StopClaimingPath, ``},
 	} {
 		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(tc.body))
+		protocol.SetToken(req.Header, testToken)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		resp, err := http.DefaultClient.Do(req.WithContext(ctx))
 		cancel()
@@ -171,5 +178,253 @@ func TestBreakAppAPIBadInput(t *testing.T) {
 	}
 	if _, err := a.Receive(context.Background()); err != nil {
 		t.Errorf("bad input stopped claiming: %v", err)
+	}
+}
+
+// neighbour sends what another process on the pod's loopback could: a
+// request with the given Authorization header ("" for none). It returns
+// the status and the body.
+func neighbour(t *testing.T, url, method, path, auth, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// A process on the pod's loopback that does not have the pod's token (no
+// Authorization header, another token, another scheme, the token with
+// something after it) gets 401 with a JSON error on every call, and the
+// Agent acts on none: it keeps claiming, keeps the term it was granted
+// (a revoke, a grant with another fencing token and a far sequence), and
+// the sidecar's next revoke is applied, not answered stale.
+func TestBreakNeighbourWithoutTheTokenIsRefused(t *testing.T) {
+	a := newAgent(t, worker.Options{})
+	srv := httptest.NewServer(a.Handler())
+	defer srv.Close()
+	app := serve(t, a)
+	now := time.Now()
+	grant := protocol.Leadership{Lease: "work", Leader: true, Sequence: now.UnixNano(), FencingToken: 3,
+		Until: now.Add(10 * time.Second), ValidForMillis: 10000}
+	if err := app.SetLeadership(context.Background(), grant); err != nil {
+		t.Fatal(err)
+	}
+	far := now.Add(24 * time.Hour).UnixNano()
+	for _, auth := range []string{"", "Bearer " + strings.Repeat("f", 64), "Basic " + testToken, "Bearer " + testToken + "x", "bearer" + testToken} {
+		for _, c := range []struct{ method, path, body string }{
+			{http.MethodPost, protocol.StopClaimingPath, `{}`},
+			{http.MethodPut, protocol.LeasePathPrefix + "work", `{"lease":"work","leader":false,"sequence":` + strconv.FormatInt(far, 10) + `}`},
+			{http.MethodPut, protocol.LeasePathPrefix + "work", `{"lease":"work","leader":true,"fencingToken":99,"validForMillis":5000,"sequence":` + strconv.FormatInt(far, 10) + `}`},
+			{http.MethodPost, protocol.ReturnPath, `{"cancel":true}`},
+			{http.MethodGet, protocol.DrainPath + "?waitMillis=1000", ``},
+		} {
+			code, body := neighbour(t, srv.URL, c.method, c.path, auth, c.body)
+			var e struct{ Error string }
+			if code != http.StatusUnauthorized || json.Unmarshal([]byte(body), &e) != nil || !strings.Contains(e.Error, protocol.TokenFileEnv) {
+				t.Errorf("Authorization %q, %s %s: %d %s; want 401 with a JSON error naming %s", auth, c.method, c.path, code, body, protocol.TokenFileEnv)
+			}
+		}
+	}
+	if _, err := a.Receive(context.Background()); err != nil {
+		t.Errorf("after the neighbour's stop-claiming: Receive = %v; want claiming to go on", err)
+	}
+	if lead, ok := a.Leader("work"); !ok || lead.FencingToken != 3 {
+		t.Errorf("after the neighbour's revoke and grant: Leader = %+v, %v; want the sidecar's term, fencing token 3", lead, ok)
+	}
+	revoke := protocol.Leadership{Lease: "work", Leader: false, Sequence: time.Now().UnixNano()}
+	if err := app.SetLeadership(context.Background(), revoke); err != nil {
+		t.Fatalf("the sidecar's revoke: %v; want it applied", err)
+	}
+	if _, ok := a.Leader("work"); ok {
+		t.Error("still leader after the sidecar's revoke")
+	}
+}
+
+// A leadership message the sidecar cannot have sent, even one with the
+// token (a bug, a stolen token): a sequence far ahead of the Agent's clock,
+// or a grant longer than the lease duration. Applied, the first made every
+// later revoke stale: the worker went on leading with the message's
+// fencing token while the Lease moved. Each is answered 422 and changes
+// nothing; the sidecar's revoke then ends the term.
+func TestBreakImpossibleLeadershipIsRefused(t *testing.T) {
+	a := newAgent(t, worker.Options{LeaseDuration: 15 * time.Second})
+	app := serve(t, a)
+	now := time.Now()
+	if err := app.SetLeadership(context.Background(), protocol.Leadership{Lease: "work", Leader: true, Sequence: now.UnixNano(),
+		FencingToken: 3, Until: now.Add(10 * time.Second), ValidForMillis: 10000}); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []protocol.Leadership{
+		{Lease: "work", Leader: true, Sequence: now.Add(time.Hour).UnixNano(), FencingToken: 99, Until: now.Add(10 * time.Second), ValidForMillis: 10000},
+		{Lease: "work", Leader: true, Sequence: math.MaxInt64, FencingToken: 99, Until: now.Add(10 * time.Second), ValidForMillis: 10000},
+		{Lease: "work", Leader: false, Sequence: now.Add(protocol.MaxSequenceAhead + time.Minute).UnixNano()},
+		{Lease: "work", Leader: true, Sequence: now.UnixNano() + 1, FencingToken: 99, Until: now.Add(16 * time.Second), ValidForMillis: 10000},
+		{Lease: "work", Leader: true, Sequence: now.UnixNano() + 2, FencingToken: 99, Until: now.Add(10 * time.Second), ValidForMillis: 15001},
+		{Lease: "work", Leader: true, Sequence: now.UnixNano() + 3, FencingToken: 99, ValidForMillis: 24 * 3600 * 1000},
+	} {
+		err := app.SetLeadership(context.Background(), l)
+		if err == nil || !strings.Contains(err.Error(), "422") {
+			t.Errorf("%+v: %v; want 422", l, err)
+		}
+		if lead, ok := a.Leader("work"); !ok || lead.FencingToken != 3 {
+			t.Errorf("after %+v: Leader = %+v, %v; want the sidecar's term, fencing token 3", l, lead, ok)
+		}
+	}
+	revoke := protocol.Leadership{Lease: "work", Leader: false, Sequence: time.Now().UnixNano()}
+	if err := app.SetLeadership(context.Background(), revoke); err != nil {
+		t.Fatalf("the sidecar's revoke: %v; want it applied (not stale)", err)
+	}
+	if _, ok := a.Leader("work"); ok {
+		t.Error("still leader after the sidecar's revoke")
+	}
+}
+
+// New refuses an Agent with no token unless asked for an insecure one, and
+// reads the token file and the lease duration from the variables the
+// injector sets.
+func TestNewNeedsATokenOrTheInsecureOptOut(t *testing.T) {
+	t.Setenv(protocol.TokenFileEnv, "")
+	t.Setenv(protocol.LeaseDurationEnv, "")
+	if _, err := worker.New(worker.Options{}); err == nil || !strings.Contains(err.Error(), protocol.TokenFileEnv) || !strings.Contains(err.Error(), "InsecureNoToken") {
+		t.Errorf("New without a token: %v; want an error naming %s and Options.InsecureNoToken", err, protocol.TokenFileEnv)
+	}
+	if _, err := worker.New(worker.Options{Token: "short"}); err == nil || !strings.Contains(err.Error(), "Options.Token") {
+		t.Errorf("New with a short token: %v; want an error naming Options.Token", err)
+	}
+	insecure, err := worker.New(worker.Options{InsecureNoToken: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(insecure.Handler())
+	defer srv.Close()
+	if code, body := neighbour(t, srv.URL, http.MethodPost, protocol.StopClaimingPath, "", `{}`); code != http.StatusOK {
+		t.Errorf("insecure Agent: stop-claiming without a token: %d %s; want 200", code, body)
+	}
+
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte(testToken+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(protocol.TokenFileEnv, file)
+	t.Setenv(protocol.LeaseDurationEnv, "15s")
+	a, err := worker.New(worker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := serve(t, a)
+	if err := app.SetLeadership(context.Background(), protocol.Leadership{Lease: "l", Leader: true, Sequence: 1, ValidForMillis: 15001}); err == nil || !strings.Contains(err.Error(), "422") {
+		t.Errorf("grant over %s=15s: %v; want 422", protocol.LeaseDurationEnv, err)
+	}
+	if err := app.SetLeadership(context.Background(), protocol.Leadership{Lease: "l", Leader: true, Sequence: 2, ValidForMillis: 14000}); err != nil {
+		t.Errorf("grant with the token of %s: %v", protocol.TokenFileEnv, err)
+	}
+	t.Setenv(protocol.LeaseDurationEnv, "forever")
+	if _, err := worker.New(worker.Options{}); err == nil || !strings.Contains(err.Error(), protocol.LeaseDurationEnv) {
+		t.Errorf("New with %s=forever: %v; want an error naming it", protocol.LeaseDurationEnv, err)
+	}
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(protocol.LeaseDurationEnv, "")
+	if _, err := worker.New(worker.Options{}); err == nil || !strings.Contains(err.Error(), file) {
+		t.Errorf("New with an empty token file: %v; want an error naming the file", err)
+	}
+}
+
+// ListenAndServe's server cuts off a client that sends its request a byte
+// at a time, with the token or without (the server closes the connection),
+// but not an authorized long poll that waits past its read and write
+// timeouts: the poll still answers when the claim it waits for is done.
+func TestBreakSlowClientCutOffLongPollNot(t *testing.T) {
+	a := newAgent(t, worker.Options{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- a.ListenAndServe(ctx, addr) }()
+	defer func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("ListenAndServe: %v", err)
+		}
+	}()
+	dial := func() net.Conn {
+		for {
+			c, err := net.Dial("tcp", addr)
+			if err == nil {
+				return c
+			}
+			select {
+			case err := <-served:
+				t.Fatalf("ListenAndServe: %v", err)
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	for _, auth := range []string{"", "Authorization: Bearer " + testToken + "\r\n"} {
+		conn := dial()
+		_, _ = io.WriteString(conn, "PUT "+protocol.LeasePathPrefix+"work HTTP/1.1\r\nHost: app\r\n"+auth+"Content-Length: 1000\r\n\r\n{")
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() { // one byte every 100ms, until the server closes
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				if _, err := io.WriteString(conn, " "); err != nil {
+					return
+				}
+			}
+		})
+		_ = conn.SetReadDeadline(time.Now().Add(time.Minute)) // the test's bound, far beyond the server's
+		_, err := io.Copy(io.Discard, conn)
+		close(stop)
+		wg.Wait()
+		_ = conn.Close()
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Errorf("%q: the connection was still open after a minute of a byte every 100ms; want the server to close it", auth)
+		}
+	}
+
+	_, done, err := a.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan string, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+protocol.DrainPath+"?waitMillis=30000", nil)
+		protocol.SetToken(req.Header, testToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		answered <- string(b)
+	}()
+	time.Sleep(11 * time.Second) // past the server's read (5s) and write (10s) timeouts
+	done()
+	if body := <-answered; !strings.Contains(body, `"drained":true`) {
+		t.Errorf("a long poll past the server's timeouts answered %q; want it to wait for the claim and answer drained", body)
 	}
 }

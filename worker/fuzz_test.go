@@ -51,11 +51,12 @@ func FuzzHandler(f *testing.F) {
 		f.Add(s.method, s.path, s.query, []byte(s.body), s.lead)
 	}
 	f.Fuzz(func(t *testing.T, method, path, query string, body []byte, lead bool) {
-		a := worker.New(worker.Options{ReturnClaims: func(context.Context) (int, error) { return 2, nil }})
+		a := newAgent(t, worker.Options{ReturnClaims: func(context.Context) (int, error) { return 2, nil }})
 		h := a.Handler()
 		if lead {
 			w := httptest.NewRecorder()
 			r := httptest.NewRequest(http.MethodPut, protocol.LeasePathPrefix+"work", strings.NewReader(`{"lease":"work","leader":true,"fencingToken":7,"validForMillis":60000,"sequence":1}`))
+			protocol.SetToken(r.Header, testToken)
 			h.ServeHTTP(w, r)
 			if w.Code != http.StatusOK {
 				t.Fatalf("granting leadership: %d %s", w.Code, w.Body.Bytes())
@@ -67,6 +68,7 @@ func FuzzHandler(f *testing.F) {
 		if err != nil || r.URL.Path != path || r.URL.RawQuery != query {
 			return // not a request a client can send to this path
 		}
+		protocol.SetToken(r.Header, testToken)
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
 

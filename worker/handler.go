@@ -17,6 +17,13 @@ import (
 	"github.com/handoff-dev/handoff/protocol"
 )
 
+// Timeouts of the server ListenAndServe runs.
+const (
+	serverReadTimeout  = 5 * time.Second
+	serverWriteTimeout = 10 * time.Second
+	serverIdleTimeout  = 90 * time.Second
+)
+
 // maxDrainWait bounds one long poll of the drain status.
 const maxDrainWait = 30 * time.Second
 
@@ -26,8 +33,54 @@ const maxDrainWait = 30 * time.Second
 const MaxBodyBytes = 64 << 10
 
 // Handler serves the app side of the protocol under protocol.AppPrefix
-// ("/handoff/v1/"). Serve it on loopback only.
+// ("/handoff/v1/"). Serve it on loopback only. Every call must carry
+// "Authorization: Bearer <the pod's token>" (Options.Token): one without it,
+// or with another token, is answered 401 with a JSON error and not acted on
+// (unless the Agent was made with InsecureNoToken and no token). An
+// authorized call's body is read at once (under the server's read
+// timeout, if it has one), then the connection's read and write deadlines
+// are cleared, so that a drain long poll or a revoke may wait longer than
+// the server's timeouts. A
+// leadership message that cannot come from the sidecar (a sequence more
+// than protocol.MaxSequenceAhead ahead of the Agent's clock, a grant valid
+// for longer than the lease duration) is answered 422 and not applied.
 func (a *Agent) Handler() http.Handler {
+	mux := a.mux()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.token != "" && !protocol.HasToken(r.Header, a.token) {
+			w.Header().Set("WWW-Authenticate", protocol.TokenScheme+` realm="handoff"`)
+			writeError(w, http.StatusUnauthorized, unauthorized(r.Header))
+			return
+		}
+		// The body (at most one byte over the limit, so that the handler
+		// still answers 413) is read under the server's read deadline;
+		// then the connection's deadlines are cleared: a drain long poll
+		// or a revoke waits longer than a server's read timeout, and a read
+		// deadline passing meanwhile would cancel the call (net/http's wait
+		// for the client to go away fails with it).
+		body, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
+		if err != nil {
+			w.Header().Set("Connection", "close")
+			writeError(w, http.StatusBadRequest, fmt.Errorf("body: %w; want one JSON object of at most %d bytes, sent at once", err, MaxBodyBytes))
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Time{}) // unsupported off net/http's server: no deadline to clear
+		_ = rc.SetWriteDeadline(time.Time{})
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// unauthorized says why a call's Authorization header was refused.
+func unauthorized(h http.Header) error {
+	if h.Get("Authorization") == "" {
+		return fmt.Errorf("no Authorization header; every call must carry %q with the pod's token (the file named by %s)", protocol.TokenScheme+" <token>", protocol.TokenFileEnv)
+	}
+	return fmt.Errorf("the Authorization header does not carry the pod's token; want %q with the content of the file named by %s", protocol.TokenScheme+" <token>", protocol.TokenFileEnv)
+}
+
+func (a *Agent) mux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+protocol.StopClaimingPath, func(w http.ResponseWriter, _ *http.Request) {
 		a.StopClaiming()
@@ -73,6 +126,10 @@ func (a *Agent) Handler() http.Handler {
 			writeError(w, http.StatusBadRequest, fmt.Errorf("body: lease %q differs from the path's Lease %q; want the same name, or leave it out", l.Lease, lease))
 			return
 		}
+		if err := a.genuine(l, received); err != nil {
+			writeError(w, http.StatusUnprocessableEntity, err)
+			return
+		}
 		if !a.sequenced(lease, l.Sequence) {
 			writeJSON(w, http.StatusOK, protocol.LeadershipAck{Leader: l.Leader, Stale: true})
 			return
@@ -95,8 +152,35 @@ func (a *Agent) Handler() http.Handler {
 	return mux
 }
 
+// genuine refuses a leadership message received at received that the
+// sidecar cannot have sent: applied, a sequence far ahead would make every
+// later genuine message stale (a revoke among them), and a grant longer
+// than any term would keep this process leading after the Lease has moved.
+func (a *Agent) genuine(l protocol.Leadership, received time.Time) error {
+	now := received.UnixNano()
+	if l.Sequence > now && l.Sequence-now > int64(protocol.MaxSequenceAhead) {
+		return fmt.Errorf("body: sequence %d is %s ahead of this process's clock; want a sequence (the send time in Unix nanoseconds) at most %s ahead",
+			l.Sequence, time.Duration(l.Sequence-now), protocol.MaxSequenceAhead)
+	}
+	if !l.Leader {
+		return nil
+	}
+	if l.ValidForMillis > a.maxTerm.Milliseconds() {
+		return fmt.Errorf("body: validForMillis %d is longer than the lease duration %s, which bounds every term the sidecar grants; want at most %d",
+			l.ValidForMillis, a.maxTerm, a.maxTerm.Milliseconds())
+	}
+	if !l.Until.IsZero() && l.Until.Sub(received) > a.maxTerm {
+		return fmt.Errorf("body: until %s is %s after receipt, longer than the lease duration %s, which bounds every term the sidecar grants; want an until at most %s ahead",
+			l.Until.Format(time.RFC3339Nano), l.Until.Sub(received), a.maxTerm, a.maxTerm)
+	}
+	return nil
+}
+
 // ListenAndServe serves Handler on addr until ctx ends. addr must be a
-// loopback host:port, like "127.0.0.1:7452".
+// loopback host:port, like "127.0.0.1:7452". Its server cuts off a client
+// that takes more than 5 s to send its request or 10 s to read an answer,
+// except an authorized call once its body is read (Handler); it closes
+// idle connections after 90 s.
 func (a *Agent) ListenAndServe(ctx context.Context, addr string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -105,7 +189,12 @@ func (a *Agent) ListenAndServe(ctx context.Context, addr string) error {
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return fmt.Errorf("handoff app address %q: want a loopback address, like 127.0.0.1:7452", addr)
 	}
-	srv := &http.Server{Addr: addr, Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Addr: addr, Handler: a.Handler(),
+		// A client that sends its request (or reads the answer) slower is
+		// cut off; an authorized call, once its body is read, is exempt
+		// (Handler). Idle connections outlive the sidecar's own (30 s), so
+		// the sidecar closes them first and never sends on a closing one.
+		ReadHeaderTimeout: serverReadTimeout, ReadTimeout: serverReadTimeout, WriteTimeout: serverWriteTimeout, IdleTimeout: serverIdleTimeout}
 	stop := context.AfterFunc(ctx, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()

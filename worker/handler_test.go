@@ -22,6 +22,7 @@ func call(t *testing.T, srv *httptest.Server, method, path, body string) (int, s
 	if err != nil {
 		t.Fatal(err)
 	}
+	protocol.SetToken(req.Header, testToken)
 	resp, err := srv.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -35,7 +36,7 @@ func call(t *testing.T, srv *httptest.Server, method, path, body string) (int, s
 }
 
 func TestBodiesAreOneJSONValueOfBoundedSize(t *testing.T) {
-	srv := httptest.NewServer(worker.New(worker.Options{}).Handler())
+	srv := httptest.NewServer(newAgent(t, worker.Options{}).Handler())
 	defer srv.Close()
 	lease := protocol.LeasePathPrefix + "l"
 	big := `{"cancel": false, "pad": "` + strings.Repeat("x", worker.MaxBodyBytes) + `"}`
@@ -94,7 +95,7 @@ func TestWaitMillisEdgeValues(t *testing.T) {
 		{"?waitMillis=1&waitMillis=2", 400, "waitMillis given 2 times; want it once"},
 	} {
 		// A drained app answers every accepted wait at once.
-		srv := httptest.NewServer(worker.New(worker.Options{}).Handler())
+		srv := httptest.NewServer(newAgent(t, worker.Options{}).Handler())
 		code, body := call(t, srv, "GET", protocol.DrainPath+tc.query, "")
 		srv.Close()
 		var e struct{ Error string }
@@ -109,7 +110,7 @@ func TestWaitMillisEdgeValues(t *testing.T) {
 // than answering at once: until the claim is done, here.
 func TestHugeWaitMillisWaitsForTheDrain(t *testing.T) {
 	for _, v := range []string{"30001", "9223372036854775807", "99999999999999999999"} {
-		a := worker.New(worker.Options{})
+		a := newAgent(t, worker.Options{})
 		entered := make(chan struct{}, 1)
 		h := a.Handler()
 		app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -122,7 +123,9 @@ func TestHugeWaitMillisWaitsForTheDrain(t *testing.T) {
 		}
 		answered := make(chan string, 1)
 		go func() {
-			resp, err := app.Client().Get(app.URL + protocol.DrainPath + "?waitMillis=" + v)
+			req, _ := http.NewRequest(http.MethodGet, app.URL+protocol.DrainPath+"?waitMillis="+v, nil)
+			protocol.SetToken(req.Header, testToken)
+			resp, err := app.Client().Do(req)
 			if err != nil {
 				answered <- err.Error()
 				return
@@ -172,7 +175,7 @@ func (l *countingListener) Accept() (net.Conn, error) {
 // and body together, so no answer waits on Nagle's algorithm and the
 // caller's delayed ACK.
 func TestEachAnswerIsOneWrite(t *testing.T) {
-	a := worker.New(worker.Options{})
+	a := newAgent(t, worker.Options{})
 	srv := httptest.NewUnstartedServer(a.Handler())
 	ln := &countingListener{Listener: srv.Listener}
 	srv.Listener = ln

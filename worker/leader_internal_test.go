@@ -18,7 +18,10 @@ func TestNoLeaderWorkBeginsAfterRevokeReturned(t *testing.T) {
 	fake := clocktesting.NewFakeClock(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
 	var late atomic.Int64
 	for range 500 {
-		a := New(Options{Clock: fake})
+		a, err := New(Options{Clock: fake, InsecureNoToken: true})
+		if err != nil {
+			t.Fatal(err)
+		}
 		a.grant(Leadership{Lease: "l", FencingToken: 1, Until: fake.Now().Add(time.Hour)})
 		var acked atomic.Bool
 		var workers sync.WaitGroup

@@ -12,7 +12,7 @@ import (
 // A pending receive holds no claim: it is counted apart from the claims in
 // flight, and stop-claiming ends its context before it answers.
 func TestReceiveIsNotInFlightAndEndsAtStopClaiming(t *testing.T) {
-	a := worker.New(worker.Options{})
+	a := newAgent(t, worker.Options{})
 	app := serve(t, a)
 	r, err := a.Receive(context.Background())
 	if err != nil {
@@ -51,7 +51,7 @@ func TestReceiveIsNotInFlightAndEndsAtStopClaiming(t *testing.T) {
 // poll sees it drained as soon as stop-claiming ends the wait, not at its
 // wait's end.
 func TestIdleLongPollIsDrainedOnceStopClaimingEndsIt(t *testing.T) {
-	a := worker.New(worker.Options{})
+	a := newAgent(t, worker.Options{})
 	app := serve(t, a)
 	waiting := make(chan struct{})
 	go func() {
@@ -83,7 +83,7 @@ func TestIdleLongPollIsDrainedOnceStopClaimingEndsIt(t *testing.T) {
 func TestMessageReceivedInTheRaceWithStopClaimingIsHeld(t *testing.T) {
 	var inFlightAtReturn int
 	var a *worker.Agent
-	a = worker.New(worker.Options{ReturnClaims: func(context.Context) (int, error) {
+	a = newAgent(t, worker.Options{ReturnClaims: func(context.Context) (int, error) {
 		inFlightAtReturn = a.InFlight()
 		return inFlightAtReturn, nil
 	}})
@@ -121,7 +121,7 @@ func TestMessageReceivedInTheRaceWithStopClaimingIsHeld(t *testing.T) {
 // A receive that gets several messages (a batch) holds each; the drain
 // counts them all.
 func TestBatchReceiveHoldsEachMessage(t *testing.T) {
-	a := worker.New(worker.Options{})
+	a := newAgent(t, worker.Options{})
 	r, err := a.Receive(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +143,7 @@ func TestBatchReceiveHoldsEachMessage(t *testing.T) {
 
 // The cancel fallback ends held claims' contexts with ErrCanceled.
 func TestCancelFallbackEndsClaimsWithErrCanceled(t *testing.T) {
-	a := worker.New(worker.Options{})
+	a := newAgent(t, worker.Options{})
 	app := serve(t, a)
 	r, err := a.Receive(context.Background())
 	if err != nil {
@@ -167,7 +167,7 @@ func TestCancelFallbackEndsClaimsWithErrCanceled(t *testing.T) {
 }
 
 func TestReceiveRefusesAnEndedContext(t *testing.T) {
-	a := worker.New(worker.Options{})
+	a := newAgent(t, worker.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := a.Receive(ctx); !errors.Is(err, context.Canceled) {

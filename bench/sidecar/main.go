@@ -263,17 +263,33 @@ func (b *bench) shutdown(i int) (*protocol.Report, error) {
 	defer s.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	return prestop.Call(ctx, s.control, 5*time.Second)
+	return prestop.Call(ctx, s.control, podToken, 5*time.Second)
 }
+
+// podToken is the pod's token of every sidecar the bench starts: startApp
+// writes it to a file and names it in HANDOFF_TOKEN_FILE, which the
+// sidecars inherit.
+var podToken = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 // startApp serves the worker library's endpoints with nothing in flight,
 // so every drain is immediate; it runs until the command exits.
 func startApp() (string, error) {
+	file := filepath.Join(os.TempDir(), "handoff-bench-token")
+	if err := os.WriteFile(file, []byte(podToken), 0o600); err != nil {
+		return "", err
+	}
+	if err := os.Setenv(protocol.TokenFileEnv, file); err != nil {
+		return "", err
+	}
+	agent, err := worker.New(worker.Options{Token: podToken})
+	if err != nil {
+		return "", err
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err
 	}
-	go func() { _ = http.Serve(l, worker.New(worker.Options{}).Handler()) }()
+	go func() { _ = http.Serve(l, agent.Handler()) }()
 	return l.Addr().String(), nil
 }
 

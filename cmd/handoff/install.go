@@ -1,35 +1,121 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
+
+	"github.com/handoff-dev/handoff/protocol"
 )
 
+// tokenMode is the token file's mode. The worker container reads it too and
+// may run as any user, so it is readable by all: the file lives in the
+// handoff-bin emptyDir, which the injector mounts only into handoff-install,
+// the sidecar and the worker container (read-only into the last two), so no
+// other container of the pod can see it at any mode.
+const tokenMode = 0o644
+
 func installCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "install DEST",
-		Short: "Copy this binary to the file DEST (the init step that gives the worker container its preStop hook)",
-		Long: `install copies the running handoff binary to the file DEST with mode 0755. Injected
-pods run it in the handoff-install init container, so that the worker
-container, whatever its image, can run "handoff prestop" from a shared
-emptyDir volume.`,
-		Args: cobra.ExactArgs(1),
+	var tokenFile string
+	cmd := &cobra.Command{
+		Use:   "install [DEST] [--token-file FILE]",
+		Short: "Copy this binary to the file DEST and write the pod's token (the init step that gives the worker container its preStop hook)",
+		Long: `install copies the running handoff binary to the file DEST with mode 0755,
+and, with --token-file, writes the pod's token to FILE: 64 hex digits (256
+bits from crypto/rand), mode 0644, through a temporary file, so a reader
+never sees half a token. A FILE that already holds a token is kept, so that a
+rerun of the init step (a restart of the pod's sandbox) keeps the token the
+sidecar and the worker read for the pod's whole life.
+
+Injected pods run it in the handoff-install init container, so that the
+worker container, whatever its image, can run "handoff prestop" from a shared
+emptyDir volume, and only the pod's own sidecar, hook and worker know the
+token the control API and the app require.`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			self, err := os.Executable()
-			if err != nil {
-				return err
+			if len(args) == 0 && tokenFile == "" {
+				return errors.New("nothing to install: give DEST, --token-file FILE, or both")
 			}
-			if err := copyFile(self, args[0]); err != nil {
-				return err
+			if len(args) == 1 {
+				self, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				if err := copyFile(self, args[0]); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "installed %s\n", args[0])
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "installed %s\n", args[0])
+			if tokenFile != "" {
+				kept, err := writeToken(tokenFile)
+				if err != nil {
+					return fmt.Errorf("--token-file: %w", err)
+				}
+				if kept {
+					fmt.Fprintf(cmd.OutOrStdout(), "kept the token in %s\n", tokenFile)
+				} else {
+					fmt.Fprintf(cmd.OutOrStdout(), "wrote a new token to %s\n", tokenFile)
+				}
+			}
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&tokenFile, "token-file", "", "write the pod's token to this file, unless it holds one already")
+	return cmd
+}
+
+// writeToken writes a new random token to dst, unless dst already holds a
+// token (protocol.ReadTokenFile): then it keeps it and returns true. The
+// new file is linked into place, so that of two writers only one token
+// wins, and every reader sees a whole one.
+func writeToken(dst string) (kept bool, err error) {
+	if _, err := protocol.ReadTokenFile(dst); err == nil {
+		return true, nil
+	} else if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, protocol.ErrNoToken) {
+		return false, err
+	}
+	var b [32]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	tmp, err := os.CreateTemp(filepath.Dir(dst), ".token-*")
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = os.Remove(tmp.Name()) }()
+	if _, err := tmp.WriteString(hex.EncodeToString(b[:]) + "\n"); err != nil {
+		_ = tmp.Close()
+		return false, err
+	}
+	if err := tmp.Chmod(tokenMode); err != nil {
+		_ = tmp.Close()
+		return false, err
+	}
+	if err := tmp.Sync(); err != nil {
+		_ = tmp.Close()
+		return false, err
+	}
+	if err := tmp.Close(); err != nil {
+		return false, err
+	}
+	err = os.Link(tmp.Name(), dst)
+	switch {
+	case err == nil:
+		return false, nil
+	case errors.Is(err, fs.ErrExist):
+		// Another writer won, or dst holds no token (empty, cut short):
+		// keep a token, replace anything else.
+		if _, rerr := protocol.ReadTokenFile(dst); rerr == nil {
+			return true, nil
+		}
+		return false, os.Rename(tmp.Name(), dst)
+	}
+	return false, err
 }
 
 // copyFile writes src to dst through a temporary file in dst's directory,

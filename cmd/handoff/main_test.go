@@ -37,8 +37,9 @@ func TestSidecarProcessReleasesOnSIGTERM(t *testing.T) {
 	ns := env.Namespace(t)
 	pod := env.Pod(t, ns, "worker-0", 30)
 	identity := "worker-0_" + string(pod.UID)
+	token := tokenFile(t)
 	sidecar := func() (*exec.Cmd, <-chan error) {
-		return runMain(t, "sidecar",
+		return runMain(t, "sidecar", "HANDOFF_TOKEN_FILE="+token,
 			"HANDOFF_POD_NAME=worker-0", "HANDOFF_POD_NAMESPACE="+ns, "HANDOFF_POD_UID="+string(pod.UID),
 			"HANDOFF_LEASES=work", "HANDOFF_KUBECONFIG="+env.Kubeconfig,
 			"HANDOFF_CONTROL_ADDR=127.0.0.1:0", "HANDOFF_METRICS_ADDR=127.0.0.1:0",

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"time"
 
@@ -21,6 +22,7 @@ func prestopCommand() *cobra.Command {
 		timeout        time.Duration
 		connectTimeout time.Duration
 		thenSleep      time.Duration
+		tokenFile      string
 	)
 	cmd := &cobra.Command{
 		Use:   "prestop [-- COMMAND [ARG...]]",
@@ -40,7 +42,11 @@ hook).`,
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			var errs []error
-			rep, err := prestop.Call(ctx, addr, connectTimeout)
+			token, err := hookToken(tokenFile)
+			var rep *protocol.Report
+			if err == nil {
+				rep, err = prestop.Call(ctx, addr, token, connectTimeout)
+			}
 			switch {
 			case err != nil:
 				errs = append(errs, err)
@@ -59,7 +65,20 @@ hook).`,
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up waiting after this long (the kubelet also ends the hook at the grace period)")
 	cmd.Flags().DurationVar(&connectTimeout, "connect-timeout", 5*time.Second, "keep retrying a refused connection for this long")
 	cmd.Flags().DurationVar(&thenSleep, "then-sleep", 0, "sleep this long after the handover (a wrapped sleep hook)")
+	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file with the pod's token, sent to the sidecar (default $"+protocol.TokenFileEnv+")")
 	return cmd
+}
+
+// hookToken reads the pod's token from file, or from the file named by
+// HANDOFF_TOKEN_FILE when file is "".
+func hookToken(file string) (string, error) {
+	if file == "" {
+		file = os.Getenv(protocol.TokenFileEnv)
+	}
+	if file == "" {
+		return "", fmt.Errorf("no token file: the sidecar needs the pod's token; give --token-file (injected pods use %s) or set %s", protocol.TokenFile, protocol.TokenFileEnv)
+	}
+	return protocol.ReadTokenFile(file)
 }
 
 // then runs the container's own hook, kept by injection, after the handover.

@@ -11,7 +11,7 @@ func TestPrestopFailsWhenSidecarUnreachable(t *testing.T) {
 	var out bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
-	cmd.SetArgs([]string{"--addr", "127.0.0.1:1", "--connect-timeout", "100ms"})
+	cmd.SetArgs([]string{"--addr", "127.0.0.1:1", "--connect-timeout", "100ms", "--token-file", tokenFile(t)})
 	err := cmd.Execute()
 	if err == nil || !strings.Contains(err.Error(), "not reachable") {
 		t.Fatalf("prestop = %v, want an error saying the sidecar is not reachable", err)

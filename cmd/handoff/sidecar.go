@@ -28,6 +28,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
 )
 
@@ -74,6 +75,13 @@ func runSidecar(s *config.Settings) error {
 	klog.SetLogger(log.WithName("client-go"))
 	defer func() { _ = zl.Sync() }()
 
+	if s.TokenFile == "" {
+		return fmt.Errorf("token-file: required: the file with the pod's token (flag --token-file or %s; injected pods have %s, and handoff install --token-file FILE writes one)", protocol.TokenFileEnv, protocol.TokenFile)
+	}
+	token, err := protocol.ReadTokenFile(s.TokenFile)
+	if err != nil {
+		return fmt.Errorf("token-file: %w", err)
+	}
 	setHTTP2HealthCheck(os.LookupEnv, os.Setenv, s.RenewDeadline)
 	rc, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
 	if err != nil {
@@ -98,17 +106,17 @@ func runSidecar(s *config.Settings) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	c, err := sidecar.New(sidecar.Options{
 		Settings: s, Leases: leaseClient.CoordinationV1(), Pods: kube.CoreV1(),
-		Events: recorder, Metrics: sidecar.NewMetrics(reg), Logger: log,
+		Events: recorder, Metrics: sidecar.NewMetrics(reg), Logger: log, Token: token,
 	})
 	if err != nil {
 		return err
 	}
 
-	control, err := listen(s.ControlAddr, c.ControlHandler(), log)
+	control, err := listen(s.ControlAddr, c.ControlHandler(), log, controlTimeouts)
 	if err != nil {
 		return fmt.Errorf("control-addr: %w", err)
 	}
-	probes, err := listen(s.MetricsAddr, sidecar.ProbesHandler(reg, c.Ready), log)
+	probes, err := listen(s.MetricsAddr, sidecar.ProbesHandler(reg, c.Ready), log, probeTimeouts)
 	if err != nil {
 		return fmt.Errorf("metrics-addr: %w", err)
 	}
@@ -188,13 +196,36 @@ func http2HealthCheck(renewDeadline time.Duration) time.Duration {
 	return max(time.Second, (renewDeadline / 5).Truncate(time.Second))
 }
 
+// serverTimeouts are the limits of one server's connections (net/http's
+// http.Server fields of the same names): a client that sends its request,
+// or reads the answer, slower than that, or keeps an idle connection
+// longer, is cut off, so no client holds the server's connections.
+type serverTimeouts struct {
+	readHeader, read, write, idle time.Duration
+}
+
+var (
+	// probeTimeouts: the kubelet's probes and metrics scrapes send no body
+	// and get a small answer; the write limit leaves time to gather the
+	// metrics, the idle one keeps a scraper's connection between scrapes
+	// 15s apart.
+	probeTimeouts = serverTimeouts{readHeader: 5 * time.Second, read: 5 * time.Second, write: 10 * time.Second, idle: 30 * time.Second}
+	// controlTimeouts: the same for GET /v1/status and every refused call.
+	// POST /v1/prestop, once authorized and its (empty) body read, clears
+	// its connection's read and write deadlines (prestop.Handler): its
+	// answer waits for the whole sequence, which its own deadline bounds,
+	// and a read deadline passing meanwhile would cancel it.
+	// The hook calls once: an idle connection is not kept long.
+	controlTimeouts = serverTimeouts{readHeader: 5 * time.Second, read: 5 * time.Second, write: 10 * time.Second, idle: 5 * time.Second}
+)
+
 // listen binds addr before returning, so a busy port is an error at start.
-func listen(addr string, h http.Handler, log logr.Logger) (*http.Server, error) {
+func listen(addr string, h http.Handler, log logr.Logger, t serverTimeouts) (*http.Server, error) {
 	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Addr: ln.Addr().String(), Handler: h, ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read, WriteTimeout: t.write, IdleTimeout: t.idle}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error(err, "serving stopped", "addr", addr)

@@ -156,6 +156,7 @@ type holderChange struct {
 type pod struct {
 	name, uid       string
 	control, app    string // loopback addresses
+	token           string // the pod's token file
 	sidecar, worker *exec.Cmd
 	exited          map[*exec.Cmd]chan struct{}
 }
@@ -176,14 +177,21 @@ func (d *demo) startPod(ctx context.Context, name string) error {
 	}
 	p := &pod{name: name, uid: string(obj.UID), exited: map[*exec.Cmd]chan struct{}{},
 		control: fmt.Sprintf("127.0.0.1:%d", base), app: fmt.Sprintf("127.0.0.1:%d", base+2)}
+	// The pod's token, written as the install step writes it, given to the
+	// sidecar, the worker and the hook in HANDOFF_TOKEN_FILE.
+	p.token = filepath.Join(d.o.dir, name+"-token")
+	if out, err := exec.CommandContext(ctx, d.o.handoff, "install", "--token-file", p.token).CombinedOutput(); err != nil {
+		return fmt.Errorf("write %s's token: %w\n%s", name, err, out)
+	}
 	p.sidecar = exec.Command(d.o.handoff, "sidecar")
-	p.sidecar.Env = append(os.Environ(),
+	p.sidecar.Env = append(os.Environ(), "HANDOFF_TOKEN_FILE="+p.token,
 		"HANDOFF_POD_NAME="+name, "HANDOFF_POD_NAMESPACE="+namespace, "HANDOFF_POD_UID="+p.uid,
 		"HANDOFF_LEASES="+leaseName, "HANDOFF_KUBECONFIG="+d.kube.Kubeconfig,
 		"HANDOFF_CONTROL_ADDR="+p.control, fmt.Sprintf("HANDOFF_METRICS_ADDR=127.0.0.1:%d", base+1),
 		"HANDOFF_APP_URL=http://"+p.app, "HANDOFF_GRACE_PERIOD="+d.o.grace.String())
 	p.worker = exec.Command(d.o.worker, "--database-url", d.dbURL, "--worker-id", name,
 		"--handoff-addr", p.app, "--lease", leaseName, "--visibility-timeout", visibility.String())
+	p.worker.Env = append(os.Environ(), "HANDOFF_TOKEN_FILE="+p.token, "HANDOFF_LEASE_DURATION=15s") // the sidecar's default
 	for _, c := range []*exec.Cmd{p.sidecar, p.worker} {
 		part := "sidecar"
 		if c == p.worker {
@@ -256,7 +264,7 @@ func (d *demo) replace(ctx context.Context, old, newName string, handoff bool) (
 	}
 	killAt := r.t0.Add(d.o.grace)
 	if handoff {
-		hook := exec.CommandContext(ctx, d.o.handoff, "prestop", "--addr", p.control, "--timeout", d.o.grace.String())
+		hook := exec.CommandContext(ctx, d.o.handoff, "prestop", "--addr", p.control, "--timeout", d.o.grace.String(), "--token-file", p.token)
 		out, err := hook.CombinedOutput()
 		r.steps = append(r.steps, strings.Split(strings.TrimRight(string(out), "\n"), "\n")...)
 		if err != nil {

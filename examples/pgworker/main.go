@@ -59,6 +59,7 @@ type options struct {
 	databaseURL       string
 	workerID          string
 	handoffAddr       string
+	handoffTokenFile  string
 	concurrency       int
 	visibilityTimeout time.Duration
 	pollInterval      time.Duration
@@ -77,6 +78,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL URL, like postgres://user@host:5432/db (default $DATABASE_URL)")
 	fs.StringVar(&o.workerID, "worker-id", "", "name of this worker in claims and logs (default $HANDOFF_POD_NAME, else the host name)")
 	fs.StringVar(&o.handoffAddr, "handoff-addr", "127.0.0.1:7452", "loopback host:port to serve the handoff app API on, for the sidecar")
+	fs.StringVar(&o.handoffTokenFile, "handoff-token-file", "", "file with the pod's token, which the sidecar's calls must carry (default $HANDOFF_TOKEN_FILE, set by the injector)")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "number of messages worked on at once")
 	fs.DurationVar(&o.visibilityTimeout, "visibility-timeout", 30*time.Second, "how long a claim hides a message from other workers")
 	fs.DurationVar(&o.pollInterval, "poll-interval", 200*time.Millisecond, "wait before claiming again when the queue is empty")
@@ -213,7 +215,11 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 		defer stopFaults()
 	}
 
-	a := newApp(opts, log, pool)
+	a, err := newApp(opts, log, pool)
+	if err != nil {
+		pool.Close()
+		return err
+	}
 	if elector != nil {
 		a.beginLeading = elector.beginLeading
 	}
@@ -265,18 +271,26 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 
 // newApp returns the worker on pool, with its Agent; its loops are not
 // started.
-func newApp(opts options, log logr.Logger, pool *pgxpool.Pool) *app {
+func newApp(opts options, log logr.Logger, pool *pgxpool.Pool) (*app, error) {
 	a := &app{opts: opts, log: log, pool: pool}
-	a.agent = worker.New(worker.Options{
+	agent, err := worker.New(worker.Options{
 		ReturnClaims: a.returnClaims,
 		Logger:       log.WithName("handoff"),
+		TokenFile:    opts.handoffTokenFile,
+		// The baseline has no sidecar, and so maybe no token.
+		InsecureNoToken: opts.withoutHandoff,
 	})
+	if err != nil {
+		return nil, err
+	}
+	a.agent = agent
 	a.beginLeading = a.agent.BeginLeading
-	return a
+	return a, nil
 }
 
 // listenLoopback listens on addr, which must be a loopback host:port like
-// 127.0.0.1:7452: the app API has no authentication.
+// 127.0.0.1:7452: the app API is for the pod's own sidecar (which also
+// proves itself with the pod's token).
 func listenLoopback(ctx context.Context, addr string) (net.Listener, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +17,9 @@ import (
 	"github.com/handoff-dev/handoff/internal/pgtest"
 	"github.com/handoff-dev/handoff/sidecar"
 )
+
+// testToken is the pod's token in these tests.
+const testToken = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 // The elector's tests need the control plane, the claim loops' PostgreSQL.
 func TestMain(m *testing.M) {
@@ -33,10 +38,18 @@ type testWorker struct {
 // stops them when t ends.
 func startWorker(t *testing.T, pool *pgxpool.Pool, concurrency int, poll time.Duration) *testWorker {
 	t.Helper()
-	opts := options{workerID: "pod-a", concurrency: concurrency, visibilityTimeout: time.Hour, pollInterval: poll}
-	w := &testWorker{app: newApp(opts, logr.Discard(), pool), ended: make(chan struct{})}
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte(testToken), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := options{workerID: "pod-a", concurrency: concurrency, visibilityTimeout: time.Hour, pollInterval: poll, handoffTokenFile: token}
+	a, err := newApp(opts, logr.Discard(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &testWorker{app: a, ended: make(chan struct{})}
 	srv := httptest.NewServer(w.agent.Handler())
-	w.sidecar = sidecar.NewAppClient(srv.URL)
+	w.sidecar = sidecar.NewAppClient(srv.URL, testToken)
 	ctx, cancel := context.WithCancel(context.Background())
 	var loops sync.WaitGroup
 	for range concurrency {
