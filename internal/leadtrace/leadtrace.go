@@ -38,6 +38,8 @@ type lease struct {
 	leading bool      // granted and not revoked
 	// handedOver: revoked after Leaving, the handover's end of the term.
 	handedOver bool
+	token      int64     // fencing token of the current term
+	termStart  time.Time // arrival of the current term's first grant
 	lapses     int
 	lapsed     time.Duration
 	grants     int
@@ -106,6 +108,9 @@ func (t *Trace) record(name string, m protocol.Leadership, received time.Time) {
 	if l.granted.IsZero() {
 		l.granted = received
 	}
+	if !l.leading || m.FencingToken != l.token || received.After(l.until) {
+		l.token, l.termStart = m.FencingToken, received
+	}
 	l.grants++
 	l.until, l.leading, l.handedOver = until, true, false
 }
@@ -165,4 +170,15 @@ func (t *Trace) Leading(name string) bool {
 	defer t.mu.Unlock()
 	l := t.leases[name]
 	return l != nil && !l.granted.IsZero() && now.Before(l.until)
+}
+
+// TermStart is when the app was first told of its current (or last) term
+// of name, and its fencing token; zero if never.
+func (t *Trace) TermStart(name string) (time.Time, int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if l := t.leases[name]; l != nil {
+		return l.termStart, l.token
+	}
+	return time.Time{}, 0
 }

@@ -26,6 +26,8 @@ type renewals struct {
 	last   time.Time
 	maxGap time.Duration
 	writes int
+	// released is the renew time of the last release record (no holder).
+	released time.Time
 }
 
 // WatchRenewals starts watching namespace's Leases until ctx ends; it
@@ -45,7 +47,7 @@ func WatchRenewals(ctx context.Context, client kubernetes.Interface, namespace s
 
 func (r *Renewals) saw(l *coordinationv1.Lease) {
 	holder := ptr.Deref(l.Spec.HolderIdentity, "")
-	if holder == "" || l.Spec.RenewTime == nil {
+	if l.Spec.RenewTime == nil {
 		return
 	}
 	at := l.Spec.RenewTime.Time
@@ -55,6 +57,11 @@ func (r *Renewals) saw(l *coordinationv1.Lease) {
 	if x == nil {
 		x = &renewals{}
 		r.leases[l.Name] = x
+	}
+	if holder == "" {
+		// A release: client-go's record stamps it when written.
+		x.released, x.holder = at, ""
+		return
 	}
 	if x.holder == holder && at.After(x.last) {
 		x.maxGap = max(x.maxGap, at.Sub(x.last))
@@ -72,6 +79,10 @@ func (r *Renewals) Gaps(now time.Time) (gaps map[string]time.Duration, writes in
 	defer r.mu.Unlock()
 	gaps = make(map[string]time.Duration, len(r.leases))
 	for name, x := range r.leases {
+		if x.holder == "" {
+			gaps[name] = x.maxGap
+			continue
+		}
 		gaps[name] = max(x.maxGap, now.Sub(x.last))
 		writes += x.writes
 	}
@@ -86,4 +97,15 @@ func (r *Renewals) Reset() {
 	for _, x := range r.leases {
 		x.maxGap, x.writes = 0, 0
 	}
+}
+
+// Released is the renew time written by the last release of name (the
+// holder's clock, as it wrote the release), zero if none was seen.
+func (r *Renewals) Released(name string) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if x := r.leases[name]; x != nil {
+		return x.released
+	}
+	return time.Time{}
 }

@@ -1,0 +1,812 @@
+// Command scale measures many Leases over many sidecars on one real
+// kube-apiserver and etcd (envtest), for handoff and for plain client-go
+// electors with the same Leases, layout and timings, one after the other in
+// one run:
+//
+//   - API requests per second on Leases, in total and per Lease, by verb,
+//     from the apiserver's own apiserver_request_total;
+//   - the CPU of the apiserver and of etcd (/proc/<pid>/stat), and of the
+//     candidates;
+//   - app-visible lapses of leadership and the longest gap between two
+//     renewals of a Lease;
+//   - standby reads of the API per Lease;
+//   - handover latency under that load, for every Lease of a few leader
+//     sidecars released at once.
+//
+// Layout: -pairs pairs of sidecars sharing -per Leases each (one leads them
+// all, the other stands by for them all), and one more pair sharing -big
+// Leases. handoff runs each sidecar as the real `handoff sidecar` process
+// with its app (the worker library) served in this command; client-go runs
+// each "sidecar" in this process as one client of its own (its own
+// connection, the same rate budget as handoff's for that many Leases)
+// with one LeaderElector per Lease on a LeaseLock.
+//
+// Usage: go run ./bench/scale --handoff bin/handoff [-pairs 25 -per 20 -big 100 -window 60s]
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/rest"
+	clientgole "k8s.io/client-go/tools/leaderelection"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
+
+	"github.com/handoff-dev/handoff/bench/internal/benchenv"
+	"github.com/handoff-dev/handoff/bench/internal/stats"
+	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/internal/leadtrace"
+	"github.com/handoff-dev/handoff/leaderelection"
+	"github.com/handoff-dev/handoff/prestop"
+	"github.com/handoff-dev/handoff/protocol"
+	"github.com/handoff-dev/handoff/worker"
+)
+
+// flags are the command's own: imported libraries register theirs on
+// flag.CommandLine (controller-runtime's -kubeconfig), which this command does not read.
+var flags = flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+
+var (
+	handoff       = flags.String("handoff", "bin/handoff", "the handoff binary (make build)")
+	pairs         = flags.Int("pairs", 25, "pairs of sidecars sharing -per Leases")
+	per           = flags.Int("per", 20, "Leases per pair")
+	big           = flags.Int("big", 100, "Leases of the one big pair")
+	window        = flags.Duration("window", time.Minute, "how long requests, CPU and lapses are counted")
+	settle        = flags.Duration("settle", 15*time.Second, "time after every standby is up before counting")
+	handovers     = flags.Int("handover-sidecars", 2, "leader sidecars of -per Leases handed over (then the big one)")
+	leaseDuration = flags.Duration("lease-duration", 15*time.Second, "lease duration, both implementations")
+	renewDeadline = flags.Duration("renew-deadline", 10*time.Second, "renew deadline, both implementations")
+	retryPeriod   = flags.Duration("retry-period", 2*time.Second, "retry period, both implementations")
+)
+
+func main() {
+	flags.Usage = func() {
+		fmt.Fprintf(flags.Output(), "Usage: %s [flags]\n\nStarts its own kube-apiserver and etcd (binaries from KUBEBUILDER_ASSETS, or\nbuilt by hack/kube-assets.sh), runs many Leases over many sidecars for handoff\nand for plain client-go, and prints the API load, the apiserver's CPU, lapses\nand handover latency of each.\n\n", os.Args[0])
+		flags.PrintDefaults()
+	}
+	_ = flags.Parse(os.Args[1:])   // ExitOnError
+	klog.SetLogger(logr.Discard()) // client-go's own election logs
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "scale:", err)
+		os.Exit(1)
+	}
+}
+
+// spec is one sidecar: the Leases it competes for, and whether it is
+// started first, to lead them.
+type spec struct {
+	name   string
+	leases []string
+	leader bool
+}
+
+func layout() []spec {
+	var out []spec
+	add := func(group string, n int) {
+		leases := make([]string, n)
+		for i := range leases {
+			leases[i] = fmt.Sprintf("%s-%03d", group, i)
+		}
+		out = append(out, spec{group + "-a", leases, true}, spec{group + "-b", leases, false})
+	}
+	for p := range *pairs {
+		add(fmt.Sprintf("p%02d", p), *per)
+	}
+	add("big", *big)
+	return out
+}
+
+// handedOver are the leader sidecars whose Leases are handed over.
+func handedOver(specs []spec) []spec {
+	var out []spec
+	for _, s := range specs {
+		if s.leader && (len(out) < *handovers || s.name == "big-a") {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+type result struct {
+	name      string
+	requests  map[string]float64 // Lease requests by verb over the window
+	gets      int                // reads (GET, LIST) by the standbys' clients; -1: not counted per client
+	apiserver float64            // millicores
+	etcd      float64
+	cands     float64 // the candidates' CPU, millicores
+	lapses    int
+	lapsed    time.Duration
+	lost      int // leadership lost (client-go's OnStoppedLeading, handoff's LeaseLost)
+	maxGap    time.Duration
+	leading   int
+	handover  []time.Duration
+	missing   int // handed-over Leases the standby did not take
+}
+
+func run() error {
+	if _, err := os.Stat(*handoff); err != nil {
+		return fmt.Errorf("%w (build it with make build)", err)
+	}
+	env, stop, err := benchenv.Start()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	specs := layout()
+	leases := 0
+	for _, s := range specs {
+		if s.leader {
+			leases += len(s.leases)
+		}
+	}
+	fmt.Printf("Scale: %d Leases over %d sidecars (%d pairs sharing %d Leases, one pair sharing %d), each Lease with one leader and one standby, on one apiserver\n",
+		leases, len(specs), *pairs, *per, *big)
+	fmt.Printf("Lease timings for both: lease duration %s, renew deadline %s, retry period %s; counted over %s after %s settling\n\n",
+		*leaseDuration, *renewDeadline, *retryPeriod, *window, *settle)
+
+	var results []result
+	for _, im := range []struct {
+		name string
+		run  func(*kubetest.Env, string, []spec) (result, error)
+	}{{"handoff", runHandoff}, {"client-go", runClientGo}} {
+		ns := "scale-" + im.name
+		if _, err := env.Client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		r, err := im.run(env, ns, specs)
+		if err != nil {
+			return fmt.Errorf("%s: %w", im.name, err)
+		}
+		r.name = im.name
+		results = append(results, r)
+	}
+	report(results, leases)
+	return nil
+}
+
+func report(results []result, leases int) {
+	secs := window.Seconds()
+	fmt.Printf("%-10s %9s %14s %13s %11s %9s %7s %13s %11s %11s\n", "", "req/s", "req/Lease/min", "apiserver mc", "etcd mc", "cand. mc", "lapses", "lost/longest", "standby rd", "leading")
+	for _, r := range results {
+		total := 0.0
+		for _, n := range r.requests {
+			total += n
+		}
+		gets := float64(r.gets)
+		if r.gets < 0 { // every client's reads: the standbys' at most
+			gets = r.requests["GET"] + r.requests["LIST"]
+		}
+		standby := fmt.Sprintf("%.1f/min", gets/float64(leases)/window.Minutes())
+		fmt.Printf("%-10s %9.1f %14.1f %13.0f %11.0f %9.0f %7d %6d/%-6s %11s %7d/%d\n", r.name, total/secs, total/float64(leases)/window.Minutes(),
+			r.apiserver, r.etcd, r.cands, r.lapses, r.lost, stats.Round(r.maxGap), standby, r.leading, leases)
+	}
+	fmt.Println()
+	for _, r := range results {
+		fmt.Printf("  %-10s Lease requests by verb over %s: %s\n", r.name, *window, verbs(r.requests))
+	}
+	fmt.Println()
+	fmt.Printf("Handover under that load: release written -> standby leading (its app told, for handoff), every Lease of %d leader sidecars of %d Leases and of the one of %d, each sidecar's released at once (target: handoff p99 <= 50ms)\n", *handovers, *per, *big)
+	for _, r := range results {
+		miss := ""
+		if r.missing > 0 {
+			miss = fmt.Sprintf("; %d not taken by the standby", r.missing)
+		}
+		fmt.Printf("  %-10s %s%s\n", r.name, stats.Summary(r.handover), miss)
+	}
+	if len(results) == 2 && len(results[0].handover) > 0 {
+		p99 := float64(stats.Percentile(results[1].handover, 99)) / float64(max(1, stats.Percentile(results[0].handover, 99)))
+		fmt.Printf("  handoff is %.0fx faster at p99\n", p99)
+	}
+	fmt.Println()
+	fmt.Println("Targets at scale: 0 app-visible lapses, standby reads 0 per Lease, handover p99 <= 50ms.")
+	fmt.Println("(mc: millicores over the window; cand.: the candidates' own CPU, handoff's sidecar processes or the client-go electors in this command;")
+	fmt.Println(" lapses: stretches in which an app once granted a Lease did not lead it; lost/longest: leaderships lost, longest time between two renewals of a Lease;")
+	fmt.Println(" standby rd: reads (GET, LIST) of the API per Lease per minute by standbys: handoff's from the apiserver's count of all Lease reads, client-go's from each standby's client)")
+}
+
+func verbs(m map[string]float64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %.0f", k, m[k]))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// meter reads the apiserver's request counts and the CPU of the control
+// plane's processes at the start and end of the window.
+type meter struct {
+	env        *kubetest.Env
+	t0         time.Time
+	req0       map[string]float64
+	api0, etc0 time.Duration
+	cands      func() time.Duration
+	cand0      time.Duration
+}
+
+func startMeter(env *kubetest.Env, cands func() time.Duration) (*meter, error) {
+	m := &meter{env: env, cands: cands}
+	var err error
+	if m.req0, err = leaseRequests(env); err != nil {
+		return nil, err
+	}
+	m.api0, m.etc0 = cpuOf("kube-apiserver"), cpuOf("etcd")
+	m.cand0 = cands()
+	m.t0 = time.Now()
+	return m, nil
+}
+
+func (m *meter) stop(r *result) error {
+	req, err := leaseRequests(m.env)
+	if err != nil {
+		return err
+	}
+	elapsed := time.Since(m.t0)
+	mc := func(d time.Duration) float64 { return float64(d) / float64(elapsed) * 1000 }
+	r.apiserver, r.etcd, r.cands = mc(cpuOf("kube-apiserver")-m.api0), mc(cpuOf("etcd")-m.etc0), mc(m.cands()-m.cand0)
+	r.requests = map[string]float64{}
+	for k, v := range req {
+		if d := v - m.req0[k]; d > 0 {
+			r.requests[k] = d
+		}
+	}
+	return nil
+}
+
+var requestTotal = regexp.MustCompile(`^apiserver_request_total\{(.*)\} ([0-9.e+]+)$`)
+
+// leaseRequests is the apiserver's apiserver_request_total for Leases, by
+// verb, summed over its other labels (code, scope, ...).
+func leaseRequests(env *kubetest.Env) (map[string]float64, error) {
+	raw, err := env.Client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		return nil, fmt.Errorf("apiserver /metrics: %w", err)
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		m := requestTotal.FindStringSubmatch(sc.Text())
+		if m == nil || !strings.Contains(m[1], `resource="leases"`) {
+			continue
+		}
+		verb := regexp.MustCompile(`verb="([A-Z]+)"`).FindStringSubmatch(m[1])
+		v, err := strconv.ParseFloat(m[2], 64)
+		if verb == nil || err != nil {
+			continue
+		}
+		out[verb[1]] += v
+	}
+	return out, sc.Err()
+}
+
+// cpuOf is the CPU time of this command's child process named comm (the
+// control plane envtest started), 0 if none.
+func cpuOf(comm string) time.Duration {
+	entries, _ := os.ReadDir("/proc")
+	me := strconv.Itoa(os.Getpid())
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(raw)
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < 0 || s[open+1:end] != comm {
+			continue
+		}
+		f := strings.Fields(s[end+2:])
+		if f[1] != me {
+			continue
+		}
+		if d, err := cpuTime(pid); err == nil {
+			return d
+		}
+	}
+	return 0
+}
+
+// cpuTime is the user plus system CPU time of pid and its threads, from
+// /proc/<pid>/stat (clock ticks of 10 ms).
+func cpuTime(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+}
+
+// ownConnection gives a client config its own transport, and so its own
+// connection to the apiserver, as a separate process would have: client-go
+// shares one transport between configs it can tell equal, never one with a
+// Proxy func.
+func ownConnection(rc *rest.Config) *rest.Config {
+	rc = rest.CopyConfig(rc)
+	rc.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
+	return rc
+}
+
+// ---- handoff: the real sidecar processes ----
+
+type process struct {
+	spec    spec
+	cmd     *exec.Cmd
+	control string
+	trace   *leadtrace.Trace
+	pod     string
+	exited  chan struct{}
+	err     error
+}
+
+func runHandoff(env *kubetest.Env, ns string, specs []spec) (result, error) {
+	var r result
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	renewals := leadtrace.WatchRenewals(ctx, env.Client, ns)
+	procs := make([]*process, len(specs))
+	defer func() {
+		var wg sync.WaitGroup
+		for _, p := range procs {
+			if p != nil {
+				wg.Go(p.stop)
+			}
+		}
+		wg.Wait()
+	}()
+	for _, leader := range []bool{true, false} {
+		errs := make([]error, len(specs))
+		var wg sync.WaitGroup
+		for i, s := range specs {
+			if s.leader != leader {
+				continue
+			}
+			wg.Go(func() { procs[i], errs[i] = startSidecar(env, ns, s) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return r, err
+		}
+		for i, s := range specs {
+			if s.leader != leader {
+				continue
+			}
+			if err := procs[i].waitUp(leader); err != nil {
+				return r, err
+			}
+		}
+	}
+	time.Sleep(*settle)
+
+	traces := func() (s leadtrace.Summary) {
+		for _, p := range procs {
+			x := p.trace.Summary()
+			s.Lapses += x.Lapses
+			s.Lapsed += x.Lapsed
+			s.Leading += x.Leading
+		}
+		return s
+	}
+	before := traces()
+	renewals.Reset()
+	m, err := startMeter(env, func() time.Duration {
+		var t time.Duration
+		for _, p := range procs {
+			d, _ := cpuTime(p.cmd.Process.Pid)
+			t += d
+		}
+		return t
+	})
+	if err != nil {
+		return r, err
+	}
+	time.Sleep(*window)
+	if err := m.stop(&r); err != nil {
+		return r, err
+	}
+	after := traces()
+	r.lapses, r.lapsed, r.leading = after.Lapses-before.Lapses, after.Lapsed-before.Lapsed, after.Leading
+	gaps, _ := renewals.Gaps(time.Now())
+	for _, g := range gaps {
+		r.maxGap = max(r.maxGap, g)
+	}
+	r.gets = -1
+	lost, err := env.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: "reason=LeaseLost"})
+	if err != nil {
+		return r, err
+	}
+	for _, e := range lost.Items {
+		r.lost += int(e.Count)
+	}
+
+	// Handovers: the leader's pod deleted and its preStop called, as the
+	// kubelet would; its sequence releases every Lease at once.
+	standbyOf := map[string]*process{}
+	for _, p := range procs {
+		if !p.spec.leader {
+			for _, l := range p.spec.leases {
+				standbyOf[l] = p
+			}
+		}
+	}
+	for _, s := range handedOver(specs) {
+		var p *process
+		for _, x := range procs {
+			if x.spec.name == s.name {
+				p = x
+			}
+		}
+		if err := env.Client.CoreV1().Pods(ns).Delete(context.Background(), p.pod, metav1.DeleteOptions{}); err != nil {
+			return r, err
+		}
+		cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
+		_, err := prestop.Call(cctx, p.control, 5*time.Second)
+		ccancel()
+		if err != nil {
+			return r, fmt.Errorf("preStop of %s: %w", s.name, err)
+		}
+		deadline := time.Now().Add(*leaseDuration)
+		for _, l := range s.leases {
+			for {
+				released := renewals.Released(l)
+				took, _ := standbyOf[l].trace.TermStart(l)
+				if !released.IsZero() && took.After(released) {
+					r.handover = append(r.handover, took.Sub(released))
+					break
+				}
+				if time.Now().After(deadline) {
+					r.missing++
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	}
+	return r, nil
+}
+
+func startSidecar(env *kubetest.Env, ns string, s spec) (*process, error) {
+	grace := int64(30)
+	pod, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns},
+		Spec: corev1.PodSpec{NodeName: "bench-node", TerminationGracePeriodSeconds: &grace,
+			Containers: []corev1.Container{{Name: "worker", Image: "worker"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	p := &process{spec: s, trace: leadtrace.New(), pod: s.name, exited: make(chan struct{})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	app := &http.Server{Handler: p.trace.Wrap(worker.New(worker.Options{}).Handler()), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = app.Serve(ln) }()
+	benchenv.AtExit(func() { _ = app.Close() })
+	if p.control, err = freeAddr(); err != nil {
+		return nil, err
+	}
+	p.cmd = exec.Command(*handoff, "sidecar")
+	p.cmd.Env = append(os.Environ(),
+		"HANDOFF_POD_NAME="+s.name, "HANDOFF_POD_NAMESPACE="+ns, "HANDOFF_POD_UID="+string(pod.UID),
+		"HANDOFF_LEASES="+strings.Join(s.leases, ","), "HANDOFF_KUBECONFIG="+env.Kubeconfig,
+		"HANDOFF_CONTROL_ADDR="+p.control, "HANDOFF_METRICS_ADDR=127.0.0.1:0", "HANDOFF_APP_URL=http://"+ln.Addr().String(),
+		"HANDOFF_LEASE_DURATION="+leaseDuration.String(), "HANDOFF_RENEW_DEADLINE="+renewDeadline.String(),
+		"HANDOFF_RETRY_PERIOD="+retryPeriod.String())
+	log, err := os.Create(filepath.Join(os.TempDir(), "handoff-scale-"+ns+"-"+s.name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	p.cmd.Stdout, p.cmd.Stderr = log, log
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	benchenv.AtExit(func() { _ = p.cmd.Process.Kill() })
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.exited)
+		_ = log.Close()
+		_ = os.Remove(log.Name())
+	}()
+	return p, nil
+}
+
+// waitUp waits until a leader's app leads all its Leases, or a standby's
+// elections all see the leader holding them.
+func (p *process) waitUp(leader bool) error {
+	timeout := 2 * *leaseDuration
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		var st protocol.Status
+		if err := getJSON("http://"+p.control+protocol.StatusPath, &st); err == nil && len(st.Leases) == len(p.spec.leases) {
+			ok := 0
+			for _, l := range st.Leases {
+				if leader && l.Leader && p.trace.Leading(l.Lease) || !leader && !l.Leader && l.HolderIdentity != "" {
+					ok++
+				}
+			}
+			if ok == len(p.spec.leases) {
+				return nil
+			}
+		}
+		select {
+		case <-p.exited:
+			return fmt.Errorf("sidecar %s exited: %w", p.spec.name, p.err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("sidecar %s (%d Leases, leader %v) not up within %s", p.spec.name, len(p.spec.leases), leader, timeout)
+}
+
+// stop sends SIGTERM and waits for the exit.
+func (p *process) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	addr := l.Addr().String()
+	return addr, l.Close()
+}
+
+func getJSON(url string, v any) error {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// ---- client-go: plain LeaderElectors, one client per sidecar ----
+
+type elector struct {
+	cancel  context.CancelFunc
+	done    chan struct{}
+	mu      sync.Mutex
+	led     time.Time // when it last started leading
+	leading bool
+	lost    int // leadership ended without a cancel
+}
+
+type cgSidecar struct {
+	spec     spec
+	requests *stats.Requests
+	electors map[string]*elector
+}
+
+func runClientGo(env *kubetest.Env, ns string, specs []spec) (result, error) {
+	var r result
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	renewals := leadtrace.WatchRenewals(ctx, env.Client, ns)
+	sidecars := make([]*cgSidecar, len(specs))
+	defer func() {
+		var wg sync.WaitGroup
+		for _, s := range sidecars {
+			if s == nil {
+				continue
+			}
+			for _, e := range s.electors {
+				wg.Go(func() { e.cancel(); <-e.done })
+			}
+		}
+		wg.Wait()
+	}()
+	for _, leader := range []bool{true, false} {
+		for i, s := range specs {
+			if s.leader == leader {
+				sidecars[i] = startElectors(env.Config, ns, s)
+			}
+		}
+		timeout := 2 * *leaseDuration
+		deadline := time.Now().Add(timeout)
+		for i, s := range specs {
+			if s.leader != leader || !leader {
+				continue
+			}
+			for _, e := range sidecars[i].electors {
+				for !e.isLeading() {
+					if time.Now().After(deadline) {
+						return r, fmt.Errorf("%s did not lead its %d Leases within %s", s.name, len(s.leases), timeout)
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+		}
+	}
+	// A standby has read its Lease by its first retry period.
+	time.Sleep(*settle)
+
+	lost := func() (n, leading int) {
+		for _, s := range sidecars {
+			for _, e := range s.electors {
+				e.mu.Lock()
+				n += e.lost
+				if e.leading {
+					leading++
+				}
+				e.mu.Unlock()
+			}
+		}
+		return n, leading
+	}
+	lost0, _ := lost()
+	renewals.Reset()
+	for _, s := range sidecars {
+		s.requests.Reset()
+	}
+	self := os.Getpid()
+	m, err := startMeter(env, func() time.Duration { d, _ := cpuTime(self); return d })
+	if err != nil {
+		return r, err
+	}
+	time.Sleep(*window)
+	if err := m.stop(&r); err != nil {
+		return r, err
+	}
+	lost1, leading := lost()
+	r.lost, r.leading = lost1-lost0, leading
+	// Without a term of its own, a client-go app's leadership lapses when it
+	// loses it.
+	r.lapses = r.lost
+	gaps, _ := renewals.Gaps(time.Now())
+	for _, g := range gaps {
+		r.maxGap = max(r.maxGap, g)
+	}
+	for _, s := range sidecars {
+		if !s.spec.leader {
+			r.gets += s.requests.Count("GET") + s.requests.Count("LIST")
+		}
+	}
+
+	standbyOf := map[string]*elector{}
+	for _, s := range sidecars {
+		if !s.spec.leader {
+			for l, e := range s.electors {
+				standbyOf[l] = e
+			}
+		}
+	}
+	for _, hs := range handedOver(specs) {
+		var s *cgSidecar
+		for _, x := range sidecars {
+			if x.spec.name == hs.name {
+				s = x
+			}
+		}
+		// The sidecar's electors all end at once; each releases its Lease.
+		var wg sync.WaitGroup
+		for _, e := range s.electors {
+			wg.Go(func() { e.cancel(); <-e.done })
+		}
+		wg.Wait()
+		deadline := time.Now().Add(*leaseDuration + 3**retryPeriod)
+		for _, l := range hs.leases {
+			for {
+				released := renewals.Released(l)
+				e := standbyOf[l]
+				e.mu.Lock()
+				took := e.led
+				e.mu.Unlock()
+				if !released.IsZero() && took.After(released) {
+					r.handover = append(r.handover, took.Sub(released))
+					break
+				}
+				if time.Now().After(deadline) {
+					r.missing++
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	}
+	return r, nil
+}
+
+func (e *elector) isLeading() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.leading }
+
+// startElectors runs one client-go elector per Lease of s over one client
+// of its own, with the rate budget a handoff sidecar with as many Leases
+// has (client-go's default of 5/s could not renew them).
+func startElectors(cfg *rest.Config, ns string, s spec) *cgSidecar {
+	b := leaderelection.ClientBudget(len(s.leases), *retryPeriod)
+	rc := ownConnection(cfg)
+	rc.QPS, rc.Burst = b.QPS, b.Burst
+	sc := &cgSidecar{spec: s, requests: &stats.Requests{}, electors: map[string]*elector{}}
+	rc.Wrap(sc.requests.Wrap)
+	leases := kubernetes.NewForConfigOrDie(rc).CoordinationV1()
+	for _, l := range s.leases {
+		e := &elector{done: make(chan struct{})}
+		ctx, cancel := context.WithCancel(context.Background())
+		e.cancel = cancel
+		sc.electors[l] = e
+		go func() {
+			defer close(e.done)
+			runClientGoElector(ctx, leases, ns, l, s.name, e)
+		}()
+	}
+	return sc
+}
+
+func runClientGoElector(ctx context.Context, leases coordinationv1client.LeasesGetter, ns, lease, identity string, e *elector) {
+	for ctx.Err() == nil {
+		clientgole.RunOrDie(ctx, clientgole.LeaderElectionConfig{
+			Lock: &rl.LeaseLock{
+				LeaseMeta:  metav1.ObjectMeta{Namespace: ns, Name: lease},
+				Client:     leases,
+				LockConfig: rl.ResourceLockConfig{Identity: identity},
+			},
+			LeaseDuration: *leaseDuration, RenewDeadline: *renewDeadline, RetryPeriod: *retryPeriod,
+			ReleaseOnCancel: true,
+			Callbacks: clientgole.LeaderCallbacks{
+				OnStartedLeading: func(context.Context) {
+					e.mu.Lock()
+					e.led, e.leading = time.Now(), true
+					e.mu.Unlock()
+				},
+				OnStoppedLeading: func() {
+					e.mu.Lock()
+					if e.leading && ctx.Err() == nil {
+						e.lost++
+					}
+					e.leading = false
+					e.mu.Unlock()
+				},
+			},
+		})
+	}
+}
