@@ -34,9 +34,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -51,7 +51,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
-	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	clientgole "k8s.io/client-go/tools/leaderelection"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
@@ -90,6 +90,13 @@ func main() {
 	}
 	_ = flags.Parse(os.Args[1:])   // ExitOnError
 	klog.SetLogger(logr.Discard()) // client-go's own election logs
+	if child := os.Getenv(childEnv); child != "" {
+		if err := runChild(child); err != nil {
+			fmt.Fprintln(os.Stderr, "scale: client-go sidecar:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "scale:", err)
 		os.Exit(1)
@@ -132,19 +139,20 @@ func handedOver(specs []spec) []spec {
 }
 
 type result struct {
-	name      string
-	requests  map[string]float64 // Lease requests by verb over the window
-	gets      int                // reads (GET, LIST) by the standbys' clients; -1: not counted per client
-	apiserver float64            // millicores
-	etcd      float64
-	cands     float64 // the candidates' CPU, millicores
-	lapses    int
-	lapsed    time.Duration
-	lost      int // leadership lost (client-go's OnStoppedLeading, handoff's LeaseLost)
-	maxGap    time.Duration
-	leading   int
-	handover  []time.Duration
-	missing   int // handed-over Leases the standby did not take
+	name       string
+	requests   map[string]float64 // Lease requests by verb over the window
+	apiserver  float64            // millicores
+	etcd       float64
+	cands      float64 // the candidates' CPU, millicores
+	lapses     int
+	lapsed     time.Duration
+	lost       int // leadership lost in the window (client-go's OnStoppedLeading, handoff's LeaseLost Events)
+	lostBefore int // and before it, while the sidecars started
+	maxGap     time.Duration
+	leading    int
+	handover   []time.Duration // release record stamped -> standby's app (or callback) told
+	acquire    []time.Duration // release record stamped -> standby's acquiring record stamped
+	missing    int             // handed-over Leases the standby did not take
 }
 
 func run() error {
@@ -190,32 +198,33 @@ func run() error {
 
 func report(results []result, leases int) {
 	secs := window.Seconds()
-	fmt.Printf("%-10s %9s %14s %13s %11s %9s %7s %13s %11s %11s\n", "", "req/s", "req/Lease/min", "apiserver mc", "etcd mc", "cand. mc", "lapses", "lost/longest", "standby rd", "leading")
+	fmt.Printf("%-10s %8s %13s %12s %8s %9s %7s %5s %9s %14s %8s\n", "", "req/s", "req/Lease/min", "apiserver mc", "etcd mc", "cand. mc", "lapses", "lost", "max gap", "reads/Lease/min", "leading")
 	for _, r := range results {
 		total := 0.0
 		for _, n := range r.requests {
 			total += n
 		}
-		gets := float64(r.gets)
-		if r.gets < 0 { // every client's reads: the standbys' at most
-			gets = r.requests["GET"] + r.requests["LIST"]
-		}
-		standby := fmt.Sprintf("%.1f/min", gets/float64(leases)/window.Minutes())
-		fmt.Printf("%-10s %9.1f %14.1f %13.0f %11.0f %9.0f %7d %6d/%-6s %11s %7d/%d\n", r.name, total/secs, total/float64(leases)/window.Minutes(),
-			r.apiserver, r.etcd, r.cands, r.lapses, r.lost, stats.Round(r.maxGap), standby, r.leading, leases)
+		reads := (r.requests["GET"] + r.requests["LIST"]) / float64(leases) / window.Minutes()
+		fmt.Printf("%-10s %8.1f %13.1f %12.0f %8.0f %9.0f %7d %5d %9s %14.1f %4d/%d\n", r.name, total/secs, total/float64(leases)/window.Minutes(),
+			r.apiserver, r.etcd, r.cands, r.lapses, r.lost, stats.Round(r.maxGap), reads, r.leading, leases)
 	}
 	fmt.Println()
 	for _, r := range results {
-		fmt.Printf("  %-10s Lease requests by verb over %s: %s\n", r.name, *window, verbs(r.requests))
+		fmt.Printf("  %-10s Lease requests by verb over %s: %s; leaderships lost before counting (start-up): %d\n", r.name, *window, verbs(r.requests), r.lostBefore)
 	}
 	fmt.Println()
-	fmt.Printf("Handover under that load: release written -> standby leading (its app told, for handoff), every Lease of %d leader sidecars of %d Leases and of the one of %d, each sidecar's released at once (target: handoff p99 <= 50ms)\n", *handovers, *per, *big)
+	fmt.Printf("Handover under that load: every Lease of %d leader sidecars of %d Leases and of the one of %d, each sidecar's released at once (target: handoff p99 <= 50ms)\n", *handovers, *per, *big)
+	fmt.Println("  release written -> standby's acquiring write (the records' own stamps):")
+	for _, r := range results {
+		fmt.Printf("    %-10s %s\n", r.name, stats.Summary(r.acquire))
+	}
+	fmt.Println("  release written -> the standby's app told (handoff) / its OnStartedLeading (client-go):")
 	for _, r := range results {
 		miss := ""
 		if r.missing > 0 {
 			miss = fmt.Sprintf("; %d not taken by the standby", r.missing)
 		}
-		fmt.Printf("  %-10s %s%s\n", r.name, stats.Summary(r.handover), miss)
+		fmt.Printf("    %-10s %s%s\n", r.name, stats.Summary(r.handover), miss)
 	}
 	if len(results) == 2 && len(results[0].handover) > 0 {
 		p99 := float64(stats.Percentile(results[1].handover, 99)) / float64(max(1, stats.Percentile(results[0].handover, 99)))
@@ -223,9 +232,9 @@ func report(results []result, leases int) {
 	}
 	fmt.Println()
 	fmt.Println("Targets at scale: 0 app-visible lapses, standby reads 0 per Lease, handover p99 <= 50ms.")
-	fmt.Println("(mc: millicores over the window; cand.: the candidates' own CPU, handoff's sidecar processes or the client-go electors in this command;")
-	fmt.Println(" lapses: stretches in which an app once granted a Lease did not lead it; lost/longest: leaderships lost, longest time between two renewals of a Lease;")
-	fmt.Println(" standby rd: reads (GET, LIST) of the API per Lease per minute by standbys: handoff's from the apiserver's count of all Lease reads, client-go's from each standby's client)")
+	fmt.Println("(from the apiserver's apiserver_request_total for Leases; mc: millicores over the window, apiserver and etcd from /proc/<pid>/stat;")
+	fmt.Println(" cand.: the sidecar processes' own CPU; lapses: stretches in which an app once granted a Lease did not lead it (client-go: leadership lost);")
+	fmt.Println(" max gap: the longest time between two renewals of a Lease; reads: GET and LIST of Leases by every client, the standbys' at most)")
 }
 
 func verbs(m map[string]float64) string {
@@ -357,16 +366,6 @@ func cpuTime(pid int) (time.Duration, error) {
 	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
 
-// ownConnection gives a client config its own transport, and so its own
-// connection to the apiserver, as a separate process would have: client-go
-// shares one transport between configs it can tell equal, never one with a
-// Proxy func.
-func ownConnection(rc *rest.Config) *rest.Config {
-	rc = rest.CopyConfig(rc)
-	rc.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
-	return rc
-}
-
 // ---- handoff: the real sidecar processes ----
 
 type process struct {
@@ -427,6 +426,21 @@ func runHandoff(env *kubetest.Env, ns string, specs []spec) (result, error) {
 		}
 		return s
 	}
+	lostEvents := func() (int, error) {
+		list, err := env.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: "reason=LeaseLost"})
+		if err != nil {
+			return 0, err
+		}
+		n := 0
+		for _, e := range list.Items {
+			n += int(e.Count)
+		}
+		return n, nil
+	}
+	lost0, err := lostEvents()
+	if err != nil {
+		return r, err
+	}
 	before := traces()
 	renewals.Reset()
 	m, err := startMeter(env, func() time.Duration {
@@ -450,14 +464,13 @@ func runHandoff(env *kubetest.Env, ns string, specs []spec) (result, error) {
 	for _, g := range gaps {
 		r.maxGap = max(r.maxGap, g)
 	}
-	r.gets = -1
-	lost, err := env.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: "reason=LeaseLost"})
+	// The Events of the window: their writes lag by a little.
+	time.Sleep(time.Second)
+	lost1, err := lostEvents()
 	if err != nil {
 		return r, err
 	}
-	for _, e := range lost.Items {
-		r.lost += int(e.Count)
-	}
+	r.lost, r.lostBefore = lost1-lost0, lost0
 
 	// Handovers: the leader's pod deleted and its preStop called, as the
 	// kubelet would; its sequence releases every Lease at once.
@@ -490,8 +503,10 @@ func runHandoff(env *kubetest.Env, ns string, specs []spec) (result, error) {
 			for {
 				released := renewals.Released(l)
 				took, _ := standbyOf[l].trace.TermStart(l)
-				if !released.IsZero() && took.After(released) {
+				acquired, _ := renewals.Acquired(l)
+				if !released.IsZero() && took.After(released) && acquired.After(released) {
 					r.handover = append(r.handover, took.Sub(released))
+					r.acquire = append(r.acquire, acquired.Sub(released))
 					break
 				}
 				if time.Now().After(deadline) {
@@ -611,21 +626,27 @@ func getJSON(url string, v any) error {
 	return json.NewDecoder(resp.Body).Decode(v)
 }
 
-// ---- client-go: plain LeaderElectors, one client per sidecar ----
+// ---- client-go: plain LeaderElectors, one process per sidecar ----
 
-type elector struct {
-	cancel  context.CancelFunc
-	done    chan struct{}
-	mu      sync.Mutex
-	led     time.Time // when it last started leading
-	leading bool
-	lost    int // leadership ended without a cancel
+// childEnv names the variable that makes this command a client-go
+// "sidecar": the JSON of its spec, with the namespace and kubeconfig.
+const childEnv = "HANDOFF_SCALE_CLIENTGO"
+
+type childSpec struct {
+	Namespace, Kubeconfig, Identity string
+	Leases                          []string
 }
 
+// cgSidecar is one client-go sidecar process, as its parent sees it.
 type cgSidecar struct {
-	spec     spec
-	requests *stats.Requests
-	electors map[string]*elector
+	spec   spec
+	cmd    *exec.Cmd
+	exited chan struct{}
+
+	mu      sync.Mutex
+	led     map[string]time.Time // when each Lease was last led
+	leading map[string]bool
+	lost    int // leadership ended without a cancel
 }
 
 func runClientGo(env *kubetest.Env, ns string, specs []spec) (result, error) {
@@ -637,11 +658,8 @@ func runClientGo(env *kubetest.Env, ns string, specs []spec) (result, error) {
 	defer func() {
 		var wg sync.WaitGroup
 		for _, s := range sidecars {
-			if s == nil {
-				continue
-			}
-			for _, e := range s.electors {
-				wg.Go(func() { e.cancel(); <-e.done })
+			if s != nil {
+				wg.Go(s.stop)
 			}
 		}
 		wg.Wait()
@@ -649,48 +667,50 @@ func runClientGo(env *kubetest.Env, ns string, specs []spec) (result, error) {
 	for _, leader := range []bool{true, false} {
 		for i, s := range specs {
 			if s.leader == leader {
-				sidecars[i] = startElectors(env.Config, ns, s)
+				c, err := startChild(env, ns, s)
+				if err != nil {
+					return r, err
+				}
+				sidecars[i] = c
 			}
+		}
+		if !leader {
+			break
 		}
 		timeout := 2 * *leaseDuration
 		deadline := time.Now().Add(timeout)
 		for i, s := range specs {
-			if s.leader != leader || !leader {
-				continue
-			}
-			for _, e := range sidecars[i].electors {
-				for !e.isLeading() {
-					if time.Now().After(deadline) {
-						return r, fmt.Errorf("%s did not lead its %d Leases within %s", s.name, len(s.leases), timeout)
-					}
-					time.Sleep(50 * time.Millisecond)
+			for s.leader && sidecars[i].leadingCount() < len(s.leases) {
+				if time.Now().After(deadline) {
+					return r, fmt.Errorf("%s led %d of its %d Leases within %s", s.name, sidecars[i].leadingCount(), len(s.leases), timeout)
 				}
+				time.Sleep(50 * time.Millisecond)
 			}
 		}
 	}
-	// A standby has read its Lease by its first retry period.
+	// A standby has read its Lease by its first retry periods.
 	time.Sleep(*settle)
 
 	lost := func() (n, leading int) {
 		for _, s := range sidecars {
-			for _, e := range s.electors {
-				e.mu.Lock()
-				n += e.lost
-				if e.leading {
-					leading++
-				}
-				e.mu.Unlock()
-			}
+			s.mu.Lock()
+			n += s.lost
+			s.mu.Unlock()
+			leading += s.leadingCount()
 		}
 		return n, leading
 	}
 	lost0, _ := lost()
+	r.lostBefore = lost0
 	renewals.Reset()
-	for _, s := range sidecars {
-		s.requests.Reset()
-	}
-	self := os.Getpid()
-	m, err := startMeter(env, func() time.Duration { d, _ := cpuTime(self); return d })
+	m, err := startMeter(env, func() time.Duration {
+		var t time.Duration
+		for _, s := range sidecars {
+			d, _ := cpuTime(s.cmd.Process.Pid)
+			t += d
+		}
+		return t
+	})
 	if err != nil {
 		return r, err
 	}
@@ -700,24 +720,19 @@ func runClientGo(env *kubetest.Env, ns string, specs []spec) (result, error) {
 	}
 	lost1, leading := lost()
 	r.lost, r.leading = lost1-lost0, leading
-	// Without a term of its own, a client-go app's leadership lapses when it
-	// loses it.
+	// With no term of its own, a client-go app's leadership lapses when it
+	// is lost.
 	r.lapses = r.lost
 	gaps, _ := renewals.Gaps(time.Now())
 	for _, g := range gaps {
 		r.maxGap = max(r.maxGap, g)
 	}
-	for _, s := range sidecars {
-		if !s.spec.leader {
-			r.gets += s.requests.Count("GET") + s.requests.Count("LIST")
-		}
-	}
 
-	standbyOf := map[string]*elector{}
+	standbyOf := map[string]*cgSidecar{}
 	for _, s := range sidecars {
 		if !s.spec.leader {
-			for l, e := range s.electors {
-				standbyOf[l] = e
+			for _, l := range s.spec.leases {
+				standbyOf[l] = s
 			}
 		}
 	}
@@ -728,22 +743,21 @@ func runClientGo(env *kubetest.Env, ns string, specs []spec) (result, error) {
 				s = x
 			}
 		}
-		// The sidecar's electors all end at once; each releases its Lease.
-		var wg sync.WaitGroup
-		for _, e := range s.electors {
-			wg.Go(func() { e.cancel(); <-e.done })
-		}
-		wg.Wait()
+		// SIGTERM: the sidecar's electors all end at once; each releases
+		// its Lease.
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
 		deadline := time.Now().Add(*leaseDuration + 3**retryPeriod)
 		for _, l := range hs.leases {
 			for {
 				released := renewals.Released(l)
-				e := standbyOf[l]
-				e.mu.Lock()
-				took := e.led
-				e.mu.Unlock()
-				if !released.IsZero() && took.After(released) {
+				st := standbyOf[l]
+				st.mu.Lock()
+				took := st.led[l]
+				st.mu.Unlock()
+				acquired, _ := renewals.Acquired(l)
+				if !released.IsZero() && took.After(released) && acquired.After(released) {
 					r.handover = append(r.handover, took.Sub(released))
+					r.acquire = append(r.acquire, acquired.Sub(released))
 					break
 				}
 				if time.Now().After(deadline) {
@@ -757,32 +771,116 @@ func runClientGo(env *kubetest.Env, ns string, specs []spec) (result, error) {
 	return r, nil
 }
 
-func (e *elector) isLeading() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.leading }
-
-// startElectors runs one client-go elector per Lease of s over one client
-// of its own, with the rate budget a handoff sidecar with as many Leases
-// has (client-go's default of 5/s could not renew them).
-func startElectors(cfg *rest.Config, ns string, s spec) *cgSidecar {
-	b := leaderelection.ClientBudget(len(s.leases), *retryPeriod)
-	rc := ownConnection(cfg)
-	rc.QPS, rc.Burst = b.QPS, b.Burst
-	sc := &cgSidecar{spec: s, requests: &stats.Requests{}, electors: map[string]*elector{}}
-	rc.Wrap(sc.requests.Wrap)
-	leases := kubernetes.NewForConfigOrDie(rc).CoordinationV1()
-	for _, l := range s.leases {
-		e := &elector{done: make(chan struct{})}
-		ctx, cancel := context.WithCancel(context.Background())
-		e.cancel = cancel
-		sc.electors[l] = e
-		go func() {
-			defer close(e.done)
-			runClientGoElector(ctx, leases, ns, l, s.name, e)
-		}()
+func (s *cgSidecar) leadingCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, ok := range s.leading {
+		if ok {
+			n++
+		}
 	}
-	return sc
+	return n
 }
 
-func runClientGoElector(ctx context.Context, leases coordinationv1client.LeasesGetter, ns, lease, identity string, e *elector) {
+// startChild runs this command as a client-go sidecar for s, reading what
+// its electors report.
+func startChild(env *kubetest.Env, ns string, s spec) (*cgSidecar, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	js, err := json.Marshal(childSpec{Namespace: ns, Kubeconfig: env.Kubeconfig, Identity: s.name, Leases: s.leases})
+	if err != nil {
+		return nil, err
+	}
+	c := &cgSidecar{spec: s, exited: make(chan struct{}), led: map[string]time.Time{}, leading: map[string]bool{}}
+	c.cmd = exec.Command(self, os.Args[1:]...)
+	c.cmd.Env = append(os.Environ(), childEnv+"="+string(js))
+	c.cmd.Stderr = os.Stderr
+	out, err := c.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.cmd.Start(); err != nil {
+		return nil, err
+	}
+	benchenv.AtExit(func() { _ = c.cmd.Process.Kill() })
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) < 2 {
+				continue
+			}
+			c.mu.Lock()
+			switch f[0] {
+			case "led":
+				if len(f) == 3 {
+					ns, _ := strconv.ParseInt(f[2], 10, 64)
+					c.led[f[1]], c.leading[f[1]] = time.Unix(0, ns), true
+				}
+			case "stopped":
+				c.leading[f[1]] = false
+			case "lost":
+				c.leading[f[1]] = false
+				c.lost++
+			}
+			c.mu.Unlock()
+		}
+		_ = c.cmd.Wait()
+		close(c.exited)
+	}()
+	return c, nil
+}
+
+func (s *cgSidecar) stop() {
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.exited:
+	case <-time.After(30 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+	}
+}
+
+// runChild is a client-go sidecar: one client of its own, with the rate
+// budget a handoff sidecar with as many Leases has (client-go's default of
+// 5/s could not renew them), and one LeaderElector per Lease on a
+// LeaseLock with ReleaseOnCancel. It prints "led <lease> <unix ns>",
+// "stopped <lease>" and "lost <lease>" lines, and releases every Lease on
+// SIGTERM.
+func runChild(raw string) error {
+	var cs childSpec
+	if err := json.Unmarshal([]byte(raw), &cs); err != nil {
+		return err
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", cs.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	b := leaderelection.ClientBudget(len(cs.Leases), *retryPeriod)
+	cfg.QPS, cfg.Burst = b.QPS, b.Burst
+	leases := kubernetes.NewForConfigOrDie(cfg).CoordinationV1()
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer cancel()
+	var (
+		out sync.Mutex
+		wg  sync.WaitGroup
+	)
+	say := func(format string, args ...any) {
+		out.Lock()
+		fmt.Printf(format+"\n", args...)
+		out.Unlock()
+	}
+	for _, l := range cs.Leases {
+		wg.Go(func() { runClientGoElector(ctx, leases, cs.Namespace, l, cs.Identity, say) })
+	}
+	wg.Wait()
+	return nil
+}
+
+func runClientGoElector(ctx context.Context, leases coordinationv1client.LeasesGetter, ns, lease, identity string, say func(string, ...any)) {
 	for ctx.Err() == nil {
 		clientgole.RunOrDie(ctx, clientgole.LeaderElectionConfig{
 			Lock: &rl.LeaseLock{
@@ -793,18 +891,13 @@ func runClientGoElector(ctx context.Context, leases coordinationv1client.LeasesG
 			LeaseDuration: *leaseDuration, RenewDeadline: *renewDeadline, RetryPeriod: *retryPeriod,
 			ReleaseOnCancel: true,
 			Callbacks: clientgole.LeaderCallbacks{
-				OnStartedLeading: func(context.Context) {
-					e.mu.Lock()
-					e.led, e.leading = time.Now(), true
-					e.mu.Unlock()
-				},
+				OnStartedLeading: func(context.Context) { say("led %s %d", lease, time.Now().UnixNano()) },
 				OnStoppedLeading: func() {
-					e.mu.Lock()
-					if e.leading && ctx.Err() == nil {
-						e.lost++
+					if ctx.Err() == nil {
+						say("lost %s", lease)
+					} else {
+						say("stopped %s", lease)
 					}
-					e.leading = false
-					e.mu.Unlock()
 				},
 			},
 		})

@@ -28,6 +28,8 @@ type renewals struct {
 	writes int
 	// released is the renew time of the last release record (no holder).
 	released time.Time
+	// acquired is the acquire time of the current holder's record.
+	acquired time.Time
 }
 
 // WatchRenewals starts watching namespace's Leases until ctx ends; it
@@ -65,6 +67,9 @@ func (r *Renewals) saw(l *coordinationv1.Lease) {
 	}
 	if x.holder == holder && at.After(x.last) {
 		x.maxGap = max(x.maxGap, at.Sub(x.last))
+	}
+	if x.holder != holder && l.Spec.AcquireTime != nil {
+		x.acquired = l.Spec.AcquireTime.Time
 	}
 	if x.holder != holder || at.After(x.last) {
 		x.holder, x.last = holder, at
@@ -108,4 +113,15 @@ func (r *Renewals) Released(name string) time.Time {
 		return x.released
 	}
 	return time.Time{}
+}
+
+// Acquired is the acquire time of the record of name's current holder (its
+// clock, as it wrote the record), and that holder; zero and "" if none.
+func (r *Renewals) Acquired(name string) (time.Time, string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if x := r.leases[name]; x != nil && x.holder != "" {
+		return x.acquired, x.holder
+	}
+	return time.Time{}, ""
 }
