@@ -81,6 +81,7 @@ var (
 	leaseDuration = flags.Duration("lease-duration", 15*time.Second, "lease duration, both implementations")
 	renewDeadline = flags.Duration("renew-deadline", 10*time.Second, "renew deadline, both implementations")
 	retryPeriod   = flags.Duration("retry-period", 2*time.Second, "retry period, both implementations")
+	logs          = flags.String("logs", "", "a directory to keep the handoff sidecars' logs in (default: none kept)")
 )
 
 func main() {
@@ -548,7 +549,11 @@ func startSidecar(env *kubetest.Env, ns string, s spec) (*process, error) {
 		"HANDOFF_CONTROL_ADDR="+p.control, "HANDOFF_METRICS_ADDR=127.0.0.1:0", "HANDOFF_APP_URL=http://"+ln.Addr().String(),
 		"HANDOFF_LEASE_DURATION="+leaseDuration.String(), "HANDOFF_RENEW_DEADLINE="+renewDeadline.String(),
 		"HANDOFF_RETRY_PERIOD="+retryPeriod.String())
-	log, err := os.Create(filepath.Join(os.TempDir(), "handoff-scale-"+ns+"-"+s.name+".log"))
+	dir := *logs
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	log, err := os.Create(filepath.Join(dir, "handoff-scale-"+ns+"-"+s.name+".log"))
 	if err != nil {
 		return nil, err
 	}
@@ -561,7 +566,9 @@ func startSidecar(env *kubetest.Env, ns string, s spec) (*process, error) {
 		p.err = p.cmd.Wait()
 		close(p.exited)
 		_ = log.Close()
-		_ = os.Remove(log.Name())
+		if *logs == "" {
+			_ = os.Remove(log.Name())
+		}
 	}()
 	return p, nil
 }
