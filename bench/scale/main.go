@@ -576,7 +576,9 @@ func startSidecar(env *kubetest.Env, ns string, s spec) (*process, error) {
 // waitUp waits until a leader's app leads all its Leases, or a standby's
 // elections all see the leader holding them.
 func (p *process) waitUp(leader bool) error {
-	timeout := 2 * *leaseDuration
+	// Generous: on a loaded machine 52 sidecars starting at once can take a
+	// while.
+	timeout := 4 * *leaseDuration
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		var st protocol.Status
@@ -611,13 +613,29 @@ func (p *process) stop() {
 	}
 }
 
+// nextPort is where freeAddr looks next: below the kernel's ephemeral range
+// (32768 and up by default), so the port cannot be taken, between this
+// check and the sidecar's bind, as the local port of one of the many
+// outgoing connections the sidecars open to the apiserver.
+var (
+	portMu   sync.Mutex
+	nextPort = 21000
+)
+
+// freeAddr is a loopback address whose port was free a moment ago.
 func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+	portMu.Lock()
+	defer portMu.Unlock()
+	for ; nextPort < 32768; nextPort++ {
+		addr := fmt.Sprintf("127.0.0.1:%d", nextPort)
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		nextPort++
+		return addr, l.Close()
 	}
-	addr := l.Addr().String()
-	return addr, l.Close()
+	return "", errors.New("no free port below 32768")
 }
 
 func getJSON(url string, v any) error {
