@@ -34,13 +34,6 @@ func (r *Requests) Total() int {
 	return t
 }
 
-// Count is the number of requests of kind counted (GET, LIST, PUT, ...).
-func (r *Requests) Count(kind string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.n[kind]
-}
-
 // String is "GET 3 PUT 30", kinds sorted.
 func (r *Requests) String() string {
 	r.mu.Lock()
