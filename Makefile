@@ -60,10 +60,12 @@ integration: kube-assets
 
 # The figures of docs/performance.md, on a real kube-apiserver + etcd: Lease
 # handover and API cost beside plain client-go, the sidecar's memory, CPU and
-# shutdown time, and the webhook's admission latency.
+# shutdown time, many Leases over many sidecars (scale), and the webhook's
+# admission latency.
 bench: image kube-assets
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/takeover
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/sidecar --handoff bin/handoff --image bin/handoff-image.tar
+	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/scale --handoff bin/handoff
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh kube-controller-manager) go test -run '^$$' -bench Admission -benchtime 2000x ./webhook
 
 # End to end on a real kubelet (root; boots and stops its own cluster with

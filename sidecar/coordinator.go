@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -64,6 +65,11 @@ type Options struct {
 	// the token-file setting): the control API's POST /v1/prestop requires
 	// it, and every call to the app carries it. Required.
 	Token string
+	// LeaseBudget is the rate budget of the Leases client, for the
+	// handoff_lease_* budget metrics and, when it cannot hold every
+	// configured Lease, a LeaseBudgetExceeded Event and an error in the log
+	// at Start. The zero value reports nothing.
+	LeaseBudget leaderelection.Budget
 }
 
 // Coordinator runs one pod's elections and its shutdown sequences.
@@ -77,6 +83,7 @@ type Coordinator struct {
 	events    record.EventRecorder
 	pod       *corev1.ObjectReference
 	metrics   *Metrics
+	budget    leaderelection.Budget
 	clock     clock.WithTicker
 	base      context.Context // ends with Start's context
 	endBase   context.CancelFunc
@@ -160,6 +167,7 @@ func New(o Options) (*Coordinator, error) {
 		leaseAPI: o.Leases,
 		events:   o.Events,
 		metrics:  o.Metrics,
+		budget:   o.LeaseBudget,
 		clock:    o.Clock,
 		phase:    PhaseRunning,
 		pod: &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1",
@@ -214,8 +222,26 @@ func (c *Coordinator) Start(ctx context.Context) {
 		if c.pods != nil {
 			go c.pods.Run(c.base)
 		}
+		c.reportBudget()
 		c.arm(r)
 	})
+}
+
+// reportBudget sets the budget metrics and says, once at start, when the
+// Leases client's budget cannot keep every configured Lease renewed.
+func (c *Coordinator) reportBudget() {
+	b := c.budget
+	if b.RetryPeriod == 0 {
+		return
+	}
+	c.metrics.LeasesConfigured.Set(float64(b.Want))
+	c.metrics.LeaseCapacity.Set(float64(b.Leases))
+	c.metrics.LeaseClientQPS.Set(float64(b.QPS))
+	if msg := b.Shortfall(); msg != "" {
+		c.log.Error(nil, "Lease client budget too small for the configured Leases: "+msg,
+			"leases", b.Want, "capacity", b.Leases, "qps", b.QPS)
+		c.event(corev1.EventTypeWarning, ReasonLeaseBudgetExceeded, "%s", strings.ToUpper(msg[:1])+msg[1:])
+	}
 }
 
 // arm starts r's elections, unless its sequence has started, it is already

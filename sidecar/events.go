@@ -18,4 +18,8 @@ const (
 	// stays (the kubelet restarts the native sidecar): the worker and its
 	// leadership go on, the Leases are kept for the next sidecar process.
 	ReasonSidecarRestart = "SidecarRestart"
+	// ReasonLeaseBudgetExceeded: at start, the Lease client's rate budget
+	// cannot keep every configured Lease renewed within its renew deadline
+	// (leaderelection.ClientBudget): some will be lost.
+	ReasonLeaseBudgetExceeded = "LeaseBudgetExceeded"
 )

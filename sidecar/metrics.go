@@ -17,6 +17,11 @@ type Metrics struct {
 	// after one until the sidecar re-arms (or for good, once the pod leaves).
 	Coordinating prometheus.Gauge
 	Rearms       prometheus.Counter // handoff_rearms_total: rounds of elections rejoined after a worker restart
+	// The Lease client's budget, set at start: handoff_leases_configured,
+	// handoff_lease_capacity (Leases the budget keeps renewed within the
+	// renew deadline; below handoff_leases_configured, Leases will be lost)
+	// and handoff_lease_client_qps (requests per second).
+	LeasesConfigured, LeaseCapacity, LeaseClientQPS prometheus.Gauge
 }
 
 // NewMetrics registers the metrics with reg.
@@ -55,8 +60,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.Rearms = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "handoff_rearms_total", Help: "Times the sidecar rejoined its elections after a kill of the worker container in a pod that was not being deleted.",
 	})
+	m.LeasesConfigured = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "handoff_leases_configured", Help: "Leases this pod competes for.",
+	})
+	m.LeaseCapacity = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "handoff_lease_capacity",
+		Help: "Leases the Lease client's rate budget keeps renewed within the renew deadline; fewer than handoff_leases_configured: Leases will be lost.",
+	})
+	m.LeaseClientQPS = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "handoff_lease_client_qps", Help: "The Lease client's rate budget, requests per second.",
+	})
 	reg.MustRegister(m.Leader, m.Acquisitions, m.Releases, m.Shutdowns, m.StepSeconds, m.ClaimsReturned, m.ClaimsLeft, m.AppRequests,
-		m.Coordinating, m.Rearms)
+		m.Coordinating, m.Rearms, m.LeasesConfigured, m.LeaseCapacity, m.LeaseClientQPS)
 	return m
 }
 

@@ -28,15 +28,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/leaderelection"
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
-)
-
-// Lease traffic gets its own client and rate budget, so other API use can
-// never delay a renewal.
-const (
-	leaseQPS   = 20
-	leaseBurst = 40
 )
 
 // eventFlush is how long after the sequence ends the sidecar waits, at
@@ -92,7 +86,8 @@ func runSidecar(s *config.Settings) error {
 	if err != nil {
 		return err
 	}
-	leaseClient, err := kubernetes.NewForConfig(leaseConfig(rc))
+	budget := leaderelection.ClientBudget(len(s.Leases), s.RetryPeriod)
+	leaseClient, err := kubernetes.NewForConfig(leaseConfig(rc, budget))
 	if err != nil {
 		return err
 	}
@@ -107,6 +102,7 @@ func runSidecar(s *config.Settings) error {
 	c, err := sidecar.New(sidecar.Options{
 		Settings: s, Leases: leaseClient.CoordinationV1(), Pods: kube.CoreV1(),
 		Events: recorder, Metrics: sidecar.NewMetrics(reg), Logger: log, Token: token,
+		LeaseBudget: budget,
 	})
 	if err != nil {
 		return err
@@ -124,7 +120,8 @@ func runSidecar(s *config.Settings) error {
 	defer stop()
 	c.Start(ctx)
 	log.Info("handoff sidecar started", "identity", s.Identity(), "leases", s.Leases,
-		"control", s.ControlAddr, "metrics", s.MetricsAddr, "app", s.AppURL, "version", version)
+		"control", s.ControlAddr, "metrics", s.MetricsAddr, "app", s.AppURL, "version", version,
+		"leaseClientQPS", budget.QPS, "leaseClientBurst", budget.Burst, "leaseCapacity", budget.Leases)
 
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
@@ -162,13 +159,15 @@ func runSidecar(s *config.Settings) error {
 }
 
 // leaseConfig is the REST configuration of the Lease client: its own rate
-// budget, so other API use can never delay a renewal. It has no
+// budget, sized for the sidecar's Leases (leaderelection.ClientBudget), so
+// that other API use can never delay a renewal and the renewals of many
+// Leases do not queue past their renew deadline. It has no
 // rest.Config.Timeout: that would also cut the standby's watch of its Lease
 // every timeout; the elector bounds each Lease read and write instead
 // (leaderelection.RequestTimeout).
-func leaseConfig(rc *rest.Config) *rest.Config {
+func leaseConfig(rc *rest.Config, b leaderelection.Budget) *rest.Config {
 	lrc := rest.CopyConfig(rc)
-	lrc.QPS, lrc.Burst = leaseQPS, leaseBurst
+	lrc.QPS, lrc.Burst = b.QPS, b.Burst
 	return lrc
 }
 

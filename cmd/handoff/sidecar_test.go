@@ -5,16 +5,20 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/handoff-dev/handoff/leaderelection"
 )
 
-// The Lease client has its own rate budget and no client-wide timeout: a
-// rest.Config.Timeout would cut the standby's watch of its Lease every
-// timeout (the elector bounds each Lease request instead).
+// The Lease client has its own rate budget, the one given, and no
+// client-wide timeout: a rest.Config.Timeout would cut the standby's watch
+// of its Lease every timeout (the elector bounds each Lease request
+// instead).
 func TestLeaseClientKeepsWatchesOpen(t *testing.T) {
 	rc := &rest.Config{Host: "https://example.invalid", QPS: 5, Burst: 10}
-	got := leaseConfig(rc)
-	if got.Timeout != 0 || got.QPS != leaseQPS || got.Burst != leaseBurst {
-		t.Errorf("Lease client: timeout %s, QPS %v, burst %d; want no timeout, %d, %d", got.Timeout, got.QPS, got.Burst, leaseQPS, leaseBurst)
+	b := leaderelection.ClientBudget(100, 2*time.Second)
+	got := leaseConfig(rc, b)
+	if got.Timeout != 0 || got.QPS != b.QPS || got.Burst != b.Burst {
+		t.Errorf("Lease client: timeout %s, QPS %v, burst %d; want no timeout, %v, %d", got.Timeout, got.QPS, got.Burst, b.QPS, b.Burst)
 	}
 	if rc.QPS != 5 || rc.Burst != 10 {
 		t.Errorf("the shared config was changed: QPS %v, burst %d", rc.QPS, rc.Burst)
