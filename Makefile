@@ -13,13 +13,13 @@ export GOTOOLCHAIN
 
 # The Kubernetes versions the integration suite runs against, the oldest and
 # the newest supported: kube-apiserver and the etcd it ships with. The e2e
-# kubelet is the oldest's (Debian's containerd 1.6 runs no newer one).
+# kubelet in make e2e is the oldest's; make e2e-newest runs on the newest.
 KUBE_OLDEST := KUBE_VERSION=v1.35.4 ETCD_VERSION=v3.6.16
 KUBE_NEWEST := KUBE_VERSION=v1.37.2 ETCD_VERSION=v3.7.3
 # The packages whose tests talk to the apiserver, run again on the newest.
 API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
 
-.PHONY: all build image deploy demo test integration e2e e2e-assets rollout-figures soak unit bench fuzz lint vuln kube-assets tools clean
+.PHONY: all build image deploy demo test integration e2e e2e-newest e2e-assets rollout-figures soak unit bench fuzz lint vuln kube-assets tools clean
 
 all: build
 
@@ -73,6 +73,12 @@ bench: image kube-assets
 # HANDOFF_E2E_KUBECONFIG (see e2e/e2e_test.go).
 e2e: e2e-assets
 	go test -tags e2e -count=1 -v -timeout 30m ./e2e/
+
+# The same end-to-end suite on the newest supported Kubernetes (apiserver,
+# controllers and kubelet 1.37; not in CI, see README).
+e2e-newest: tools
+	$(KUBE_NEWEST) bash hack/kube-assets.sh kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
+	$(KUBE_NEWEST) go test -tags e2e -count=1 -v -timeout 30m ./e2e/
 
 # The rollout figures, handoff beside the baseline, from one e2e run.
 rollout-figures: e2e-assets

@@ -188,8 +188,23 @@ func (s *setup) cluster() error {
 	if err != nil {
 		return err
 	}
-	cluster.kube, err = kubernetes.NewForConfig(cfg)
-	return err
+	if cluster.kube, err = kubernetes.NewForConfig(cfg); err != nil {
+		return err
+	}
+	// Which Kubernetes the tests ran on, for the log: the apiserver's and
+	// each kubelet's own version (KUBE_VERSION picks them for up.sh).
+	v, err := cluster.kube.Discovery().ServerVersion()
+	if err != nil {
+		return err
+	}
+	nodes, err := cluster.kube.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, n := range nodes.Items {
+		fmt.Fprintf(os.Stderr, "e2e: kube-apiserver %s, node %s: kubelet %s, %s\n", v.GitVersion, n.Name, n.Status.NodeInfo.KubeletVersion, n.Status.NodeInfo.ContainerRuntimeVersion)
+	}
+	return nil
 }
 
 // images writes the handoff and pgworker images without a container

@@ -127,7 +127,10 @@ func Start(opts ...Option) (*Env, func(), error) {
 		v, err := client.Discovery().ServerVersion()
 		if err != nil || v.GitVersion != want {
 			_ = te.Stop()
-			return nil, nil, fmt.Errorf("kube-apiserver in %s: want version %s (KUBE_VERSION), got %v (error %v)", assets, want, v, err)
+			if err != nil {
+				return nil, nil, fmt.Errorf("kube-apiserver in %s: its version (want %s, KUBE_VERSION): %w", assets, want, err)
+			}
+			return nil, nil, fmt.Errorf("kube-apiserver in %s: version %s, want %s (KUBE_VERSION)", assets, v.GitVersion, want)
 		}
 	}
 	dir, err := os.MkdirTemp("", "kubetest")
