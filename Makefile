@@ -25,11 +25,12 @@ all: build
 
 build:
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/handoff ./cmd/handoff
+	CGO_ENABLED=0 go build -tags sidecaronly -trimpath -ldflags "$(LDFLAGS)" -o bin/handoff-sidecar ./cmd/handoff
 	CGO_ENABLED=0 go build -trimpath -o bin/pgworker ./examples/pgworker
 
 # The container image, written as a tarball without a container engine.
 image: build
-	go run ./hack/image --binary bin/handoff --tag handoff:$(VERSION) --out bin/handoff-image.tar
+	go run ./hack/image --binary bin/handoff --sidecar bin/handoff-sidecar --tag handoff:$(VERSION) --out bin/handoff-image.tar
 
 # deploy/handoff.yaml: the Helm chart rendered as plain manifests.
 deploy: tools
@@ -64,7 +65,7 @@ integration: kube-assets
 bench: image kube-assets
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/takeover
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/sidecar --handoff bin/handoff --image bin/handoff-image.tar
-	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/footprint --handoff bin/handoff
+	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/footprint --handoff bin/handoff-sidecar -variant 'handoff (all)=bin/handoff'
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh kube-controller-manager) go test -run '^$$' -bench Admission -benchtime 2000x ./webhook
 
 # End to end on a real kubelet (root; boots and stops its own cluster with
