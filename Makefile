@@ -46,7 +46,7 @@ tools:
 
 # A real handover with its timeline, beside the same replacement without handoff.
 demo: build kube-assets
-	go run ./examples/demo --handoff bin/handoff --worker bin/pgworker $(DEMO_ARGS)
+	go run ./examples/demo --handoff bin/handoff-sidecar --worker bin/pgworker $(DEMO_ARGS)
 
 # Every test: unit and integration, then end to end on a real kubelet.
 test: integration e2e
@@ -64,7 +64,7 @@ integration: kube-assets
 # shutdown time, and the webhook's admission latency.
 bench: image kube-assets
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/takeover
-	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/sidecar --handoff bin/handoff --image bin/handoff-image.tar
+	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/sidecar --handoff bin/handoff-sidecar --image bin/handoff-image.tar
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/footprint --handoff bin/handoff-sidecar -variant 'handoff (all)=bin/handoff'
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh kube-controller-manager) go test -run '^$$' -bench Admission -benchtime 2000x ./webhook
 
