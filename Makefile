@@ -25,11 +25,12 @@ all: build
 
 build:
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/handoff ./cmd/handoff
+	CGO_ENABLED=0 go build -tags sidecaronly -trimpath -ldflags "$(LDFLAGS)" -o bin/handoff-sidecar ./cmd/handoff
 	CGO_ENABLED=0 go build -trimpath -o bin/pgworker ./examples/pgworker
 
 # The container image, written as a tarball without a container engine.
 image: build
-	go run ./hack/image --binary bin/handoff --tag handoff:$(VERSION) --out bin/handoff-image.tar
+	go run ./hack/image --binary bin/handoff --sidecar bin/handoff-sidecar --tag handoff:$(VERSION) --out bin/handoff-image.tar
 
 # deploy/handoff.yaml: the Helm chart rendered as plain manifests.
 deploy: tools
@@ -45,7 +46,7 @@ tools:
 
 # A real handover with its timeline, beside the same replacement without handoff.
 demo: build kube-assets
-	go run ./examples/demo --handoff bin/handoff --worker bin/pgworker $(DEMO_ARGS)
+	go run ./examples/demo --handoff bin/handoff-sidecar --worker bin/pgworker $(DEMO_ARGS)
 
 # Every test: unit and integration, then end to end on a real kubelet.
 test: integration e2e
@@ -64,8 +65,9 @@ integration: kube-assets
 # admission latency.
 bench: image kube-assets
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/takeover
-	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/sidecar --handoff bin/handoff --image bin/handoff-image.tar
-	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/scale --handoff bin/handoff
+	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/sidecar --handoff bin/handoff-sidecar --image bin/handoff-image.tar
+	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/scale --handoff bin/handoff-sidecar
+	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/footprint --handoff bin/handoff-sidecar -variant 'handoff (all)=bin/handoff'
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh kube-controller-manager) go test -run '^$$' -bench Admission -benchtime 2000x ./webhook
 
 # End to end on a real kubelet (root; boots and stops its own cluster with

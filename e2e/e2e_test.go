@@ -221,6 +221,12 @@ func (s *setup) images() error {
 			{"go", "run", "./hack/image", "--binary", bin, "--path", "/" + img.name, "--tag", img.ref, "--out", tar},
 			append(slices.Clone(s.load), tar),
 		}
+		if img.name == "handoff" {
+			// The sidecar's own build beside it, which injected pods run.
+			side := bin + "-sidecar"
+			steps = slices.Insert(steps, 1, []string{"go", "build", "-tags", "sidecaronly", "-trimpath", "-o", side, img.pkg})
+			steps[2] = append(steps[2], "--sidecar", side)
+		}
 		for _, step := range steps {
 			if _, err := s.sh([]string{"CGO_ENABLED=0"}, step[0], step[1:]...); err != nil {
 				return err

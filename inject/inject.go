@@ -53,6 +53,11 @@ const (
 	BinDir = "/handoff-bin"
 	// ImageBinary is the handoff binary's path in the handoff image.
 	ImageBinary = "/handoff"
+	// SidecarBinary is the sidecar's binary in the same image: bin/handoff
+	// built with the tag sidecaronly, without the webhook and the injector,
+	// which the sidecar and install containers run (a smaller resident
+	// memory; docs/performance.md, Footprint).
+	SidecarBinary = "/handoff-sidecar"
 	// MetricsPortName names the sidecar's metrics and probes port.
 	MetricsPortName = "handoff-metrics"
 
@@ -424,6 +429,7 @@ func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
 		EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("64Mi"))}}})
 	install := corev1.Container{
 		Name: InstallName, Image: o.Image, ImagePullPolicy: o.ImagePullPolicy,
+		Command:         []string{SidecarBinary},
 		Args:            []string{"install", BinDir + "/handoff", "--token-file", protocol.TokenFile},
 		VolumeMounts:    []corev1.VolumeMount{{Name: VolumeName, MountPath: BinDir}},
 		Resources:       o.Resources,
@@ -433,7 +439,7 @@ func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
 	spec.InitContainers = append(spec.InitContainers, install)
 	if p.layout == LayoutLegacy {
 		sidecar.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{
-			Command: []string{ImageBinary, "prestop", "--addr", p.settings.ControlAddr, "--timeout", fmt.Sprintf("%ds", p.grace), "--token-file", protocol.TokenFile}}}}
+			Command: []string{SidecarBinary, "prestop", "--addr", p.settings.ControlAddr, "--timeout", fmt.Sprintf("%ds", p.grace), "--token-file", protocol.TokenFile}}}}
 		spec.Containers = append(spec.Containers, sidecar)
 	} else {
 		sidecar.RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
@@ -472,6 +478,7 @@ func (p *plan) sidecar(o Options) corev1.Container {
 	}
 	c := corev1.Container{
 		Name: SidecarName, Image: o.Image, ImagePullPolicy: o.ImagePullPolicy,
+		Command:         []string{SidecarBinary},
 		Args:            []string{"sidecar"},
 		Env:             append(env, p.env...),
 		VolumeMounts:    []corev1.VolumeMount{{Name: VolumeName, MountPath: BinDir, ReadOnly: true}},

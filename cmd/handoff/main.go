@@ -20,7 +20,8 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(sidecarCommand(), prestopCommand(), installCommand(), injectCommand(), webhookCommand(), versionCommand())
+	root.AddCommand(sidecarCommand(), prestopCommand(), installCommand(), versionCommand())
+	root.AddCommand(toolCommands()...)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "handoff:", err)
 		os.Exit(1)

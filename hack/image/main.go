@@ -1,11 +1,12 @@
 // Command image writes the handoff container image (or another static
 // binary's) without a container engine: one layer holding the binary at
-// --path (/handoff) on an empty base
+// --path (/handoff), and the sidecar's own build of it (--sidecar, at
+// /handoff-sidecar, which injected pods run), on an empty base
 // (no shell, no libc), run as the non-root user 65532, entrypoint
 // --path. The result is a docker-archive tarball that `ctr images import`
 // and `docker load` read. It prints the image's size.
 //
-// Usage: go run ./hack/image --binary bin/handoff --tag handoff:dev --out bin/handoff-image.tar
+// Usage: go run ./hack/image --binary bin/handoff --sidecar bin/handoff-sidecar --tag handoff:dev --out bin/handoff-image.tar
 package main
 
 import (
@@ -30,7 +31,11 @@ var (
 	tag    = flag.String("tag", "handoff:dev", "image reference recorded in the tarball")
 	out    = flag.String("out", "bin/handoff-image.tar", "tarball to write")
 	path   = flag.String("path", "/handoff", "where the binary goes in the image; also the entrypoint")
+	side   = flag.String("sidecar", "", "static handoff binary built with -tags sidecaronly (make build), put at "+sidecarPath+"; empty for an image of another binary")
 )
+
+// sidecarPath is inject.SidecarBinary.
+const sidecarPath = "/handoff-sidecar"
 
 // nonroot is distroless's nonroot user and group.
 const nonroot = 65532
@@ -48,11 +53,19 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	files := []file{{strings.TrimPrefix(*path, "/"), bin}}
+	if *side != "" {
+		sb, err := os.ReadFile(*side)
+		if err != nil {
+			return fmt.Errorf("--sidecar: %w", err)
+		}
+		files = append(files, file{strings.TrimPrefix(sidecarPath, "/"), sb})
+	}
 	ref, err := name.NewTag(*tag)
 	if err != nil {
 		return fmt.Errorf("--tag: %w", err)
 	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return rootfs(bin, strings.TrimPrefix(*path, "/")) })
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return rootfs(files) })
 	if err != nil {
 		return err
 	}
@@ -76,8 +89,12 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	var size int
+	for _, f := range files {
+		size += len(f.data)
+	}
 	fmt.Printf("image %s: %s, layer %.1f MiB compressed, %.1f MiB uncompressed\n",
-		ref, *out, float64(compressed)/(1<<20), float64(len(bin))/(1<<20))
+		ref, *out, float64(compressed)/(1<<20), float64(size)/(1<<20))
 	return nil
 }
 
@@ -92,20 +109,29 @@ func withPlatform(img v1.Image) *v1.ConfigFile {
 	return cf
 }
 
-// rootfs is the layer: the binary at name, and an empty /tmp for a
-// writable mount.
-func rootfs(bin []byte, name string) (io.ReadCloser, error) {
+// file is one executable of the image: its path without the leading
+// slash, and its bytes.
+type file struct {
+	name string
+	data []byte
+}
+
+// rootfs is the layer: the binaries, and an empty /tmp for a writable
+// mount.
+func rootfs(files []file) (io.ReadCloser, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	epoch := time.Unix(0, 0)
 	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "tmp/", Mode: 0o1777, ModTime: epoch}); err != nil {
 		return nil, err
 	}
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o755, Size: int64(len(bin)), ModTime: epoch, Uid: 0, Gid: 0}); err != nil {
-		return nil, err
-	}
-	if _, err := tw.Write(bin); err != nil {
-		return nil, err
+	for _, f := range files {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: f.name, Mode: 0o755, Size: int64(len(f.data)), ModTime: epoch, Uid: 0, Gid: 0}); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(f.data); err != nil {
+			return nil, err
+		}
 	}
 	if err := tw.Close(); err != nil {
 		return nil, err
