@@ -61,6 +61,15 @@ Every setting is a flag, or an environment variable HANDOFF_<NAME>; flags win.`,
 }
 
 func runSidecar(s *config.Settings) error {
+	// The token first: a sidecar that cannot start changes no process-wide
+	// state (klog's logger) on its way out.
+	if s.TokenFile == "" {
+		return fmt.Errorf("token-file: required: the file with the pod's token (flag --token-file or %s; injected pods have %s, and handoff install --token-file FILE writes one)", protocol.TokenFileEnv, protocol.TokenFile)
+	}
+	token, err := protocol.ReadTokenFile(s.TokenFile)
+	if err != nil {
+		return fmt.Errorf("token-file: %w", err)
+	}
 	zl, err := zap.NewProduction()
 	if err != nil {
 		return err
@@ -69,13 +78,6 @@ func runSidecar(s *config.Settings) error {
 	klog.SetLogger(log.WithName("client-go"))
 	defer func() { _ = zl.Sync() }()
 
-	if s.TokenFile == "" {
-		return fmt.Errorf("token-file: required: the file with the pod's token (flag --token-file or %s; injected pods have %s, and handoff install --token-file FILE writes one)", protocol.TokenFileEnv, protocol.TokenFile)
-	}
-	token, err := protocol.ReadTokenFile(s.TokenFile)
-	if err != nil {
-		return fmt.Errorf("token-file: %w", err)
-	}
 	setHTTP2HealthCheck(os.LookupEnv, os.Setenv, s.RenewDeadline)
 	rc, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
 	if err != nil {
