@@ -53,8 +53,8 @@ func TestSidecarHolds100LeasesAtDefaultTimings(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	renewals := leadtrace.WatchRenewals(ctx, env.Client, ns)
+	defer func() { cancel(); <-renewals.Done() }()
 
 	leases := make([]string, n)
 	for i := range leases {

@@ -19,6 +19,7 @@ import (
 type Renewals struct {
 	mu     sync.Mutex
 	leases map[string]*renewals
+	done   chan struct{}
 }
 
 type renewals struct {
@@ -33,19 +34,23 @@ type renewals struct {
 }
 
 // WatchRenewals starts watching namespace's Leases until ctx ends; it
-// returns once the first list is in.
+// returns once the first list is in. Done is closed once the watch stopped.
 func WatchRenewals(ctx context.Context, client kubernetes.Interface, namespace string) *Renewals {
-	r := &Renewals{leases: map[string]*renewals{}}
+	r := &Renewals{leases: map[string]*renewals{}, done: make(chan struct{})}
 	lw := cache.NewListWatchFromClient(client.CoordinationV1().RESTClient(), "leases", namespace, fields.Everything())
 	inf := cache.NewSharedIndexInformer(lw, &coordinationv1.Lease{}, 0, cache.Indexers{})
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { r.saw(o.(*coordinationv1.Lease)) },
 		UpdateFunc: func(_, o any) { r.saw(o.(*coordinationv1.Lease)) },
 	})
-	go inf.RunWithContext(ctx)
+	go func() { inf.RunWithContext(ctx); close(r.done) }()
 	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
 	return r
 }
+
+// Done is closed when the watch has stopped (after its ctx ended): a test
+// waits on it so that no informer of its own logs into the next test.
+func (r *Renewals) Done() <-chan struct{} { return r.done }
 
 func (r *Renewals) saw(l *coordinationv1.Lease) {
 	holder := ptr.Deref(l.Spec.HolderIdentity, "")
