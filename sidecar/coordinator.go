@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -111,10 +112,14 @@ type round struct {
 // lease is one Lease's election in one round and what the app was told of it.
 type lease struct {
 	elector *leaderelection.Elector
-	ctx     context.Context    // the election's; ends with the round's sequence
-	cancel  context.CancelFunc // ends the election; releases if held
-	stopped chan struct{}      // closed when the election has ended
-	wake    chan struct{}      // asks the pusher to tell the app
+	kind    protocol.LeaseKind // when the sequence hands it over
+	// releasedAt is when the sequence released the Lease (a time.Time);
+	// unset before.
+	releasedAt atomic.Value
+	ctx        context.Context    // the election's; ends with the round's sequence
+	cancel     context.CancelFunc // ends the election; releases if held
+	stopped    chan struct{}      // closed when the election has ended
+	wake       chan struct{}      // asks the pusher to tell the app
 	// leaving is the round's shutdown: closed when its sequence starts.
 	// From then on no new term is granted to the app, only renewals of the
 	// one it was granted before.
@@ -174,7 +179,10 @@ func (c *Coordinator) newRound() (*round, error) {
 	c.rounds++
 	r := &round{n: c.rounds, shutdown: make(chan struct{}), done: make(chan struct{})}
 	for _, name := range c.s.Leases {
-		l := &lease{stopped: make(chan struct{}), wake: make(chan struct{}, 1), leaving: r.shutdown}
+		l := &lease{stopped: make(chan struct{}), wake: make(chan struct{}, 1), leaving: r.shutdown, kind: protocol.LeaseKindPartition}
+		if c.s.IsRole(name) {
+			l.kind = protocol.LeaseKindRole
+		}
 		l.ctx, l.cancel = context.WithCancel(c.base)
 		e, err := leaderelection.New(leaderelection.Config{
 			Leases: c.leaseAPI, Namespace: c.s.PodNamespace, Name: name, Identity: c.s.Identity(),
@@ -288,7 +296,10 @@ func (c *Coordinator) Status() protocol.Status {
 	st.Report = c.last
 	c.mu.Unlock()
 	for _, l := range r.leases {
-		ls := protocol.LeaseStatus{Lease: l.elector.Name(), HolderIdentity: l.elector.Holder()}
+		ls := protocol.LeaseStatus{Lease: l.elector.Name(), Kind: l.kind, HolderIdentity: l.elector.Holder()}
+		if at, ok := l.releasedAt.Load().(time.Time); ok {
+			ls.ReleasedAt = at
+		}
 		if t, ok := l.elector.Term(); ok {
 			ls.Leader, ls.FencingToken, ls.Until = true, t.FencingToken, t.Until
 		}
