@@ -209,10 +209,25 @@ func (c *Coordinator) Start(ctx context.Context) {
 		r := c.cur
 		c.mu.Unlock()
 		if c.pods != nil {
+			c.pods.OnDeletion(c.onDeletion)
 			go c.pods.Run(c.base)
 		}
 		c.arm(r)
 	})
+}
+
+// onDeletion starts the sequence at the pod's deletion, seen by the watch
+// of the pod's own object (prestop.PodWatch.OnDeletion), rather than at the
+// kubelet's preStop about 0.1 s later: the hook joins it, as any trigger
+// joins a sequence under way, and gets its report. The deadline is the
+// same, from the deletionTimestamp.
+func (c *Coordinator) onDeletion(pod *corev1.Pod) {
+	if c.s.PodUID != "" && string(pod.UID) != c.s.PodUID {
+		return // another pod of the same name
+	}
+	at := c.clock.Now()
+	c.log.Info("pod deletion seen: the shutdown sequence starts before the preStop hook", "deletionTimestamp", pod.DeletionTimestamp)
+	go func() { _, _ = c.shutdownAt(c.base, TriggerDeletion, at) }()
 }
 
 // arm starts r's elections, unless its sequence has started, it is already

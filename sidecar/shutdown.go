@@ -41,8 +41,12 @@ const (
 	stopClaimingTimeout = time.Second
 )
 
-// TriggerSignal names SIGTERM to the sidecar as the trigger of a sequence.
-const TriggerSignal = protocol.TriggerSignal
+// TriggerSignal names SIGTERM to the sidecar as the trigger of a sequence;
+// TriggerDeletion the pod's deletion, seen by the watch of its own object.
+const (
+	TriggerSignal   = protocol.TriggerSignal
+	TriggerDeletion = protocol.TriggerDeletion
+)
 
 // Shutdown starts the shutdown sequence, or joins the one under way, and
 // returns its report once it is over, or ctx's error if ctx ends first (the
