@@ -74,7 +74,7 @@ func (f *EventFlush) finished(err error, patch bool) {
 	var status *apierrors.StatusError
 	switch {
 	case err == nil, errors.As(err, &construction):
-	case errors.As(err, &status) && !(patch && apierrors.IsNotFound(err)):
+	case errors.As(err, &status) && (!patch || !apierrors.IsNotFound(err)):
 	default:
 		return
 	}
