@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -55,6 +56,11 @@ type Settings struct {
 	// Leases are the names of the Leases this pod competes for, in
 	// PodNamespace. Empty: the pod gets the drain sequence and no Lease.
 	Leases []string
+	// RoleLeases are the Leases, of Leases, that guard a role (a scheduled
+	// or singleton job) rather than a partition of the work: the shutdown
+	// sequence revokes and releases them as soon as it starts, right after
+	// stop-claiming, instead of after the drain. IsRole tells them apart.
+	RoleLeases []string
 	// LeaseDuration is how long a standby waits after the last observed
 	// renewal before it takes the Lease; RenewDeadline is how long the holder
 	// keeps retrying a renewal before it gives leadership up; RetryPeriod is
@@ -92,6 +98,19 @@ type Settings struct {
 // Identity returns the Lease holder identity: pod name and pod UID, so that
 // a replacement pod with the same name is never taken for the old holder.
 func (s *Settings) Identity() string { return s.PodName + "_" + s.PodUID }
+
+// IsRole reports whether Lease name guards a role (it is in RoleLeases);
+// every other Lease guards a partition of the work, the safe default: a
+// partition released before the drain lets a successor claim work this pod
+// still does, a role released after it only costs time.
+func (s *Settings) IsRole(name string) bool {
+	for _, r := range s.RoleLeases {
+		if r == name {
+			return true
+		}
+	}
+	return false
+}
 
 // Setting describes one configurable value. Name is the flag name; the
 // environment variable is EnvPrefix + upper-snake Name, and, where
@@ -134,6 +153,9 @@ var Table = []Setting{
 	{Name: "leases", Form: "comma-separated Lease names (DNS subdomains), or empty", Annotation: true,
 		Usage: "Leases this pod competes for, in its namespace",
 		set:   setLeases},
+	{Name: "role-leases", Form: "comma-separated names from leases, or empty", Annotation: true,
+		Usage: "Leases that guard a role (a scheduled or singleton job, whose leader work the worker can stop at once): revoked and released as soon as the shutdown starts, right after stop-claiming. Every other Lease guards a partition of the work (the worker's claims come from it) and is released after the drain; that is the default, as a partition released early would let a successor claim work this pod still does, while a role released late only costs time",
+		set:   setRoleLeases},
 	{Name: "lease-duration", Default: "15s", Form: "a duration of at least 2s and at most 1h, like 15s", Annotation: true,
 		Usage: "how long a standby waits after the last renewal it saw before taking the Lease",
 		set:   durationUpTo(func(s *Settings) *time.Duration { return &s.LeaseDuration }, 2*time.Second, protocol.MaxLeaseDuration)},
@@ -295,6 +317,13 @@ func (s *Settings) validate(invalid map[string]bool) []error {
 	if valid("renew-deadline", "retry-period") && float64(s.RenewDeadline) <= 1.2*float64(s.RetryPeriod) {
 		bad("retry-period", fmt.Sprintf("%s times 1.2 (client-go's jitter) is not under renew-deadline %s", s.RetryPeriod, s.RenewDeadline))
 	}
+	if valid("leases", "role-leases") {
+		for _, r := range s.RoleLeases {
+			if !slices.Contains(s.Leases, r) {
+				bad("role-leases", fmt.Sprintf("%q is not one of leases %q", r, strings.Join(s.Leases, ",")))
+			}
+		}
+	}
 	if valid("leases") && len(s.Leases) > 0 && (s.PodName == "" || s.PodUID == "") {
 		bad("pod-name", "pod-name and pod-uid are required when leases are set: they make the holder identity")
 	}
@@ -324,7 +353,20 @@ func durationUpTo(field func(*Settings) *time.Duration, minimum, maximum time.Du
 }
 
 func setLeases(s *Settings, v string) error {
-	s.Leases = nil
+	names, err := leaseNames(v)
+	s.Leases = names
+	return err
+}
+
+func setRoleLeases(s *Settings, v string) error {
+	names, err := leaseNames(v)
+	s.RoleLeases = names
+	return err
+}
+
+// leaseNames parses a comma-separated list of distinct Lease names.
+func leaseNames(v string) ([]string, error) {
+	var names []string
 	seen := map[string]bool{}
 	for _, n := range strings.Split(v, ",") {
 		n = strings.TrimSpace(n)
@@ -332,15 +374,15 @@ func setLeases(s *Settings, v string) error {
 			continue
 		}
 		if len(validation.IsDNS1123Subdomain(n)) > 0 {
-			return fmt.Errorf("%q is not a DNS subdomain name", n)
+			return nil, fmt.Errorf("%q is not a DNS subdomain name", n)
 		}
 		if seen[n] {
-			return fmt.Errorf("%q is listed twice", n)
+			return nil, fmt.Errorf("%q is listed twice", n)
 		}
 		seen[n] = true
-		s.Leases = append(s.Leases, n)
+		names = append(names, n)
 	}
-	return nil
+	return names, nil
 }
 
 func setWorkerContainer(s *Settings, v string) error {

@@ -38,6 +38,8 @@ func TestBadValuesNameSettingOriginAndForm(t *testing.T) {
 		{map[string]string{"app-url": "http://10.0.0.1:80"}, []string{"app-url", "loopback only"}},
 		{map[string]string{"leases": "Work_Queue"}, []string{"leases", "not a DNS subdomain"}},
 		{map[string]string{"leases": "a,a"}, []string{"leases", "listed twice"}},
+		{map[string]string{"leases": "a", "pod-name": "p", "pod-uid": "u", "role-leases": "b"}, []string{"role-leases", `"b" is not one of leases "a"`, "names from leases"}},
+		{map[string]string{"role-leases": "a,a"}, []string{"role-leases", "listed twice"}},
 		{map[string]string{"control-addr": "127.0.0.1:"}, []string{"control-addr", `port "" is not a number from 0 to 65535`}},
 		{map[string]string{"metrics-addr": ":99999"}, []string{"metrics-addr", `port "99999"`}},
 		{map[string]string{"app-url": "http://127.0.0.1:http"}, []string{"app-url"}},
@@ -85,6 +87,20 @@ func TestFlagsWinOverEnvironment(t *testing.T) {
 	}
 	if s.Fallback != config.FallbackCancel {
 		t.Errorf("fallback = %s, want the flag's cancel", s.Fallback)
+	}
+}
+
+func TestRoleLeasesAreRolesTheRestPartitions(t *testing.T) {
+	s, err := config.Load(config.Map(map[string]string{"leases": "cron,shard-0", "role-leases": "cron", "pod-name": "p", "pod-uid": "u"}, "test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.IsRole("cron") || s.IsRole("shard-0") {
+		t.Errorf("IsRole(cron) = %t, IsRole(shard-0) = %t; want true, false", s.IsRole("cron"), s.IsRole("shard-0"))
+	}
+	d, _ := config.Load()
+	if d == nil || len(d.RoleLeases) != 0 {
+		t.Errorf("default role-leases = %v, want none: every Lease a partition", d)
 	}
 }
 

@@ -215,7 +215,7 @@ func checkSettings(t *testing.T, values map[string]string, s *config.Settings) {
 func render(s *config.Settings) map[string]string {
 	return map[string]string{
 		"pod-name": s.PodName, "pod-namespace": s.PodNamespace, "pod-uid": s.PodUID, "worker-container": s.WorkerContainer,
-		"leases":         strings.Join(s.Leases, ","),
+		"leases": strings.Join(s.Leases, ","), "role-leases": strings.Join(s.RoleLeases, ","),
 		"lease-duration": s.LeaseDuration.String(), "renew-deadline": s.RenewDeadline.String(), "retry-period": s.RetryPeriod.String(),
 		"grace-period": s.GracePeriod.String(), "deadline-margin": s.DeadlineMargin.String(), "handback-reserve": s.HandbackReserve.String(),
 		"fallback":     string(s.Fallback),

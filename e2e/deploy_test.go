@@ -36,7 +36,7 @@ func worker(name string, replicas int32, grace int64, args ...string) *appsv1.De
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{
 					Labels:      map[string]string{"app": name, inject.LabelInject: "true"},
-					Annotations: map[string]string{"handoff.dev/leases": lease},
+					Annotations: map[string]string{"handoff.dev/leases": lease, "handoff.dev/role-leases": lease}, // the leader job: a role
 				},
 				Spec: corev1.PodSpec{
 					ServiceAccountName:            serviceAccount,

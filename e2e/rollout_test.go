@@ -70,6 +70,7 @@ type rolloutRun struct {
 	before   queue.Report // the queue check before the run
 	report   queue.Report // and after it
 	enqueued int
+	idleGone time.Duration // a pod with nothing to drain: termination start to gone
 }
 
 // replacedPod is what happened to one pod the rollout replaced. Times are
@@ -156,6 +157,8 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 	// stranded ones after their visibility timeout and their work.
 	run.report = checkQueue(t, rolloutVisibility+slowWork+30*time.Second)
 
+	run.idleGone = deleteIdlePod(t, run)
+
 	for _, pod := range old {
 		p := run.measure(t, pod)
 		run.replaced = append(run.replaced, p)
@@ -164,6 +167,31 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 		}
 	}
 	return run
+}
+
+// deleteIdlePod deletes one pod of the run's Deployment once the queue is
+// empty, so it has nothing to drain, and returns the time from its
+// termination start to its Pod object gone.
+func deleteIdlePod(t *testing.T, run *rolloutRun) time.Duration {
+	t.Helper()
+	pod := podNames(t, run.name)[0]
+	if err := cluster.kube.CoreV1().Pods(namespace).Delete(context.Background(), pod, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var gone time.Duration
+	deadline := time.Now().Add(time.Duration(rolloutGrace+15) * time.Second)
+	for gone == 0 && time.Now().Before(deadline) {
+		run.rec.mu.Lock()
+		if s := run.rec.pods[pod]; s != nil && !s.terminating.IsZero() && !s.gone.IsZero() {
+			gone = s.gone.Sub(s.terminating)
+		}
+		run.rec.mu.Unlock()
+		time.Sleep(100 * time.Millisecond)
+	}
+	if gone == 0 {
+		t.Errorf("idle pod %s not seen gone within %ds", pod, rolloutGrace+15)
+	}
+	return gone
 }
 
 // assertHandedOver checks the handoff rollout: each leaving leader's Lease
@@ -256,8 +284,9 @@ func rolloutFigures(with, without *rolloutRun) string {
   claimed again            until the last of those was claimed by another pod
   returned                 how many of those the pod handed back, and when, from its drain deadline
   lost/dup                 its messages lost / delivered again after being applied
-With handoff a leaving leader keeps the Lease, and leads, until its drain ends, then releases it: "held by successor"
-includes the drain, which lasts until the deadline when the pod holds work longer than that (here the 20 s messages).
+With handoff the Lease guards the leader job, a role (handoff.dev/role-leases): the sequence starts at the deletion, and a
+leaving leader revokes and releases it right after stop-claiming, beside its drain.
+"pod with nothing to drain gone": one pod deleted after the queue emptied, from its termination start to its Pod gone.
 
 `)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
@@ -292,7 +321,9 @@ includes the drain, which lasts until the deadline when the pod holds work longe
 	fmt.Fprintln(tw, "\thandoff\tbaseline\tratio")
 	row := func(name string, a, b2 time.Duration) {
 		ratio := "-"
-		if a > 0 && b2 > 0 {
+		if a > 0 && b2 > 0 && a > b2 {
+			ratio = fmt.Sprintf("+%s", short(a-b2))
+		} else if a > 0 && b2 > 0 {
 			ratio = fmt.Sprintf("%.1fx", float64(b2)/float64(a))
 			if b2 >= 100*a {
 				ratio = fmt.Sprintf("%.0fx", float64(b2)/float64(a))
@@ -301,7 +332,8 @@ includes the drain, which lasts until the deadline when the pod holds work longe
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, short(a), short(b2), ratio)
 	}
 	row("no live pod holding the Lease (total)", w.vacant, wo.vacant)
-	row("Lease held by a successor (worst leader)", w.held, wo.held)
+	row("termination start → role Lease held by successor (worst leader)", w.held, wo.held)
+	row("pod with nothing to drain gone", with.idleGone, without.idleGone)
 	row("unfinished claims claimed again (worst)", w.claimed, wo.claimed)
 	fmt.Fprintf(tw, "unfinished claims at termination (all pods)\t%d\t%d\n", w.unfinished, wo.unfinished)
 	late := "-"

@@ -169,6 +169,25 @@ func NewPodWatch(pods corev1client.PodsGetter, namespace, name string) *PodWatch
 		informer: cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{})}
 }
 
+// OnDeletion calls f, from the watch's goroutine (f must not block), when
+// the watch sees the pod's metadata.deletionTimestamp set on an update of
+// the pod it had seen without one: the deletion itself, about 0.1 s before
+// the kubelet runs the preStop hook. A pod the watch first lists already
+// being deleted (this process started after the deletion: a restarted
+// sidecar) does not call it, nor does a pod that stays (a probe kill of the
+// worker container sets no deletionTimestamp). Call it before Run.
+func (w *PodWatch) OnDeletion(f func(pod *corev1.Pod)) {
+	_, _ = w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, newObj any) {
+			old, ok := oldObj.(*corev1.Pod)
+			pod, ok2 := newObj.(*corev1.Pod)
+			if ok && ok2 && old.UID == pod.UID && old.DeletionTimestamp == nil && pod.DeletionTimestamp != nil {
+				f(pod)
+			}
+		},
+	})
+}
+
 // Run watches until ctx ends.
 func (w *PodWatch) Run(ctx context.Context) { w.informer.RunWithContext(ctx) }
 

@@ -129,6 +129,26 @@ type Trigger string
 const (
 	TriggerPreStop Trigger = "preStop" // the worker container's preStop hook
 	TriggerSignal  Trigger = "SIGTERM" // SIGTERM to the sidecar, when no hook ran
+	// TriggerDeletion: the sidecar's watch of its own Pod saw its
+	// deletionTimestamp set, about 0.1 s before the kubelet runs the hook,
+	// which then joins the sequence.
+	TriggerDeletion Trigger = "deletion"
+)
+
+// LeaseKind is what a Lease guards, which decides when the shutdown
+// sequence hands it over.
+type LeaseKind string
+
+// Kinds of Lease, as shown in LeaseRelease.Kind and LeaseStatus.Kind.
+const (
+	// LeaseKindPartition guards a partition of the work (the worker's
+	// claims come from it): released after the drain, so no successor
+	// claims work this pod still does. The default.
+	LeaseKindPartition LeaseKind = "partition"
+	// LeaseKindRole guards a role (a scheduled or singleton job): revoked
+	// and released as soon as the sequence starts, right after
+	// stop-claiming.
+	LeaseKindRole LeaseKind = "role"
 )
 
 // Step is one timed step of the shutdown sequence.
@@ -140,15 +160,18 @@ type Step struct {
 
 // LeaseRelease is what happened to one Lease at shutdown.
 type LeaseRelease struct {
-	Lease     string `json:"lease"`
-	WasLeader bool   `json:"wasLeader"`
-	Released  bool   `json:"released"`
-	Detail    string `json:"detail,omitempty"`
+	Lease     string    `json:"lease"`
+	Kind      LeaseKind `json:"kind"`
+	WasLeader bool      `json:"wasLeader"`
+	Released  bool      `json:"released"`
+	// ReleasedAt is when the release was written; zero when not released.
+	ReleasedAt time.Time `json:"releasedAt,omitzero"`
+	Detail     string    `json:"detail,omitempty"`
 }
 
 // Report is the result of one shutdown sequence.
 type Report struct {
-	Trigger  Trigger   `json:"trigger"` // "preStop" or "SIGTERM"
+	Trigger  Trigger   `json:"trigger"` // "preStop", "SIGTERM" or "deletion"
 	Started  time.Time `json:"started"`
 	Deadline time.Time `json:"deadline"`
 	// DeadlineSource is "deletionTimestamp" or "gracePeriod".
@@ -177,10 +200,14 @@ type LeadershipAck struct {
 // LeaseStatus is the sidecar's view of one Lease.
 type LeaseStatus struct {
 	Lease          string    `json:"lease"`
+	Kind           LeaseKind `json:"kind"`
 	Leader         bool      `json:"leader"`
 	HolderIdentity string    `json:"holderIdentity,omitempty"`
 	FencingToken   int64     `json:"fencingToken,omitempty"`
 	Until          time.Time `json:"until,omitzero"`
+	// ReleasedAt is when the sequence under way (or the last one) released
+	// this Lease; zero when it has not.
+	ReleasedAt time.Time `json:"releasedAt,omitzero"`
 }
 
 // Phase is where the sidecar is in its cycle of elections and shutdown

@@ -27,7 +27,9 @@ type budgets struct {
 	// half.
 	FallbackBy time.Time
 	// RevokeBy and ReleaseBy end the leadership revoke and the release
-	// (the revoke also ends with the term the app was given).
+	// (the revoke also ends with the term the app was given): of the role
+	// Leases, which start at once beside the drain, and of the partition
+	// Leases, which start after the fallback.
 	RevokeBy, ReleaseBy time.Time
 	// Floor is the least time any bounded step is given, even past the
 	// deadline, so that a late trigger still stops claiming, revokes and

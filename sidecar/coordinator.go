@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -123,10 +124,14 @@ type round struct {
 // lease is one Lease's election in one round and what the app was told of it.
 type lease struct {
 	elector *leaderelection.Elector
-	ctx     context.Context    // the election's; ends with the round's sequence
-	cancel  context.CancelFunc // ends the election; releases if held
-	stopped chan struct{}      // closed when the election has ended
-	wake    chan struct{}      // asks the pusher to tell the app
+	kind    protocol.LeaseKind // when the sequence hands it over
+	// releasedAt is when the sequence released the Lease (a time.Time);
+	// unset before.
+	releasedAt atomic.Value
+	ctx        context.Context    // the election's; ends with the round's sequence
+	cancel     context.CancelFunc // ends the election; releases if held
+	stopped    chan struct{}      // closed when the election has ended
+	wake       chan struct{}      // asks the pusher to tell the app
 	// leaving is the round's shutdown: closed when its sequence starts.
 	// From then on no new term is granted to the app, only renewals of the
 	// one it was granted before.
@@ -193,7 +198,10 @@ func (c *Coordinator) newRound() (*round, error) {
 	c.rounds++
 	r := &round{n: c.rounds, shutdown: make(chan struct{}), done: make(chan struct{})}
 	for _, name := range c.s.Leases {
-		l := &lease{stopped: make(chan struct{}), wake: make(chan struct{}, 1), leaving: r.shutdown}
+		l := &lease{stopped: make(chan struct{}), wake: make(chan struct{}, 1), leaving: r.shutdown, kind: protocol.LeaseKindPartition}
+		if c.s.IsRole(name) {
+			l.kind = protocol.LeaseKindRole
+		}
 		l.ctx, l.cancel = context.WithCancel(c.base)
 		e, err := leaderelection.New(leaderelection.Config{
 			Leases: c.leaseAPI, Namespace: c.s.PodNamespace, Name: name, Identity: c.s.Identity(),
@@ -220,6 +228,7 @@ func (c *Coordinator) Start(ctx context.Context) {
 		r := c.cur
 		c.mu.Unlock()
 		if c.pods != nil {
+			c.pods.OnDeletion(c.onDeletion)
 			go c.pods.Run(c.base)
 		}
 		c.reportBudget()
@@ -242,6 +251,20 @@ func (c *Coordinator) reportBudget() {
 			"leases", b.Want, "capacity", b.Leases, "qps", b.QPS)
 		c.event(corev1.EventTypeWarning, ReasonLeaseBudgetExceeded, "%s", strings.ToUpper(msg[:1])+msg[1:])
 	}
+}
+
+// onDeletion starts the sequence at the pod's deletion, seen by the watch
+// of the pod's own object (prestop.PodWatch.OnDeletion), rather than at the
+// kubelet's preStop about 0.1 s later: the hook joins it, as any trigger
+// joins a sequence under way, and gets its report. The deadline is the
+// same, from the deletionTimestamp.
+func (c *Coordinator) onDeletion(pod *corev1.Pod) {
+	if c.s.PodUID != "" && string(pod.UID) != c.s.PodUID {
+		return // another pod of the same name
+	}
+	at := c.clock.Now()
+	c.log.Info("pod deletion seen: the shutdown sequence starts before the preStop hook", "deletionTimestamp", pod.DeletionTimestamp)
+	go func() { _, _ = c.shutdownAt(c.base, TriggerDeletion, at) }()
 }
 
 // arm starts r's elections, unless its sequence has started, it is already
@@ -325,7 +348,10 @@ func (c *Coordinator) Status() protocol.Status {
 	st.Report = c.last
 	c.mu.Unlock()
 	for _, l := range r.leases {
-		ls := protocol.LeaseStatus{Lease: l.elector.Name(), HolderIdentity: l.elector.Holder()}
+		ls := protocol.LeaseStatus{Lease: l.elector.Name(), Kind: l.kind, HolderIdentity: l.elector.Holder()}
+		if at, ok := l.releasedAt.Load().(time.Time); ok {
+			ls.ReleasedAt = at
+		}
 		if t, ok := l.elector.Term(); ok {
 			ls.Leader, ls.FencingToken, ls.Until = true, t.FencingToken, t.Until
 		}

@@ -41,8 +41,12 @@ const (
 	stopClaimingTimeout = time.Second
 )
 
-// TriggerSignal names SIGTERM to the sidecar as the trigger of a sequence.
-const TriggerSignal = protocol.TriggerSignal
+// TriggerSignal names SIGTERM to the sidecar as the trigger of a sequence;
+// TriggerDeletion the pod's deletion, seen by the watch of its own object.
+const (
+	TriggerSignal   = protocol.TriggerSignal
+	TriggerDeletion = protocol.TriggerDeletion
+)
 
 // Shutdown starts the shutdown sequence, or joins the one under way, and
 // returns its report once it is over, or ctx's error if ctx ends first (the
@@ -176,10 +180,13 @@ func (c *Coordinator) runSequence(r *round, trigger protocol.Trigger, at time.Ti
 	stopped := q.stopClaiming()
 	// The deadline, from the pod's own object: its deletion, or the grace period of the kill.
 	term := q.readDeadline()
+	// Roles now, beside the drain: a singleton job must not wait for the slowest claim (revoke, ack, release).
+	roles := q.releaseLeases(protocol.LeaseKindRole)
 	// Drain until the deadline less the reserve, then the fallback for what is left.
 	q.handleClaims(<-stopped)
-	// Leader work stops (the app's ack), then the Leases are freed: never the other way round.
-	q.releaseLeases()
+	// Partitions after the drain: a successor must not claim work this pod still does.
+	q.releaseLeases(protocol.LeaseKindPartition).Wait()
+	roles.Wait()
 	// The report answers the hook; the kubelet then sends SIGTERM to the worker.
 	q.finish()
 	// A kill of the worker container in a pod that stays re-arms: the kubelet restarts it.
@@ -408,34 +415,41 @@ func (q *sequence) stopStandbys() {
 	}
 }
 
-// releaseLeases runs step 5 for every Lease at once: the app's leader work
-// stops (its ack), then client-go releases the Lease on cancel. A Lease whose
-// revoke was not acknowledged is released only once the term the app was
-// given has run out, or else left to expire.
-func (q *sequence) releaseLeases() {
-	results := make([]protocol.LeaseRelease, len(q.r.leases))
+// releaseLeases runs step 5 for every Lease of kind at once, in the
+// background (Wait waits for them): the app's leader work stops (its ack),
+// then client-go releases the Lease on cancel. A Lease whose revoke was not
+// acknowledged is released only once the term the app was given has run
+// out, or else left to expire. Each result goes to its place in the
+// report's Leases, in the configured order.
+func (q *sequence) releaseLeases(kind protocol.LeaseKind) *sync.WaitGroup {
+	q.mu.Lock()
+	if q.rep.Leases == nil {
+		q.rep.Leases = make([]protocol.LeaseRelease, len(q.r.leases))
+	}
+	q.mu.Unlock()
 	var wg sync.WaitGroup
 	for i, l := range q.r.leases {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = q.release(l)
-		}()
-	}
-	wg.Wait()
-	q.rep.Leases = results
-	for _, r := range results {
-		if r.WasLeader {
-			q.step(StepReleased, fmt.Sprintf("%s: released=%t %s", r.Lease, r.Released, r.Detail))
+		if l.kind != kind {
+			continue
 		}
+		wg.Go(func() {
+			r := q.release(l)
+			q.mu.Lock()
+			q.rep.Leases[i] = r
+			q.mu.Unlock()
+			if r.WasLeader {
+				q.step(StepReleased, fmt.Sprintf("%s (%s): released=%t %s", r.Lease, r.Kind, r.Released, r.Detail))
+			}
+		})
 	}
+	return &wg
 }
 
 func (q *sequence) release(l *lease) protocol.LeaseRelease {
 	c := q.c
 	name := l.elector.Name()
 	_, leader := l.elector.Term()
-	r := protocol.LeaseRelease{Lease: name, WasLeader: leader}
+	r := protocol.LeaseRelease{Lease: name, Kind: l.kind, WasLeader: leader}
 
 	l.mu.Lock()
 	l.revoked = true
@@ -474,12 +488,17 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 		r.Detail = "release not confirmed by the deadline"
 	}
 	r.Released = l.elector.Released()
+	if r.Released {
+		r.ReleasedAt = clk.Now()
+		l.releasedAt.Store(r.ReleasedAt)
+	}
 	result := "released"
 	switch {
 	case !leader:
 		result = "not_leader"
 	case r.Released:
-		c.event(corev1.EventTypeNormal, ReasonLeaseReleased, "Lease %s released after %s", name, clk.Since(q.rep.Started).Round(time.Millisecond))
+		c.event(corev1.EventTypeNormal, ReasonLeaseReleased, "Lease %s (%s) released at %s, %s after the shutdown started",
+			name, l.kind, r.ReleasedAt.Format(time.RFC3339Nano), r.ReleasedAt.Sub(q.rep.Started).Round(time.Millisecond))
 	case withheld:
 		result = "withheld"
 		c.event(corev1.EventTypeWarning, ReasonReleaseWithheld, "Lease %s not released: %s", name, r.Detail)

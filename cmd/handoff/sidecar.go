@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/leaderelection"
@@ -33,8 +34,9 @@ import (
 	"github.com/handoff-dev/handoff/sidecar"
 )
 
-// eventFlush is how long after the sequence ends the sidecar waits, at
-// most, before exiting, for its Events to be written.
+// eventFlush bounds the wait, after the sequence ends, for its last Events
+// to be written before the sidecar exits; the wait ends as soon as they are
+// (sidecar.EventFlush).
 const eventFlush = time.Second
 
 func sidecarCommand() *cobra.Command {
@@ -95,9 +97,10 @@ func runSidecar(s *config.Settings) error {
 	}
 
 	broadcaster := record.NewBroadcaster(record.WithContext(context.Background()))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events(s.PodNamespace)})
+	flush := sidecar.NewEventFlush()
+	broadcaster.StartRecordingToSink(flush.Sink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events(s.PodNamespace)}))
 	defer broadcaster.Shutdown()
-	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "handoff"})
+	recorder := flush.Recorder(broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "handoff"}))
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -132,23 +135,16 @@ func runSidecar(s *config.Settings) error {
 	// A second signal ends the wait at once; the Leases then expire.
 	sctx, cancel := context.WithCancel(context.Background())
 	go func() { <-sig; cancel() }()
-	rep, err := c.Signal(sctx)
+	_, err = c.Signal(sctx)
 	switch {
-	case errors.Is(err, sidecar.ErrSidecarRestart):
-		// Only this container stops: its Event gets the same moment.
-		time.Sleep(eventFlush)
-	case err != nil:
+	case err != nil && !errors.Is(err, sidecar.ErrSidecarRestart):
 		// The app was not told to stop leading: the Leases must expire, not
 		// be freed under it.
 		c.Abandon()
 		log.Info("shutdown sequence abandoned by a second signal; Leases left to expire")
-	default:
-		if wait := eventFlush - time.Since(rep.Finished); wait > 0 {
-			// Events are written asynchronously and Shutdown of the
-			// broadcaster cancels writes under way: give the sequence's last
-			// ones a moment.
-			time.Sleep(wait)
-		}
+	case !flush.Wait(clock.RealClock{}, eventFlush):
+		// Broadcaster.Shutdown cancels the writes under way.
+		log.Info("exiting with Events not yet written", "waited", eventFlush.String())
 	}
 	cancel()
 	stop()
