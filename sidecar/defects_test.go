@@ -401,9 +401,11 @@ func TestSignalInAPodThatStaysKeepsWorkerAndLease(t *testing.T) {
 		p, err := env.Client.CoreV1().Pods(ns).Get(context.Background(), "pod-b", metav1.GetOptions{})
 		return err == nil && p.DeletionTimestamp != nil
 	})
+	// The watch of the pod's own object started the sequence at the
+	// deletion; the signal joins it and gets its report.
 	rep, err = b.c.Signal(context.Background())
-	if err != nil || rep == nil || rep.Trigger != sidecar.TriggerSignal {
-		t.Fatalf("Signal in a pod being deleted = %+v, %v; want the sequence's report", rep, err)
+	if err != nil || rep == nil || rep.Trigger != sidecar.TriggerDeletion {
+		t.Fatalf("Signal in a pod being deleted = %+v, %v; want the report of the sequence the deletion started", rep, err)
 	}
 	if len(rep.Leases) != 1 || !rep.Leases[0].Released {
 		t.Errorf("Leases in the report %+v; want %s released", rep.Leases, lease)
