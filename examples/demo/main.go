@@ -186,7 +186,9 @@ func (d *demo) startPod(ctx context.Context, name string) error {
 	p.sidecar = exec.Command(d.o.handoff, "sidecar")
 	p.sidecar.Env = append(os.Environ(), "HANDOFF_TOKEN_FILE="+p.token,
 		"HANDOFF_POD_NAME="+name, "HANDOFF_POD_NAMESPACE="+namespace, "HANDOFF_POD_UID="+p.uid,
-		"HANDOFF_LEASES="+leaseName, "HANDOFF_KUBECONFIG="+d.kube.Kubeconfig,
+		// The Lease guards the worker's leader job, a role: it is handed
+		// over right after stop-claiming, not after the drain.
+		"HANDOFF_LEASES="+leaseName, "HANDOFF_ROLE_LEASES="+leaseName, "HANDOFF_KUBECONFIG="+d.kube.Kubeconfig,
 		"HANDOFF_CONTROL_ADDR="+p.control, fmt.Sprintf("HANDOFF_METRICS_ADDR=127.0.0.1:%d", base+1),
 		"HANDOFF_APP_URL=http://"+p.app, "HANDOFF_GRACE_PERIOD="+d.o.grace.String())
 	p.worker = exec.Command(d.o.worker, "--database-url", d.dbURL, "--worker-id", name,
