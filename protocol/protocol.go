@@ -162,7 +162,11 @@ type Report struct {
 	DeadlineSource     string  `json:"deadlineSource"`
 	Outcome            Outcome `json:"outcome"`
 	InFlightAtDeadline int     `json:"inFlightAtDeadline"`
-	Returned           int     `json:"returned"`
+	// UnstartedAtStopClaiming is how many claims the app held and had not
+	// started at stop-claiming (DrainStatus.Unstarted): the app hands them
+	// back at once, not at the deadline. Omitted when 0.
+	UnstartedAtStopClaiming int `json:"unstartedAtStopClaiming,omitempty"`
+	Returned                int `json:"returned"`
 	// Abandoned is how many claims were left to the visibility timeout, as
 	// far as the sidecar can know: under fallback abandon, the count in
 	// flight at the deadline; when the app went away mid-drain, the last
