@@ -197,6 +197,10 @@ func TestUnstartedBatchIsClaimedByAnotherWorkerAtStopClaiming(t *testing.T) {
 		st, err := a.sidecar.Drain(ctx, 0)
 		return err == nil && st.InFlight == 4 && st.Unstarted == 3
 	})
+	var stopAt time.Time // on the database's clock, as the deliveries' times
+	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&stopAt); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := a.sidecar.StopClaiming(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -206,6 +210,10 @@ func TestUnstartedBatchIsClaimedByAnotherWorkerAtStopClaiming(t *testing.T) {
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM handoff_processed WHERE worker = 'pod-b' AND dedup_key IN ('m1', 'm2', 'm3')`).Scan(&n)
 		return err == nil && n == 3
 	})
+	var claimedAt time.Time
+	if err := pool.QueryRow(ctx, `SELECT max(at) FROM handoff_deliveries WHERE worker = 'pod-b' AND outcome = 'claimed'`).Scan(&claimedAt); err == nil {
+		t.Logf("stop-claiming → the 3 unstarted claimed by pod-b (polling every 5ms): %s", claimedAt.Sub(stopAt))
+	}
 	var holder string
 	if err := pool.QueryRow(ctx, `SELECT claimed_by FROM handoff_queue WHERE dedup_key = 'm0'`).Scan(&holder); err != nil || holder != "pod-a" {
 		t.Fatalf("m0, started by pod-a, is claimed by %q (%v): want still pod-a's, draining", holder, err)
