@@ -373,7 +373,7 @@ func (a *Agent) handBackLoop() {
 		}
 		a.log.Info("unstarted claims handed back", "count", len(claims))
 		for _, c := range claims {
-			c.end()
+			c.end(true)
 		}
 	}
 }
@@ -422,7 +422,7 @@ func (a *Agent) Return(ctx context.Context, cancel bool, cancelWait time.Duratio
 	a.failed = nil
 	a.mu.Unlock()
 	for _, c := range failed {
-		c.end()
+		c.end(true)
 	}
 	return n, err
 }

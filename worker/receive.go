@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"sync"
 )
 
 // Receive is one wait for messages, begun by Agent.Receive and ended by End.
@@ -91,9 +90,8 @@ type Claim struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	stop   func() bool // stops the cancel fallback's AfterFunc
-	once   sync.Once
-	state  claimState // guarded by a.mu
-	taken  bool       // taken at stop-claiming to hand back; guarded by a.mu
+	state  claimState  // guarded by a.mu
+	taken  bool        // taken at stop-claiming to hand back; guarded by a.mu
 }
 
 // claimState is where a claim is: unstarted, started, taken by the Agent
@@ -183,32 +181,32 @@ func (c *Claim) Context() context.Context { return c.ctx }
 // it once the queue knows, not before; calls after the first do nothing,
 // and so does a call on a claim stop-claiming took to hand back (the Agent
 // ends it once Options.HandBack has handed it back).
-func (c *Claim) Done() {
+func (c *Claim) Done() { c.end(false) }
+
+// end ends the claim, once: for the app (Done), unless the Agent took it
+// to hand back; for the Agent (byAgent), a claim it took. The claim is
+// marked done first, in one critical section with the check, so that
+// stop-claiming never takes a claim the app has ended.
+func (c *Claim) end(byAgent bool) {
 	a := c.a
 	a.mu.Lock()
-	taken := c.taken
-	a.mu.Unlock()
-	if !taken {
-		c.end()
-	}
-}
-
-// end ends the claim, once.
-func (c *Claim) end() {
-	c.once.Do(func() {
-		c.stop()
-		c.cancel(context.Canceled)
-		a := c.a
-		a.mu.Lock()
-		if c.state == claimUnstarted || c.state == claimHandedBack {
-			a.unstarted--
-		}
-		c.state = claimDone
-		delete(a.claims, c)
-		a.held--
-		a.changedLocked()
+	prev := c.state
+	if prev == claimDone || c.taken != byAgent {
 		a.mu.Unlock()
-	})
+		return
+	}
+	c.state = claimDone
+	a.mu.Unlock()
+	c.stop()
+	c.cancel(context.Canceled)
+	a.mu.Lock()
+	if prev == claimUnstarted || prev == claimHandedBack {
+		a.unstarted--
+	}
+	delete(a.claims, c)
+	a.held--
+	a.changedLocked()
+	a.mu.Unlock()
 }
 
 // Begin holds one claim at once, for work that is claimed the moment it
