@@ -55,7 +55,10 @@ var returnedCount = regexp.MustCompile(`fallback return: (\d+) returned`)
 
 func deadlineHandsBack(t *testing.T, name, layout string, podGrace int64, deleteGrace *int64, grace int64, work, maxWork time.Duration) {
 	ctx := context.Background()
-	d := annotate(worker(name, 2, podGrace, "--concurrency", "8"), "handoff.dev/layout", layout)
+	// One message per claim: every claim held is started, so all of them
+	// wait for the deadline's fallback (unstarted ones would go back at
+	// stop-claiming).
+	d := annotate(worker(name, 2, podGrace, "--concurrency", "8", "--batch", "1"), "handoff.dev/layout", layout)
 	deploy(t, d)
 	rec := record(t, name, name+"-leader")
 	// 12 slow messages: each pod claims at most 8, so the Lease holder has

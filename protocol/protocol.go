@@ -44,6 +44,13 @@ type DrainStatus struct {
 	// InFlight counts the claims held: messages received and not yet
 	// finished or handed back.
 	InFlight int `json:"inFlight"`
+	// Unstarted counts the claims among InFlight held but not started:
+	// the rest of a batch, prefetched or buffered messages. The app hands
+	// them back at stop-claiming, not at the drain deadline, so after it
+	// this only goes down; InFlight - Unstarted is the work in progress.
+	// Apps that do not tell started from unstarted work send 0 (or leave
+	// it out): all of InFlight is then in progress.
+	Unstarted int `json:"unstarted,omitempty"`
 	// Receiving counts the waits for a message still pending; none holds a
 	// claim. Stop-claiming ends them, so after it this only goes down.
 	// Apps that do not count waits send 0 (or leave it out).
@@ -178,7 +185,11 @@ type Report struct {
 	DeadlineSource     string  `json:"deadlineSource"`
 	Outcome            Outcome `json:"outcome"`
 	InFlightAtDeadline int     `json:"inFlightAtDeadline"`
-	Returned           int     `json:"returned"`
+	// UnstartedAtStopClaiming is how many claims the app held and had not
+	// started at stop-claiming (DrainStatus.Unstarted): the app hands them
+	// back at once, not at the deadline. Omitted when 0.
+	UnstartedAtStopClaiming int `json:"unstartedAtStopClaiming,omitempty"`
+	Returned                int `json:"returned"`
 	// Abandoned is how many claims were left to the visibility timeout, as
 	// far as the sidecar can know: under fallback abandon, the count in
 	// flight at the deadline; when the app went away mid-drain, the last

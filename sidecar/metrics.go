@@ -11,7 +11,9 @@ type Metrics struct {
 	StepSeconds    *prometheus.HistogramVec // handoff_shutdown_step_seconds{step}: seconds from trigger to step
 	ClaimsReturned prometheus.Counter       // handoff_claims_returned_total
 	ClaimsLeft     prometheus.Counter       // handoff_claims_unfinished_at_deadline_total
-	AppRequests    *prometheus.CounterVec   // handoff_app_requests_total{call,result}
+	// ClaimsUnstarted is handoff_claims_unstarted_at_stop_claiming_total.
+	ClaimsUnstarted prometheus.Counter
+	AppRequests     *prometheus.CounterVec // handoff_app_requests_total{call,result}
 	// Coordinating is handoff_coordinating: 1 while the elections run and a
 	// preStop would start a sequence that hands over; 0 during a sequence and
 	// after one until the sidecar re-arms (or for good, once the pod leaves).
@@ -49,6 +51,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ClaimsLeft: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "handoff_claims_unfinished_at_deadline_total", Help: "Claims still in flight at the drain deadline.",
 		}),
+		ClaimsUnstarted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "handoff_claims_unstarted_at_stop_claiming_total", Help: "Claims held and not started at stop-claiming (DrainStatus.unstarted), which the app hands back at once.",
+		}),
 		AppRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "handoff_app_requests_total", Help: "Calls to the app's API, by call and result (ok, error, gone).",
 		}, []string{"call", "result"}),
@@ -70,7 +75,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.LeaseClientQPS = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "handoff_lease_client_qps", Help: "The Lease client's rate budget, requests per second.",
 	})
-	reg.MustRegister(m.Leader, m.Acquisitions, m.Releases, m.Shutdowns, m.StepSeconds, m.ClaimsReturned, m.ClaimsLeft, m.AppRequests,
+	reg.MustRegister(m.Leader, m.Acquisitions, m.Releases, m.Shutdowns, m.StepSeconds, m.ClaimsReturned, m.ClaimsLeft, m.ClaimsUnstarted, m.AppRequests,
 		m.Coordinating, m.Rearms, m.LeasesConfigured, m.LeaseCapacity, m.LeaseClientQPS)
 	return m
 }

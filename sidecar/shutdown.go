@@ -312,9 +312,12 @@ func (q *sequence) handleClaims(stop stopResult) {
 	if err != nil {
 		q.fail("stop-claiming: %v", err)
 	}
-	q.step(StepStopClaiming, fmt.Sprintf("%d in flight", st.InFlight))
-	c.event(corev1.EventTypeNormal, ReasonDrainStarted, "Stopped claiming with %d in flight; drain until %s, fallback %s",
-		st.InFlight, q.b.DrainBy.Format(time.RFC3339Nano), c.s.Fallback)
+	// Unstarted claims are the app's to hand back at once (DrainStatus.Unstarted).
+	q.rep.UnstartedAtStopClaiming = st.Unstarted
+	c.metrics.ClaimsUnstarted.Add(float64(st.Unstarted))
+	q.step(StepStopClaiming, fmt.Sprintf("%d in flight, %d of them unstarted", st.InFlight, st.Unstarted))
+	c.event(corev1.EventTypeNormal, ReasonDrainStarted, "Stopped claiming with %d in flight (%d unstarted, handed back by the app at once); drain until %s, fallback %s",
+		st.InFlight, st.Unstarted, q.b.DrainBy.Format(time.RFC3339Nano), c.s.Fallback)
 
 	// 3. Wait for drained. st keeps the last status the app gave.
 	drained := err == nil && st.Drained

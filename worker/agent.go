@@ -12,6 +12,10 @@
 //     long poll neither delays the drain nor claims a message afterwards.
 //   - Stopping, closed when the worker must stop claiming; Receive refuses
 //     from then on, so claimed work only shrinks.
+//   - Receive.HoldUnstarted and Claim.Start for messages received before
+//     they are worked on (a batch, a prefetch): at stop-claiming those not
+//     started are handed back at once through Options.HandBack, and Start
+//     refuses them (ErrHandedBack); only started work drains.
 //   - ReturnClaims, called at the drain deadline to hand back what is left.
 //   - Leader and BeginLeading for leader-only work, with the fencing token to
 //     pass to the systems the leader writes to. Leadership ends on the
@@ -32,6 +36,22 @@
 //		c := r.Hold() // held from here: counted in flight, even after stop-claiming
 //		r.End()
 //		handle(c.Context(), msg)
+//		c.Done()
+//	}
+//
+// A batch, each message started in turn:
+//
+//	msgs := queue.ReceiveBatch(r.Context(), n)
+//	claims := make([]*worker.Claim, len(msgs))
+//	for i, m := range msgs {
+//		claims[i] = r.HoldUnstarted(m) // in flight, unstarted
+//	}
+//	r.End()
+//	for i, c := range claims {
+//		if c.Start() != nil { // worker.ErrHandedBack: HandBack has it
+//			continue
+//		}
+//		handle(c.Context(), msgs[i])
 //		c.Done()
 //	}
 package worker
@@ -61,6 +81,20 @@ var ErrStopping = errors.New("handoff: claiming has stopped")
 // the sidecar's "cancel" fallback at the drain deadline.
 var ErrCanceled = errors.New("handoff: in-flight work canceled at the drain deadline")
 
+// ErrHandedBack is returned by Claim.Start for a claim held unstarted
+// (Receive.HoldUnstarted) that stop-claiming took to hand back
+// (Options.HandBack): the message is the queue's again, maybe another
+// worker's already; drop it.
+var ErrHandedBack = errors.New("handoff: unstarted claim handed back at stop-claiming")
+
+// ErrClaimDone is returned by Claim.Start after Claim.Done.
+var ErrClaimDone = errors.New("handoff: claim is done")
+
+// handBackTimeout bounds one call of Options.HandBack. Claims it did not
+// hand back in time (or with an error) are left to the drain deadline's
+// fallback (Options.ReturnClaims), then ended.
+const handBackTimeout = 10 * time.Second
+
 // ErrNotLeader is returned by BeginLeading when this worker does not lead
 // the Lease.
 var ErrNotLeader = errors.New("handoff: not the leader of this Lease")
@@ -74,6 +108,21 @@ type Options struct {
 	// is "cancel". It must be safe to call more than once. Nil: nothing is
 	// handed back and the claims wait for their visibility timeout.
 	ReturnClaims func(ctx context.Context) (returned int, err error)
+	// HandBack hands back claims held unstarted (Receive.HoldUnstarted):
+	// the rest of a batch, prefetched or buffered messages (for a queue
+	// with a visibility timeout: make them visible now, if still this
+	// worker's; for RabbitMQ: nack with requeue; for JetStream: Nak). The
+	// Agent calls it at stop-claiming, in a goroutine of its own, with
+	// every claim then unstarted (Claim.Value tells which messages), and
+	// again for each claim held unstarted after stop-claiming; one call at
+	// a time, under a 10 s bound (ctx). It returns nil once every one is
+	// handed back; the Agent then ends the claims (Claim.Done is not the
+	// app's to call). On an error they stay held, counted unstarted, until
+	// the drain deadline's Return, which ends them after ReturnClaims.
+	// Claims started before (Claim.Start, Hold, Begin) are not passed: they
+	// drain. Nil: unstarted claims are not handed back at stop-claiming;
+	// they stay held until started or done, like the others.
+	HandBack func(ctx context.Context, unstarted []*Claim) error
 	// Logger receives the Agent's logs; the zero value discards them.
 	Logger logr.Logger
 	// Clock times leadership terms: the end of a term (Leadership.Until),
@@ -120,11 +169,22 @@ type Agent struct {
 
 	mu       sync.Mutex
 	stopping chan struct{} // closed by StopClaiming
-	held     int           // claims held: Hold (or Begin) and not Done
+	held     int           // claims held: Hold, HoldUnstarted (or Begin) and not Done
+	// unstarted counts the claims among held not started: HoldUnstarted
+	// and not Start, handed back, or Done.
+	unstarted int
+	// toHandBack are the claims taken for HandBack and not yet passed to
+	// it; handingBack says handBackLoop runs; failed are the claims
+	// HandBack did not hand back, for Return to end.
+	toHandBack  []*Claim
+	handingBack bool
+	failed      []*Claim
 	// receives are the receives begun and not ended; StopClaiming cancels
 	// their contexts.
 	receives map[*Receive]struct{}
-	changed  chan struct{} // closed and replaced whenever held or receives change
+	// claims are the claims held, for StopClaiming to find the unstarted.
+	claims  map[*Claim]struct{}
+	changed chan struct{} // closed and replaced whenever held or receives change
 	// work is the parent of every Claim context; canceled by the "cancel"
 	// fallback.
 	work       context.Context
@@ -166,6 +226,7 @@ func New(opts Options) (*Agent, error) {
 		clock:      clk,
 		stopping:   make(chan struct{}),
 		receives:   map[*Receive]struct{}{},
+		claims:     map[*Claim]struct{}{},
 		changed:    make(chan struct{}),
 		work:       work,
 		cancelWork: cancel,
@@ -225,17 +286,29 @@ func agentMaxTerm(opts Options) (time.Duration, error) {
 // claiming new work.
 func (a *Agent) Stopping() <-chan struct{} { return a.stopping }
 
-// InFlight is the number of claims held: made by Receive.Hold (or Begin)
-// and not yet Done. Pending receives are not counted.
+// InFlight is the number of claims held: made by Receive.Hold,
+// Receive.HoldUnstarted (or Begin) and not yet Done, started or not.
+// Pending receives are not counted.
 func (a *Agent) InFlight() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.held
 }
 
+// Unstarted is the number of claims among InFlight held unstarted
+// (Receive.HoldUnstarted) and not yet started, or handed back and ended.
+func (a *Agent) Unstarted() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.unstarted
+}
+
 // StopClaiming closes Stopping and ends the context of every pending
 // receive, with cause ErrStopping, before it returns; Receive and Begin
-// refuse from then on. Claims already held go on. Idempotent.
+// refuse from then on. Claims started go on. Claims held unstarted are
+// taken (Claim.Start refuses them with ErrHandedBack) and handed back at
+// once through Options.HandBack, in a goroutine, so StopClaiming does not
+// wait for the queue. Idempotent.
 func (a *Agent) StopClaiming() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -248,7 +321,61 @@ func (a *Agent) StopClaiming() {
 	for r := range a.receives {
 		r.cancel(ErrStopping)
 	}
-	a.log.Info("stop claiming", "inFlight", a.held, "receiving", len(a.receives))
+	a.log.Info("stop claiming", "inFlight", a.held, "unstarted", a.unstarted, "receiving", len(a.receives))
+	var unstarted []*Claim
+	for c := range a.claims {
+		if c.state == claimUnstarted {
+			unstarted = append(unstarted, c)
+		}
+	}
+	a.takeLocked(unstarted)
+}
+
+// takeLocked takes claims, unstarted, to hand back through
+// Options.HandBack, and starts handBackLoop if it does not run; a.mu must
+// be held. Without HandBack it does nothing.
+func (a *Agent) takeLocked(claims []*Claim) {
+	if a.opts.HandBack == nil || len(claims) == 0 {
+		return
+	}
+	for _, c := range claims {
+		c.state, c.taken = claimHandedBack, true
+	}
+	a.toHandBack = append(a.toHandBack, claims...)
+	if !a.handingBack {
+		a.handingBack = true
+		go a.handBackLoop()
+	}
+}
+
+// handBackLoop passes the claims taken to Options.HandBack until none is
+// left, and ends those it handed back.
+func (a *Agent) handBackLoop() {
+	for {
+		a.mu.Lock()
+		claims := a.toHandBack
+		a.toHandBack = nil
+		if len(claims) == 0 {
+			a.handingBack = false
+			a.mu.Unlock()
+			return
+		}
+		a.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), handBackTimeout)
+		err := a.opts.HandBack(ctx, claims)
+		cancel()
+		if err != nil {
+			a.log.Error(err, "hand back unstarted claims failed; left to the drain deadline's fallback", "claims", len(claims))
+			a.mu.Lock()
+			a.failed = append(a.failed, claims...)
+			a.mu.Unlock()
+			continue
+		}
+		a.log.Info("unstarted claims handed back", "count", len(claims))
+		for _, c := range claims {
+			c.end(true)
+		}
+	}
 }
 
 // WaitDrained waits until the worker is drained (no claim held and no
@@ -283,11 +410,20 @@ func (a *Agent) Return(ctx context.Context, cancel bool, cancelWait time.Duratio
 		_ = a.WaitDrained(wctx) // not drained in time: hand back what is left
 		stop()
 	}
-	if a.opts.ReturnClaims == nil {
-		return 0, nil
+	n, err := 0, error(nil)
+	if a.opts.ReturnClaims != nil {
+		n, err = a.opts.ReturnClaims(ctx)
+		a.log.Info("claims returned", "returned", n, "cancel", cancel, "error", err)
 	}
-	n, err := a.opts.ReturnClaims(ctx)
-	a.log.Info("claims returned", "returned", n, "cancel", cancel, "error", err)
+	// Unstarted claims HandBack failed on were handed back now, or are
+	// left to their visibility timeout: either way no longer held.
+	a.mu.Lock()
+	failed := a.failed
+	a.failed = nil
+	a.mu.Unlock()
+	for _, c := range failed {
+		c.end(true)
+	}
 	return n, err
 }
 
@@ -301,7 +437,7 @@ func (a *Agent) drainStatus() protocol.DrainStatus {
 		stopping = true
 	default:
 	}
-	return protocol.DrainStatus{Stopping: stopping, InFlight: a.held, Receiving: len(a.receives),
+	return protocol.DrainStatus{Stopping: stopping, InFlight: a.held, Unstarted: a.unstarted, Receiving: len(a.receives),
 		Drained: a.held == 0 && len(a.receives) == 0, Instance: a.instance}
 }
 

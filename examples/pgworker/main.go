@@ -3,10 +3,16 @@
 // worker.Agent:
 //
 //   - --concurrency claim loops each Receive (poll the table every
-//     --poll-interval until a message is claimed), Hold, work, Complete,
-//     Done. Stop-claiming ends the wait between polls at once, the next
-//     Receive refuses, and the loops end; a message claimed by a poll under
-//     way at stop-claiming is held, and finished or handed back.
+//     --poll-interval until up to --batch messages are claimed in one
+//     statement), HoldUnstarted each, then Start, work, Complete and Done
+//     them one at a time. Stop-claiming ends the wait between polls at
+//     once, the next Receive refuses, and the loops end; a message claimed
+//     by a poll under way at stop-claiming is held, and finished or handed
+//     back.
+//   - At stop-claiming the Agent hands back the messages of a batch not
+//     yet started (HandBack: queue.HandBack, one statement, fenced by the
+//     delivery), so other workers claim them at once; Start refuses them
+//     and the loop skips them. Only the started ones drain.
 //   - The sidecar calls ReturnClaims (queue.ReturnClaims for this worker)
 //     at the drain deadline, so unfinished messages are visible again at
 //     once instead of after the visibility timeout.
@@ -22,7 +28,8 @@
 //
 // It logs JSON lines to stderr, with "ts" (RFC 3339, nanoseconds), "msg",
 // and "worker". The messages a timeline is built from: "claimed" (id,
-// dedupKey), "applied" and "duplicate" (id), "returned" (count), "leader
+// dedupKey), "applied" and "duplicate" (id), "handed back" (count, ids: unstarted
+// messages handed back at stop-claiming), "returned" (count), "leader
 // job" (lease, token) and, from the Agent, "stop claiming".
 package main
 
@@ -61,6 +68,7 @@ type options struct {
 	handoffAddr       string
 	handoffTokenFile  string
 	concurrency       int
+	batch             int
 	visibilityTimeout time.Duration
 	pollInterval      time.Duration
 	lease             string
@@ -80,6 +88,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.handoffAddr, "handoff-addr", "127.0.0.1:7452", "loopback host:port to serve the handoff app API on, for the sidecar")
 	fs.StringVar(&o.handoffTokenFile, "handoff-token-file", "", "file with the pod's token, which the sidecar's calls must carry (default $HANDOFF_TOKEN_FILE, set by the injector)")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "number of messages worked on at once")
+	fs.IntVar(&o.batch, "batch", 4, "messages each claim loop claims in one statement and works on in turn; those not started are handed back at stop-claiming")
 	fs.DurationVar(&o.visibilityTimeout, "visibility-timeout", 30*time.Second, "how long a claim hides a message from other workers")
 	fs.DurationVar(&o.pollInterval, "poll-interval", 200*time.Millisecond, "wait before claiming again when the queue is empty")
 	fs.StringVar(&o.lease, "lease", "", "name of the Lease whose leader runs the leader job (empty: no leader job)")
@@ -113,6 +122,8 @@ func parseFlags(args []string) (options, error) {
 	switch {
 	case o.concurrency < 1:
 		return o, fmt.Errorf("--concurrency %d: want 1 or more", o.concurrency)
+	case o.batch < 1:
+		return o, fmt.Errorf("--batch %d: want 1 or more", o.batch)
 	case o.visibilityTimeout <= 0:
 		return o, fmt.Errorf("--visibility-timeout %v: want more than 0", o.visibilityTimeout)
 	case o.pollInterval <= 0:
@@ -192,9 +203,10 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 	if err != nil {
 		return fmt.Errorf("--database-url: %w", err)
 	}
-	// A connection per claim loop, one for the leader job and one for
-	// ReturnClaims, so handing back never waits for a connection.
-	cfg.MaxConns = max(cfg.MaxConns, int32(opts.concurrency+2))
+	// A connection per claim loop, one for the leader job, one for
+	// HandBack and one for ReturnClaims, so handing back never waits for a
+	// connection.
+	cfg.MaxConns = max(cfg.MaxConns, int32(opts.concurrency+3))
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -249,7 +261,7 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 	if elector != nil {
 		loops.Go(func() { elector.run(ctx) })
 	}
-	log.Info("started", "concurrency", opts.concurrency, "visibilityTimeout", opts.visibilityTimeout,
+	log.Info("started", "concurrency", opts.concurrency, "batch", opts.batch, "visibilityTimeout", opts.visibilityTimeout,
 		"handoffAddr", opts.handoffAddr, "lease", opts.lease, "withoutHandoff", opts.withoutHandoff)
 
 	select {
@@ -275,6 +287,7 @@ func newApp(opts options, log logr.Logger, pool *pgxpool.Pool) (*app, error) {
 	a := &app{opts: opts, log: log, pool: pool}
 	agent, err := worker.New(worker.Options{
 		ReturnClaims: a.returnClaims,
+		HandBack:     a.handBack,
 		Logger:       log.WithName("handoff"),
 		TokenFile:    opts.handoffTokenFile,
 		// The baseline has no sidecar, and so maybe no token.
@@ -307,42 +320,52 @@ func listenLoopback(ctx context.Context, addr string) (net.Listener, error) {
 	return ln, nil
 }
 
-// claimLoop receives and works on one message at a time until claiming
-// stops or ctx ends.
+// claimLoop receives up to --batch messages at a time and works on them in
+// turn until claiming stops or ctx ends. A message not started by
+// stop-claiming is handed back by the Agent (handBack); Start refuses it
+// and the loop goes on to the next.
 func (a *app) claimLoop(ctx context.Context) {
 	for {
 		r, err := a.agent.Receive(ctx)
 		if err != nil { // worker.ErrStopping, or ctx ended
 			return
 		}
-		c := a.receive(ctx, r)
-		if c == nil { // the receive ended: Receive refuses next
+		batch := a.receive(ctx, r)
+		if batch == nil { // the receive ended: Receive refuses next
 			r.End()
 			continue
 		}
-		claim := r.Hold()
+		claims := make([]*worker.Claim, len(batch))
+		for i, c := range batch {
+			claims[i] = r.HoldUnstarted(c)
+			a.log.Info("claimed", "id", c.ID, "dedupKey", c.DedupKey, "deliveries", c.Deliveries, "workMillis", c.WorkMillis)
+		}
 		r.End()
-		a.log.Info("claimed", "id", c.ID, "dedupKey", c.DedupKey, "deliveries", c.Deliveries, "workMillis", c.WorkMillis)
-		a.process(claim.Context(), c)
-		claim.Done()
+		for i, claim := range claims {
+			if claim.Start() != nil { // worker.ErrHandedBack: handBack has it
+				continue
+			}
+			a.process(claim.Context(), batch[i])
+			claim.Done()
+		}
 	}
 }
 
-// receive polls the queue every --poll-interval until it claims a message,
-// and returns it, or until r ends (stop-claiming, or ctx), and returns nil.
-func (a *app) receive(ctx context.Context, r *worker.Receive) *queue.Claimed {
+// receive polls the queue every --poll-interval until it claims up to
+// --batch messages, and returns them, or until r ends (stop-claiming, or
+// ctx), and returns nil.
+func (a *app) receive(ctx context.Context, r *worker.Receive) []*queue.Claimed {
 	for r.Context().Err() == nil {
 		// The claim runs with ctx, not r's context: cut off by
 		// stop-claiming, the statement might commit a claim this worker
-		// never learns of. r is pending while it runs, so a message claimed
-		// in the race with stop-claiming is held, then finished or handed
-		// back.
-		c, err := queue.Claim(ctx, a.pool, a.opts.workerID, a.opts.visibilityTimeout)
+		// never learns of. r is pending while it runs, so messages claimed
+		// in the race with stop-claiming are held, then handed back.
+		cs, err := queue.ClaimBatch(ctx, a.pool, a.opts.workerID, a.opts.visibilityTimeout, a.opts.batch)
 		if err != nil && ctx.Err() == nil {
 			a.log.Error(err, "claim failed")
 		}
-		if c != nil {
-			return c
+		if len(cs) > 0 {
+			return cs
 		}
 		wait(r.Context(), a.opts.pollInterval)
 	}
@@ -392,6 +415,25 @@ func (a *app) returnClaims(ctx context.Context) (int, error) {
 	}
 	a.log.Info("returned", "count", n)
 	return n, nil
+}
+
+// handBack is the Agent's HandBack: at stop-claiming it makes the messages
+// claimed and not started visible again at once, unless claimed again
+// since.
+func (a *app) handBack(ctx context.Context, claims []*worker.Claim) error {
+	cs := make([]*queue.Claimed, len(claims))
+	ids := make([]int64, len(claims))
+	for i, c := range claims {
+		cs[i] = c.Value().(*queue.Claimed)
+		ids[i] = cs[i].ID
+	}
+	n, err := queue.HandBack(ctx, a.pool, a.opts.workerID, cs)
+	if err != nil {
+		a.log.Error(err, "hand back failed", "ids", ids)
+		return err
+	}
+	a.log.Info("handed back", "count", n, "ids", ids)
+	return nil
 }
 
 // leaderLoop runs the leader job every --leader-interval while this worker

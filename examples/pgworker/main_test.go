@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -38,11 +39,19 @@ type testWorker struct {
 // stops them when t ends.
 func startWorker(t *testing.T, pool *pgxpool.Pool, concurrency int, poll time.Duration) *testWorker {
 	t.Helper()
+	return startWorkerWith(t, pool, options{workerID: "pod-a", concurrency: concurrency, batch: 1, visibilityTimeout: time.Hour, pollInterval: poll})
+}
+
+// startWorkerWith starts opts.concurrency claim loops of a worker with
+// opts (and the test's token), and stops them when t ends.
+func startWorkerWith(t *testing.T, pool *pgxpool.Pool, opts options) *testWorker {
+	t.Helper()
 	token := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(token, []byte(testToken), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	opts := options{workerID: "pod-a", concurrency: concurrency, visibilityTimeout: time.Hour, pollInterval: poll, handoffTokenFile: token}
+	opts.handoffTokenFile = token
+	concurrency := opts.concurrency
 	a, err := newApp(opts, logr.Discard(), pool)
 	if err != nil {
 		t.Fatal(err)
@@ -166,5 +175,68 @@ func TestHeldMessageIsHandedBackByTheReturnFallback(t *testing.T) {
 	c, err := queue.Claim(context.Background(), pool, "pod-b", time.Minute)
 	if err != nil || c == nil || c.DedupKey != "slow" {
 		t.Fatalf("the successor claimed %+v, %v: want the message handed back", c, err)
+	}
+}
+
+// A worker that claimed a batch of 4 and started 1 hands the other 3 back
+// at stop-claiming: a second worker claims and completes them while the
+// first one's started message is still held (its visibility timeout is an
+// hour, so nothing else could free them), and nothing is lost or applied
+// twice.
+func TestUnstartedBatchIsClaimedByAnotherWorkerAtStopClaiming(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	ctx := context.Background()
+	msgs := []queue.Message{{DedupKey: "m0", Amount: 1, WorkMillis: int(time.Hour.Milliseconds())}, // started, works past the test
+		{DedupKey: "m1", Amount: 10}, {DedupKey: "m2", Amount: 100}, {DedupKey: "m3", Amount: 1000}}
+	if err := queue.Enqueue(ctx, pool, msgs); err != nil {
+		t.Fatal(err)
+	}
+	a := startWorkerWith(t, pool, options{workerID: "pod-a", concurrency: 1, batch: 4, visibilityTimeout: time.Hour, pollInterval: 5 * time.Millisecond})
+	kubetest.WaitFor(t, 10*time.Second, "pod-a to claim the batch of 4 and start the first", func() bool {
+		st, err := a.sidecar.Drain(ctx, 0)
+		return err == nil && st.InFlight == 4 && st.Unstarted == 3
+	})
+	var stopAt time.Time // on the database's clock, as the deliveries' times
+	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&stopAt); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.sidecar.StopClaiming(ctx); err != nil {
+		t.Fatal(err)
+	}
+	startWorkerWith(t, pool, options{workerID: "pod-b", concurrency: 1, batch: 4, visibilityTimeout: time.Hour, pollInterval: 5 * time.Millisecond})
+	kubetest.WaitFor(t, 10*time.Second, "pod-b to complete the 3 messages pod-a had not started", func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM handoff_processed WHERE worker = 'pod-b' AND dedup_key IN ('m1', 'm2', 'm3')`).Scan(&n)
+		return err == nil && n == 3
+	})
+	var claimedAt time.Time
+	if err := pool.QueryRow(ctx, `SELECT max(at) FROM handoff_deliveries WHERE worker = 'pod-b' AND outcome = 'claimed'`).Scan(&claimedAt); err == nil {
+		t.Logf("stop-claiming → the 3 unstarted claimed by pod-b (polling every 5ms): %s", claimedAt.Sub(stopAt))
+	}
+	var holder string
+	if err := pool.QueryRow(ctx, `SELECT claimed_by FROM handoff_queue WHERE dedup_key = 'm0'`).Scan(&holder); err != nil || holder != "pod-a" {
+		t.Fatalf("m0, started by pod-a, is claimed by %q (%v): want still pod-a's, draining", holder, err)
+	}
+	if st, err := a.sidecar.Drain(ctx, 0); err != nil || st.InFlight != 1 || st.Unstarted != 0 || st.Drained {
+		t.Fatalf("pod-a's drain status = %+v, %v: want the started message alone in flight", st, err)
+	}
+	rep, err := queue.Check(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Err(); err != nil || rep.Applied != 3 || rep.Pending != 1 || rep.Duplicates != 0 {
+		t.Fatalf("check: %v (%v): want 3 applied once, m0 pending, no duplicate", rep, err)
+	}
+}
+
+// --batch defaults to 4 and refuses less than 1, naming the flag.
+func TestBatchFlag(t *testing.T) {
+	o, err := parseFlags([]string{"--database-url", "postgres://x", "--worker-id", "w"})
+	if err != nil || o.batch != 4 {
+		t.Fatalf("default --batch = %d, %v: want 4", o.batch, err)
+	}
+	if _, err := parseFlags([]string{"--database-url", "postgres://x", "--worker-id", "w", "--batch", "0"}); err == nil || !strings.Contains(err.Error(), "--batch 0") {
+		t.Fatalf("--batch 0: %v, want an error naming --batch", err)
 	}
 }

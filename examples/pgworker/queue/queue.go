@@ -165,35 +165,85 @@ ORDER BY i.n`, keys, amounts, works)
 // claimers skip each other's locked rows, so they get different messages.
 // It returns nil, nil when no message is visible.
 func Claim(ctx context.Context, pool *pgxpool.Pool, worker string, visibility time.Duration) (*Claimed, error) {
-	var c Claimed
-	err := pool.QueryRow(ctx, `
+	cs, err := ClaimBatch(ctx, pool, worker, visibility, 1)
+	if err != nil || len(cs) == 0 {
+		return nil, err
+	}
+	return cs[0], nil
+}
+
+// ClaimBatch claims up to n (1 or more) of the oldest visible messages for
+// worker in one statement, as Claim claims one, and returns them oldest
+// first; none when no message is visible. Every one is hidden for
+// visibility from now, so a worker that starts them in turn hands back
+// those it has not started when it stops (HandBack) rather than let them
+// wait out the timeout.
+func ClaimBatch(ctx context.Context, pool *pgxpool.Pool, worker string, visibility time.Duration, n int) ([]*Claimed, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("queue: claim a batch of %d: want 1 or more", n)
+	}
+	rows, err := pool.Query(ctx, `
 WITH c AS (
 	UPDATE handoff_queue
 	SET claimed_by = $1, claimed_at = now(),
 		visible_at = now() + $2::bigint * interval '1 microsecond',
 		deliveries = deliveries + 1
-	WHERE id = (
+	WHERE id IN (
 		SELECT id FROM handoff_queue
 		WHERE visible_at <= now()
 		ORDER BY id
 		FOR UPDATE SKIP LOCKED
-		LIMIT 1
+		LIMIT $3
 	)
 	RETURNING id, dedup_key, amount, work_ms, deliveries, visible_at
 ), d AS (
 	INSERT INTO handoff_deliveries (message_id, worker, outcome)
 	SELECT id, $1, 'claimed' FROM c
 )
-SELECT id, dedup_key, amount, work_ms, deliveries, visible_at FROM c`,
-		worker, visibility.Microseconds(),
-	).Scan(&c.ID, &c.DedupKey, &c.Amount, &c.WorkMillis, &c.Deliveries, &c.VisibleAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
+SELECT id, dedup_key, amount, work_ms, deliveries, visible_at FROM c ORDER BY id`,
+		worker, visibility.Microseconds(), n)
 	if err != nil {
 		return nil, fmt.Errorf("queue: claim: %w", err)
 	}
-	return &c, nil
+	cs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*Claimed, error) {
+		var c Claimed
+		err := row.Scan(&c.ID, &c.DedupKey, &c.Amount, &c.WorkMillis, &c.Deliveries, &c.VisibleAt)
+		return &c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("queue: claim: %w", err)
+	}
+	return cs, nil
+}
+
+// HandBack hands back claims worker made and has not started, in one
+// statement: each message becomes visible (and claimable) at once. It is
+// fenced by the delivery: a message claimed again since (by another worker
+// after its visibility timeout, or by worker itself), completed, or
+// already handed back is not touched. It records a "returned" delivery for
+// each message handed back and returns how many there were.
+func HandBack(ctx context.Context, pool *pgxpool.Pool, worker string, claims []*Claimed) (int, error) {
+	ids := make([]int64, len(claims))
+	deliveries := make([]int32, len(claims))
+	for i, c := range claims {
+		ids[i], deliveries[i] = c.ID, int32(c.Deliveries)
+	}
+	var n int
+	err := pool.QueryRow(ctx, `
+WITH r AS (
+	UPDATE handoff_queue q SET visible_at = now(), claimed_by = NULL
+	FROM unnest($2::bigint[], $3::int[]) AS h(id, deliveries)
+	WHERE q.id = h.id AND q.deliveries = h.deliveries AND q.claimed_by = $1
+	RETURNING q.id
+), d AS (
+	INSERT INTO handoff_deliveries (message_id, worker, outcome)
+	SELECT id, $1, 'returned' FROM r
+)
+SELECT count(*) FROM r`, worker, ids, deliveries).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("queue: hand back %d claims of %s: %w", len(claims), worker, err)
+	}
+	return n, nil
 }
 
 // Complete is the idempotent commit of the work on c, in one transaction:

@@ -404,3 +404,57 @@ func TestReportErr(t *testing.T) {
 		})
 	}
 }
+
+// ClaimBatch claims up to n messages in one statement, oldest first;
+// HandBack makes them claimable at once, except a message claimed again
+// since (here by the same worker after its visibility timeout, a later
+// delivery) or completed: the hand-back is fenced by the delivery.
+func TestClaimBatchAndFencedHandBack(t *testing.T) {
+	t.Parallel()
+	pool := newQueue(t)
+	ctx := context.Background()
+	enqueue(t, pool, queue.Message{DedupKey: "a", Amount: 1}, queue.Message{DedupKey: "b", Amount: 2},
+		queue.Message{DedupKey: "c", Amount: 4}, queue.Message{DedupKey: "d", Amount: 8})
+	if _, err := queue.ClaimBatch(ctx, pool, "w1", time.Minute, 0); err == nil {
+		t.Fatal("ClaimBatch(n=0) = nil error, want one naming the batch size")
+	}
+	// a expires at once (1µs), the others are hidden for an hour.
+	first, err := queue.ClaimBatch(ctx, pool, "w1", time.Microsecond, 1)
+	if err != nil || len(first) != 1 || first[0].DedupKey != "a" {
+		t.Fatalf("ClaimBatch(1) = %+v, %v: want message a", first, err)
+	}
+	batch, err := queue.ClaimBatch(ctx, pool, "w1", time.Hour, 3)
+	if err != nil || len(batch) != 3 {
+		t.Fatalf("ClaimBatch(3) = %d claims, %v: want 3", len(batch), err)
+	}
+	// a is in this batch again on its second delivery: the first claim of
+	// it is stale.
+	var keys []string
+	for _, c := range batch {
+		keys = append(keys, c.DedupKey)
+	}
+	if strings.Join(keys, ",") != "a,b,c" || batch[0].Deliveries != 2 {
+		t.Fatalf("batch = %v (a's delivery %d): want a (second delivery), b, c oldest first", keys, batch[0].Deliveries)
+	}
+	if _, err := queue.Complete(ctx, pool, "w1", batch[2]); err != nil { // c: done
+		t.Fatal(err)
+	}
+	// Hand back the stale claim of a, b and the completed c: only b moves.
+	n, err := queue.HandBack(ctx, pool, "w1", []*queue.Claimed{first[0], batch[1], batch[2]})
+	if err != nil || n != 1 {
+		t.Fatalf("HandBack = %d, %v: want 1 (b; a was claimed again since, c is completed)", n, err)
+	}
+	got := claim(t, pool, "w2", time.Hour)
+	if got == nil || got.DedupKey != "b" {
+		t.Fatalf("claim after the hand-back = %+v: want b, claimable at once", got)
+	}
+	if c := claim(t, pool, "w2", time.Hour); c == nil || c.DedupKey != "d" {
+		t.Fatalf("next claim = %+v: want d (a still w1's second claim)", c)
+	}
+	if r := check(t, pool); r.Err() != nil || r.Applied != 1 || r.Pending != 3 {
+		t.Fatalf("check = %v (%v): want c applied, a, b, d pending", r, r.Err())
+	}
+	if n := count(t, pool, queue.OutcomeReturned); n != 1 {
+		t.Fatalf("%d returned deliveries recorded, want 1", n)
+	}
+}
