@@ -231,7 +231,8 @@ func (p *proc) read() (map[string]float64, error) {
 }
 
 func startSidecar(env *kubetest.Env, app, name, label, path string, extra []string) (*proc, error) {
-	if err := os.WriteFile(tokenFile, []byte(podToken), 0o600); err != nil {
+	_, tokenFile, err := benchenv.PodToken()
+	if err != nil {
 		return nil, err
 	}
 	grace := int64(30)
@@ -368,6 +369,10 @@ func startApp() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	podToken, _, err := benchenv.PodToken()
+	if err != nil {
+		return "", err
+	}
 	agent, err := worker.New(worker.Options{Token: podToken})
 	if err != nil {
 		return "", err
@@ -375,12 +380,6 @@ func startApp() (string, error) {
 	go func() { _ = http.Serve(l, agent.Handler()) }()
 	return l.Addr().String(), nil
 }
-
-// podToken is the pod's token of every sidecar the bench starts (the
-// install step's random one in a real pod), in the file tokenFile names.
-const podToken = "f00dcafef00dcafef00dcafef00dcafef00dcafef00dcafef00dcafef00dcafe"
-
-var tokenFile = filepath.Join(os.TempDir(), "handoff-footprint-token")
 
 func freeAddr() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

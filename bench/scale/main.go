@@ -494,7 +494,10 @@ func runHandoff(env *kubetest.Env, ns string, specs []spec) (result, error) {
 			return r, err
 		}
 		cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
-		_, err := prestop.Call(cctx, p.control, podToken, 5*time.Second)
+		tok, _, err := benchenv.PodToken()
+		if err == nil {
+			_, err = prestop.Call(cctx, p.control, tok, 5*time.Second)
+		}
 		ccancel()
 		if err != nil {
 			return r, fmt.Errorf("preStop of %s: %w", s.name, err)
@@ -521,14 +524,9 @@ func runHandoff(env *kubetest.Env, ns string, specs []spec) (result, error) {
 	return r, nil
 }
 
-// podToken is the pod's token of every sidecar the bench starts (the
-// install step's random one in a real pod), in the file tokenFile names.
-const podToken = "5ca1e5ca1e5ca1e5ca1e5ca1e5ca1e5ca1e5ca1e5ca1e5ca1e5ca1e5ca1e5ca1"
-
-var tokenFile = filepath.Join(os.TempDir(), "handoff-scale-token")
-
 func startSidecar(env *kubetest.Env, ns string, s spec) (*process, error) {
-	if err := os.WriteFile(tokenFile, []byte(podToken), 0o600); err != nil {
+	podToken, tokenFile, err := benchenv.PodToken()
+	if err != nil {
 		return nil, err
 	}
 	grace := int64(30)

@@ -263,19 +263,19 @@ func (b *bench) shutdown(i int) (*protocol.Report, error) {
 	defer s.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	return prestop.Call(ctx, s.control, podToken, 5*time.Second)
+	tok, _, err := benchenv.PodToken()
+	if err != nil {
+		return nil, err
+	}
+	return prestop.Call(ctx, s.control, tok, 5*time.Second)
 }
-
-// podToken is the pod's token of every sidecar the bench starts: startApp
-// writes it to a file and names it in HANDOFF_TOKEN_FILE, which the
-// sidecars inherit.
-var podToken = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 // startApp serves the worker library's endpoints with nothing in flight,
 // so every drain is immediate; it runs until the command exits.
 func startApp() (string, error) {
-	file := filepath.Join(os.TempDir(), "handoff-bench-token")
-	if err := os.WriteFile(file, []byte(podToken), 0o600); err != nil {
+	// The sidecars inherit HANDOFF_TOKEN_FILE.
+	podToken, file, err := benchenv.PodToken()
+	if err != nil {
 		return "", err
 	}
 	if err := os.Setenv(protocol.TokenFileEnv, file); err != nil {

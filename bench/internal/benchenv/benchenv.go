@@ -4,6 +4,8 @@
 package benchenv
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"os"
 	"os/signal"
 	"sync"
@@ -52,4 +54,38 @@ func AtExit(f func()) {
 	mu.Lock()
 	cleanups = append(cleanups, f)
 	mu.Unlock()
+}
+
+var (
+	tokenOnce sync.Once
+	token     string
+	tokenPath string
+	tokenErr  error
+)
+
+// PodToken returns the pod's token that every sidecar and app a benchmark
+// starts share (random, as handoff install writes it in a real pod) and
+// the path of the file that holds it, for HANDOFF_TOKEN_FILE. The file is
+// written on the first call and removed at exit.
+func PodToken() (tok, path string, err error) {
+	tokenOnce.Do(func() {
+		b := make([]byte, 32)
+		if _, tokenErr = rand.Read(b); tokenErr != nil {
+			return
+		}
+		f, err := os.CreateTemp("", "handoff-bench-token-*")
+		if err != nil {
+			tokenErr = err
+			return
+		}
+		AtExit(func() { _ = os.Remove(f.Name()) })
+		token, tokenPath = hex.EncodeToString(b), f.Name()
+		if _, err := f.WriteString(token); err != nil {
+			tokenErr = err
+		}
+		if err := f.Close(); err != nil && tokenErr == nil {
+			tokenErr = err
+		}
+	})
+	return token, tokenPath, tokenErr
 }
