@@ -116,7 +116,7 @@ func deadlineHandsBack(t *testing.T, name, layout string, podGrace int64, delete
 		seen = append(seen, e.Reason+": "+e.Message)
 	}
 	all := strings.Join(seen, "\n")
-	for _, want := range []string{"DrainStarted: ", "DrainDeadlineExceeded: Drain deadline exceeded with", "LeaseReleased: Lease ", name + "-leader released"} {
+	for _, want := range []string{"DrainStarted: ", "DrainDeadlineExceeded: Drain deadline exceeded with", "LeaseReleased: Lease " + name + "-leader (role) released"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("no %q among the pod's Events:\n%s", want, all)
 		}
