@@ -30,11 +30,7 @@ const TriggerPreStop = protocol.TriggerPreStop
 // token) is answered 401 with {"error": "..."} and starts nothing.
 func Handler(seq Sequence, token string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !protocol.HasToken(r.Header, token) {
-			w.Header().Set("WWW-Authenticate", protocol.TokenScheme+` realm="handoff"`)
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusUnauthorized)
-			_ = json.NewEncoder(w).Encode(map[string]string{"error": unauthorized(r.Header)})
+		if protocol.RefuseWithoutToken(w, r, token) {
 			return
 		}
 		if r.Method != http.MethodPost {
@@ -63,12 +59,4 @@ func Handler(seq Sequence, token string) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(rep)
 	})
-}
-
-// unauthorized says why a call's Authorization header was refused.
-func unauthorized(h http.Header) string {
-	if h.Get("Authorization") == "" {
-		return "no Authorization header; " + protocol.PreStopPath + " needs \"" + protocol.TokenScheme + " <token>\" with the pod's token (the file named by " + protocol.TokenFileEnv + "; handoff prestop sends it)"
-	}
-	return "the Authorization header does not carry the pod's token; want \"" + protocol.TokenScheme + " <token>\" with the content of the file named by " + protocol.TokenFileEnv
 }

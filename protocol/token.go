@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"crypto/subtle"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -83,6 +84,26 @@ func HasToken(h http.Header, token string) bool {
 		return false
 	}
 	return subtle.ConstantTimeCompare([]byte(v[prefix:]), []byte(token)) == 1
+}
+
+// RefuseWithoutToken answers a call that does not carry the pod's token
+// (HasToken) with 401, a WWW-Authenticate challenge and {"error": "..."}
+// saying what was wrong, and returns true; it leaves a call that carries
+// it alone and returns false. The sidecar's control API and package
+// worker's app API both guard every call with it.
+func RefuseWithoutToken(w http.ResponseWriter, r *http.Request, token string) bool {
+	if HasToken(r.Header, token) {
+		return false
+	}
+	msg := "the Authorization header does not carry the pod's token; want \"" + TokenScheme + " <token>\" with the content of the file named by " + TokenFileEnv
+	if r.Header.Get("Authorization") == "" {
+		msg = "no Authorization header; every call must carry \"" + TokenScheme + " <token>\" with the pod's token (the file named by " + TokenFileEnv + ")"
+	}
+	w.Header().Set("WWW-Authenticate", TokenScheme+` realm="handoff"`)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusUnauthorized)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
+	return true
 }
 
 // Bounds of a Leadership message the app accepts: a message beyond them

@@ -47,9 +47,7 @@ const MaxBodyBytes = 64 << 10
 func (a *Agent) Handler() http.Handler {
 	mux := a.mux()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a.token != "" && !protocol.HasToken(r.Header, a.token) {
-			w.Header().Set("WWW-Authenticate", protocol.TokenScheme+` realm="handoff"`)
-			writeError(w, http.StatusUnauthorized, unauthorized(r.Header))
+		if a.token != "" && protocol.RefuseWithoutToken(w, r, a.token) {
 			return
 		}
 		// The body (at most one byte over the limit, so that the handler
@@ -70,14 +68,6 @@ func (a *Agent) Handler() http.Handler {
 		_ = rc.SetWriteDeadline(time.Time{})
 		mux.ServeHTTP(w, r)
 	})
-}
-
-// unauthorized says why a call's Authorization header was refused.
-func unauthorized(h http.Header) error {
-	if h.Get("Authorization") == "" {
-		return fmt.Errorf("no Authorization header; every call must carry %q with the pod's token (the file named by %s)", protocol.TokenScheme+" <token>", protocol.TokenFileEnv)
-	}
-	return fmt.Errorf("the Authorization header does not carry the pod's token; want %q with the content of the file named by %s", protocol.TokenScheme+" <token>", protocol.TokenFileEnv)
 }
 
 func (a *Agent) mux() *http.ServeMux {
