@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 )
@@ -11,8 +12,10 @@ import (
 // The liveness endpoint fails once asked to and stays failed; a crash
 // exits with its code.
 func TestFaultEndpoints(t *testing.T) {
-	exited := -1
-	srv := httptest.NewServer(faultHandler(logr.Discard(), func(code int) { exited = code }))
+	// The handler answers before it exits, so the exit is read from a
+	// channel the handler's goroutine writes.
+	exited := make(chan int, 1)
+	srv := httptest.NewServer(faultHandler(logr.Discard(), func(code int) { exited <- code }))
 	defer srv.Close()
 	status := func(method, path string) int {
 		t.Helper()
@@ -38,11 +41,18 @@ func TestFaultEndpoints(t *testing.T) {
 			t.Fatalf("healthz after the fault: %d, want 503", got)
 		}
 	}
-	if exited != -1 {
-		t.Fatalf("exited with %d before a crash was asked for", exited)
+	select {
+	case code := <-exited:
+		t.Fatalf("exited with %d before a crash was asked for", code)
+	default:
 	}
 	_ = status(http.MethodPost, faultCrashPath)
-	if exited != faultCrashCode {
-		t.Errorf("crash exited with %d, want %d", exited, faultCrashCode)
+	select {
+	case code := <-exited:
+		if code != faultCrashCode {
+			t.Errorf("crash exited with %d, want %d", code, faultCrashCode)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no exit 10 s after POST " + faultCrashPath)
 	}
 }
