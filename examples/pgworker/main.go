@@ -345,10 +345,32 @@ func (a *app) claimLoop(ctx context.Context) {
 			if claim.Start() != nil { // worker.ErrHandedBack: handBack has it
 				continue
 			}
+			// A message that waited in the batch past its visibility
+			// timeout may be another worker's now: work it only if the
+			// claim is still this one's, hidden again from now.
+			if i > 0 && !a.renew(ctx, batch[i]) {
+				claim.Done()
+				continue
+			}
 			a.process(claim.Context(), batch[i])
 			claim.Done()
 		}
 	}
+}
+
+// renew renews the claim of c before it is started (queue.Renew), and
+// reports whether it is still this worker's. A failed renewal is not a
+// lost claim: the message is worked, as it would have been without it.
+func (a *app) renew(ctx context.Context, c *queue.Claimed) bool {
+	ok, err := queue.Renew(ctx, a.pool, a.opts.workerID, c, a.opts.visibilityTimeout)
+	switch {
+	case err != nil:
+		a.log.Error(err, "renew failed", "id", c.ID)
+		return true
+	case !ok:
+		a.log.Info("claim lost before its start: claimed again after its visibility timeout, or done", "id", c.ID, "deliveries", c.Deliveries)
+	}
+	return ok
 }
 
 // receive polls the queue every --poll-interval until it claims up to
@@ -375,14 +397,28 @@ func (a *app) receive(ctx context.Context, r *worker.Receive) []*queue.Claimed {
 // process works on c and completes it. If ctx ends first (the sidecar's
 // cancel fallback, or a signal) it leaves c claimed: the sidecar returns it
 // with ReturnClaims, or its visibility timeout does.
+//
+// While it works, it renews the claim every third of the visibility
+// timeout (queue.Renew), so that work longer than the timeout is not
+// delivered to another worker meanwhile; a claim found lost (claimed
+// again, after a renewal came too late) ends the work undone.
 func (a *app) process(ctx context.Context, c *queue.Claimed) {
 	work := time.NewTimer(time.Duration(c.WorkMillis) * time.Millisecond)
 	defer work.Stop()
-	select {
-	case <-work.C:
-	case <-ctx.Done():
-		a.log.Info("work canceled", "id", c.ID)
-		return
+	keep := time.NewTicker(a.opts.visibilityTimeout / 3)
+	defer keep.Stop()
+	for done := false; !done; {
+		select {
+		case <-work.C:
+			done = true
+		case <-keep.C:
+			if !a.renew(ctx, c) {
+				return
+			}
+		case <-ctx.Done():
+			a.log.Info("work canceled", "id", c.ID)
+			return
+		}
 	}
 	applied, err := queue.Complete(ctx, a.pool, a.opts.workerID, c)
 	switch {

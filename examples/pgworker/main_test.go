@@ -230,6 +230,48 @@ func TestUnstartedBatchIsClaimedByAnotherWorkerAtStopClaiming(t *testing.T) {
 	}
 }
 
+// A message that waited in a batch past its visibility timeout and was
+// claimed by another worker meanwhile is not worked again when its turn
+// comes: the claim is renewed, fenced by its delivery, before the start.
+func TestBatchMessageClaimedElsewhereWhileWaitingIsNotWorkedTwice(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	ctx := context.Background()
+	msgs := []queue.Message{{DedupKey: "slow", Amount: 1, WorkMillis: 3000}, {DedupKey: "next", Amount: 10}}
+	if err := queue.Enqueue(ctx, pool, msgs); err != nil {
+		t.Fatal(err)
+	}
+	a := startWorkerWith(t, pool, options{workerID: "pod-a", concurrency: 1, batch: 2, visibilityTimeout: 300 * time.Millisecond, pollInterval: 5 * time.Millisecond})
+	kubetest.WaitFor(t, 10*time.Second, "pod-a to claim both and start the slow one", func() bool {
+		st, err := a.sidecar.Drain(ctx, 0)
+		return err == nil && st.InFlight == 2 && st.Unstarted == 1
+	})
+	// pod-b takes "next" once its visibility timeout has run out, while
+	// pod-a still works on "slow".
+	startWorkerWith(t, pool, options{workerID: "pod-b", concurrency: 1, batch: 1, visibilityTimeout: time.Hour, pollInterval: 5 * time.Millisecond})
+	kubetest.WaitFor(t, 10*time.Second, "pod-b to complete next, and pod-a slow", func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM handoff_deliveries WHERE (worker, outcome) IN (('pod-b', 'applied'), ('pod-a', 'applied'))`).Scan(&n)
+		return err == nil && n >= 2
+	})
+	kubetest.WaitFor(t, 10*time.Second, "pod-a to hold nothing", func() bool {
+		st, err := a.sidecar.Drain(ctx, 0)
+		return err == nil && st.InFlight == 0
+	})
+	var workedByA int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM handoff_deliveries d JOIN handoff_processed p ON p.message_id = d.message_id
+WHERE p.dedup_key = 'next' AND d.worker = 'pod-a' AND d.outcome IN ('applied', 'duplicate')`).Scan(&workedByA); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := queue.Check(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Err(); err != nil || rep.Applied != 2 || rep.Duplicates != 0 || workedByA != 0 {
+		t.Fatalf("check: %v (%v), pod-a worked next %d times: want both applied once, next by pod-b alone", rep, err, workedByA)
+	}
+}
+
 // --batch defaults to 4 and refuses less than 1, naming the flag.
 func TestBatchFlag(t *testing.T) {
 	o, err := parseFlags([]string{"--database-url", "postgres://x", "--worker-id", "w"})

@@ -36,10 +36,11 @@ var ErrStaleFencingToken = errors.New("queue: stale fencing token")
 
 // Delivery outcomes recorded in handoff_deliveries.
 const (
-	OutcomeClaimed   = "claimed"
-	OutcomeApplied   = "applied"
-	OutcomeDuplicate = "duplicate"
-	OutcomeReturned  = "returned"
+	OutcomeClaimed    = "claimed"
+	OutcomeApplied    = "applied"
+	OutcomeDuplicate  = "duplicate"
+	OutcomeReturned   = "returned"    // handed back by ReturnClaims (the drain deadline)
+	OutcomeHandedBack = "handed-back" // handed back unstarted by HandBack (stop-claiming)
 )
 
 // schema is idempotent: every statement may run on an existing database.
@@ -216,12 +217,30 @@ SELECT id, dedup_key, amount, work_ms, deliveries, visible_at FROM c ORDER BY id
 	return cs, nil
 }
 
+// Renew keeps worker's claim c: the message is hidden for visibility from
+// now. It is fenced by the delivery, as HandBack is: it returns false, and
+// changes nothing, when the message was claimed again since (its visibility
+// timeout ran out and another worker, or this one, claimed it), completed,
+// or handed back. A worker calls it before it starts a message it claimed
+// earlier in a batch: one that waited past its visibility timeout may be
+// another worker's by then, and must not be worked twice at once.
+func Renew(ctx context.Context, pool *pgxpool.Pool, worker string, c *Claimed, visibility time.Duration) (bool, error) {
+	tag, err := pool.Exec(ctx, `
+UPDATE handoff_queue SET visible_at = now() + $4::bigint * interval '1 microsecond'
+WHERE id = $1 AND claimed_by = $2 AND deliveries = $3`, c.ID, worker, c.Deliveries, visibility.Microseconds())
+	if err != nil {
+		return false, fmt.Errorf("queue: renew the claim of message %d: %w", c.ID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
 // HandBack hands back claims worker made and has not started, in one
 // statement: each message becomes visible (and claimable) at once. It is
 // fenced by the delivery: a message claimed again since (by another worker
 // after its visibility timeout, or by worker itself), completed, or
-// already handed back is not touched. It records a "returned" delivery for
-// each message handed back and returns how many there were.
+// already handed back is not touched. It records a "handed-back" delivery
+// (OutcomeHandedBack) for each message handed back and returns how many
+// there were.
 func HandBack(ctx context.Context, pool *pgxpool.Pool, worker string, claims []*Claimed) (int, error) {
 	ids := make([]int64, len(claims))
 	deliveries := make([]int32, len(claims))
@@ -237,7 +256,7 @@ WITH r AS (
 	RETURNING q.id
 ), d AS (
 	INSERT INTO handoff_deliveries (message_id, worker, outcome)
-	SELECT id, $1, 'returned' FROM r
+	SELECT id, $1, 'handed-back' FROM r
 )
 SELECT count(*) FROM r`, worker, ids, deliveries).Scan(&n)
 	if err != nil {

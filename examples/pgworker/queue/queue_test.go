@@ -454,7 +454,42 @@ func TestClaimBatchAndFencedHandBack(t *testing.T) {
 	if r := check(t, pool); r.Err() != nil || r.Applied != 1 || r.Pending != 3 {
 		t.Fatalf("check = %v (%v): want c applied, a, b, d pending", r, r.Err())
 	}
-	if n := count(t, pool, queue.OutcomeReturned); n != 1 {
-		t.Fatalf("%d returned deliveries recorded, want 1", n)
+	if n := count(t, pool, queue.OutcomeHandedBack); n != 1 {
+		t.Fatalf("%d handed-back deliveries recorded, want 1", n)
+	}
+}
+
+// Renew keeps a claim that is still the worker's, even past its
+// visibility timeout while nobody claimed it again, and refuses one claimed
+// again since: a batch's last message, started late, is never worked by
+// two workers at once.
+func TestRenewIsFencedByTheDelivery(t *testing.T) {
+	t.Parallel()
+	pool := newQueue(t)
+	ctx := context.Background()
+	enqueue(t, pool, queue.Message{DedupKey: "a", Amount: 1}, queue.Message{DedupKey: "b", Amount: 2})
+	batch, err := queue.ClaimBatch(ctx, pool, "w1", time.Microsecond, 2) // both expire at once
+	if err != nil || len(batch) != 2 {
+		t.Fatalf("ClaimBatch = %d claims, %v: want 2", len(batch), err)
+	}
+	// a: expired, not claimed by anyone since: still w1's to renew.
+	if ok, err := queue.Renew(ctx, pool, "w1", batch[0], time.Hour); err != nil || !ok {
+		t.Fatalf("Renew(a, expired and unclaimed) = %v, %v: want true", ok, err)
+	}
+	// b: claimed by w2 after its timeout: no longer w1's.
+	if c := claim(t, pool, "w2", time.Hour); c == nil || c.DedupKey != "b" {
+		t.Fatalf("w2 claimed %+v: want b (a is hidden again by the renewal)", c)
+	}
+	if ok, err := queue.Renew(ctx, pool, "w1", batch[1], time.Hour); err != nil || ok {
+		t.Fatalf("Renew(b, claimed by w2 since) = %v, %v: want false", ok, err)
+	}
+	if ok, err := queue.Renew(ctx, pool, "w2", batch[1], time.Hour); err != nil || ok {
+		t.Fatalf("Renew by w2 of w1's delivery of b = %v, %v: want false (w2's delivery is a later one)", ok, err)
+	}
+	if _, err := queue.Complete(ctx, pool, "w1", batch[0]); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := queue.Renew(ctx, pool, "w1", batch[0], time.Hour); err != nil || ok {
+		t.Fatalf("Renew(a, completed) = %v, %v: want false", ok, err)
 	}
 }
