@@ -53,7 +53,7 @@ func (r *rolloutRun) measure(t *testing.T, pod string) *replacedPod {
 	r.rec.mu.Unlock()
 
 	ctx := context.Background()
-	var returnedAt, againAt *time.Time
+	var returnedAt, againAt, handedAgainAt *time.Time
 	err := cluster.pool.QueryRow(ctx, `
 WITH mine AS (
 	SELECT message_id, min(at) AS claimed_at FROM handoff_deliveries
@@ -64,6 +64,8 @@ WITH mine AS (
 			AND d.outcome IN ('applied', 'duplicate')) AS finished,
 		(SELECT max(at) FROM handoff_deliveries d WHERE d.message_id = mine.message_id AND d.worker = $1
 			AND d.outcome = 'returned') AS returned_at,
+		EXISTS (SELECT 1 FROM handoff_deliveries d WHERE d.message_id = mine.message_id AND d.worker = $1
+			AND d.outcome = 'handed-back') AS handed_back,
 		(SELECT min(at) FROM handoff_deliveries d WHERE d.message_id = mine.message_id AND d.worker <> $1
 			AND d.outcome = 'claimed' AND d.at > mine.claimed_at) AS again_at,
 		EXISTS (SELECT 1 FROM handoff_processed p WHERE p.message_id = mine.message_id)
@@ -73,12 +75,14 @@ WITH mine AS (
 )
 SELECT
 	count(*) FILTER (WHERE NOT finished),
-	count(*) FILTER (WHERE NOT finished AND returned_at IS NOT NULL),
+	count(*) FILTER (WHERE NOT finished AND (returned_at IS NOT NULL OR handed_back)),
 	max(returned_at) FILTER (WHERE NOT finished),
 	max(again_at) FILTER (WHERE NOT finished),
+	count(*) FILTER (WHERE NOT finished AND handed_back),
+	max(again_at) FILTER (WHERE NOT finished AND handed_back),
 	count(*) FILTER (WHERE NOT kept),
 	coalesce(sum(dups), 0)::int
-FROM m`, pod).Scan(&p.unfinished, &p.returned, &returnedAt, &againAt, &p.lost, &p.duplicates)
+FROM m`, pod).Scan(&p.unfinished, &p.returned, &returnedAt, &againAt, &p.handedBack, &handedAgainAt, &p.lost, &p.duplicates)
 	if err != nil {
 		t.Fatalf("pod %s: reading its deliveries: %v", pod, err)
 	}
@@ -87,6 +91,9 @@ FROM m`, pod).Scan(&p.unfinished, &p.returned, &returnedAt, &againAt, &p.lost, &
 	}
 	if againAt != nil {
 		p.claimed = againAt.Sub(p.terminating)
+	}
+	if handedAgainAt != nil {
+		p.handedClaimed = handedAgainAt.Sub(p.terminating)
 	}
 	if r.handoff {
 		p.drainBy = drainDeadline(t, pod)

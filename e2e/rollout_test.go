@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
+	"github.com/handoff-dev/handoff/internal/kubetest"
 )
 
 // The rollout's workload: a steady load with some work that cannot finish
@@ -62,15 +64,19 @@ func TestRolloutRestart(t *testing.T) {
 
 // rolloutRun is what one rollout restart measured.
 type rolloutRun struct {
-	name     string
-	handoff  bool
-	lease    string
-	rec      *recorder
-	replaced []*replacedPod
-	before   queue.Report // the queue check before the run
-	report   queue.Report // and after it
-	enqueued int
-	idleGone time.Duration // a pod with nothing to drain: termination start to gone
+	name        string
+	handoff     bool
+	lease       string
+	rec         *recorder
+	replaced    []*replacedPod
+	before      queue.Report // the queue check before the run
+	report      queue.Report // and after it
+	enqueued    int
+	idleGone    time.Duration // a pod with nothing to drain: termination start to gone, the median of idleSamples
+	idleSamples []time.Duration
+	// backlog is a pod deleted while it held claimed batches it had not
+	// started (deleteBackloggedPod).
+	backlog *replacedPod
 }
 
 // replacedPod is what happened to one pod the rollout replaced. Times are
@@ -86,12 +92,16 @@ type replacedPod struct {
 	held        time.Duration // until the successor was seen holding the Lease
 	free        time.Duration // the Lease seen free before the successor (handoff releases it)
 	unfinished  int           // claims neither applied nor duplicate by this pod
-	returned    int           // of which handed back by the pod
-	drainBy     time.Time     // the sidecar's drain deadline (from its DrainStarted Event)
-	returnedAt  time.Duration // last hand-back, from termination start
-	claimed     time.Duration // until the last unfinished claim was claimed again by another pod
-	lost        int           // messages it claimed that were neither applied nor pending
-	duplicates  int           // deliveries of messages it claimed that found them applied already
+	returned    int           // of which handed back by the pod (at stop-claiming or the drain deadline)
+	handedBack  int           // of which handed back unstarted, at stop-claiming (queue.OutcomeHandedBack)
+	// handedClaimed is until the last of handedBack was claimed by
+	// another pod.
+	handedClaimed time.Duration
+	drainBy       time.Time     // the sidecar's drain deadline (from its DrainStarted Event)
+	returnedAt    time.Duration // last hand-back at the drain deadline, from termination start
+	claimed       time.Duration // until the last unfinished claim was claimed again by another pod
+	lost          int           // messages it claimed that were neither applied nor pending
+	duplicates    int           // deliveries of messages it claimed that found them applied already
 }
 
 // restartUnderLoad deploys 3 workers named name, restarts them under load
@@ -157,7 +167,10 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 	// stranded ones after their visibility timeout and their work.
 	run.report = checkQueue(t, rolloutVisibility+slowWork+30*time.Second)
 
-	run.idleGone = deleteIdlePod(t, run)
+	run.idleGone, run.idleSamples = deleteIdlePod(t, run)
+	run.backlog = deleteBackloggedPod(t, run)
+	// The backlog's messages processed too: the baseline's after their visibility timeout.
+	run.report = checkQueue(t, rolloutVisibility+backlogBatch*backlogWork+30*time.Second)
 
 	for _, pod := range old {
 		p := run.measure(t, pod)
@@ -169,29 +182,100 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 	return run
 }
 
-// deleteIdlePod deletes one pod of the run's Deployment once the queue is
-// empty, so it has nothing to drain, and returns the time from its
-// termination start to its Pod object gone.
-func deleteIdlePod(t *testing.T, run *rolloutRun) time.Duration {
+// The backlog of deleteBackloggedPod: backlogBatches batches of the
+// worker's --batch (4, its default), each message taking backlogWork, so
+// that the pods holding them hold their last 3 unstarted while other claim
+// loops poll an empty queue.
+const (
+	backlogBatches = 8
+	backlogBatch   = 4
+	backlogWork    = 3 * time.Second
+)
+
+// deleteBackloggedPod enqueues a short backlog, deletes the pod that holds
+// the most of it once the claim loops have taken it all, and returns what
+// happened to that pod's claims (measure): with handoff, its unstarted
+// claims are handed back at stop-claiming (HandBack) and claimed by the
+// idle loops of the other pods; without, its claims wait for their
+// visibility timeout.
+func deleteBackloggedPod(t *testing.T, run *rolloutRun) *replacedPod {
 	t.Helper()
-	pod := podNames(t, run.name)[0]
-	if err := cluster.kube.CoreV1().Pods(namespace).Delete(context.Background(), pod, metav1.DeleteOptions{}); err != nil {
+	ctx := context.Background()
+	var msgs []queue.Message
+	for i := range backlogBatches * backlogBatch {
+		msgs = append(msgs, queue.Message{DedupKey: fmt.Sprintf("%s-backlog-%d", run.name, i), Amount: 1, WorkMillis: int(backlogWork.Milliseconds())})
+	}
+	if err := queue.Enqueue(ctx, cluster.pool, msgs); err != nil {
 		t.Fatal(err)
 	}
-	var gone time.Duration
-	deadline := time.Now().Add(time.Duration(rolloutGrace+15) * time.Second)
-	for gone == 0 && time.Now().Before(deadline) {
-		run.rec.mu.Lock()
-		if s := run.rec.pods[pod]; s != nil && !s.terminating.IsZero() && !s.gone.IsZero() {
-			gone = s.gone.Sub(s.terminating)
+	run.enqueued += len(msgs)
+	var pod string
+	var held int
+	kubetest.WaitFor(t, 10*time.Second, "the backlog to be claimed", func() bool {
+		err := cluster.pool.QueryRow(ctx, `
+SELECT claimed_by, count(*) FROM handoff_queue WHERE dedup_key LIKE $1 AND claimed_by IS NOT NULL
+GROUP BY claimed_by ORDER BY count(*) DESC, claimed_by LIMIT 1`, run.name+"-backlog-%").Scan(&pod, &held)
+		if err != nil {
+			return false
 		}
-		run.rec.mu.Unlock()
-		time.Sleep(100 * time.Millisecond)
+		var visible int
+		err = cluster.pool.QueryRow(ctx, `SELECT count(*) FROM handoff_queue WHERE dedup_key LIKE $1 AND claimed_by IS NULL`,
+			run.name+"-backlog-%").Scan(&visible)
+		return err == nil && visible == 0
+	})
+	t.Logf("deleting %s, which holds %d messages of the backlog", pod, held)
+	if err := cluster.kube.CoreV1().Pods(namespace).Delete(ctx, pod, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
 	}
-	if gone == 0 {
-		t.Errorf("idle pod %s not seen gone within %ds", pod, rolloutGrace+15)
+	kubetest.WaitFor(t, time.Duration(rolloutGrace+15)*time.Second, "the backlogged pod to go", func() bool {
+		run.rec.mu.Lock()
+		defer run.rec.mu.Unlock()
+		s := run.rec.pods[pod]
+		return s != nil && !s.gone.IsZero()
+	})
+	// Its claims settled: claimed again by others (at once, or after their
+	// visibility timeout), or completed.
+	kubetest.WaitFor(t, rolloutVisibility+30*time.Second, "the backlogged pod's unfinished claims to be claimed again", func() bool {
+		var waiting int
+		err := cluster.pool.QueryRow(ctx, `
+SELECT count(*) FROM handoff_queue WHERE dedup_key LIKE $1 AND (claimed_by = $2 OR claimed_by IS NULL)`,
+			run.name+"-backlog-%", pod).Scan(&waiting)
+		return err == nil && waiting == 0
+	})
+	return run.measure(t, pod)
+}
+
+// idleSamples is how many idle pods deleteIdlePod deletes, one at a time:
+// the kubelet's own part of a pod's removal varies by a second on a loaded
+// machine, so one deletion says little.
+const idleSamples = 3
+
+// deleteIdlePod deletes idleSamples pods of the run's Deployment in turn
+// once the queue is empty, so they have nothing to drain, each once the
+// Deployment is back to its replicas, and returns the median of their
+// times from termination start to Pod object gone, and every sample.
+func deleteIdlePod(t *testing.T, run *rolloutRun) (median time.Duration, samples []time.Duration) {
+	t.Helper()
+	for range idleSamples {
+		waitRollout(t, run.name, 2*time.Minute)
+		pod := podNames(t, run.name)[0]
+		if err := cluster.kube.CoreV1().Pods(namespace).Delete(context.Background(), pod, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		var gone time.Duration
+		kubetest.WaitFor(t, time.Duration(rolloutGrace+15)*time.Second, "idle pod "+pod+" to go", func() bool {
+			run.rec.mu.Lock()
+			defer run.rec.mu.Unlock()
+			if s := run.rec.pods[pod]; s != nil && !s.terminating.IsZero() && !s.gone.IsZero() {
+				gone = s.gone.Sub(s.terminating)
+			}
+			return gone != 0
+		})
+		samples = append(samples, gone)
 	}
-	return gone
+	sorted := slices.Clone(samples)
+	slices.Sort(sorted)
+	return sorted[len(sorted)/2], samples
 }
 
 // assertHandedOver checks the handoff rollout: each leaving leader's Lease
@@ -221,6 +305,14 @@ func (r *rolloutRun) assertHandedOver(t *testing.T) {
 	}
 	if leaders == 0 {
 		t.Errorf("none of the replaced pods held Lease %s when it began terminating", r.lease)
+	}
+	// The backlogged pod held batches it had not started: they went back at
+	// stop-claiming, and nothing was left for its deadline.
+	if b := r.backlog; b != nil {
+		if b.handedBack == 0 || b.unfinished != b.returned {
+			t.Errorf("backlogged pod %s: %d claims unfinished, %d handed back, %d of them unstarted at stop-claiming; want every unfinished one handed back, some unstarted",
+				b.name, b.unfinished, b.returned, b.handedBack)
+		}
 	}
 
 	// Every holder seen is a pod of the Deployment, and no pod still holds
@@ -276,7 +368,7 @@ func rolloutFigures(with, without *rolloutRun) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "kubectl rollout restart of 3 replicas; grace period %ds; visibility timeout %s; load %d messages/s, 1 in %d takes %s\n",
 		rolloutGrace, rolloutVisibility, loadRate, slowEvery, slowWork)
-	b.WriteString(`Times are from each pod's termination start (its deletionTimestamp seen; the kubelet runs the preStop hook about 0.1 s later).
+	fmt.Fprintf(&b, `Times are from each pod's termination start (its deletionTimestamp seen; the kubelet runs the preStop hook about 0.1 s later).
   pod gone                 until the Pod object was deleted
   Lease held by successor  for the pod that held the Lease at termination start: until another pod was seen holding it;
                            "free": how long it was seen free between the release and the takeover ("-": not the holder)
@@ -286,13 +378,24 @@ func rolloutFigures(with, without *rolloutRun) string {
   lost/dup                 its messages lost / delivered again after being applied
 With handoff the Lease guards the leader job, a role (handoff.dev/role-leases): the sequence starts at the deletion, and a
 leaving leader revokes and releases it right after stop-claiming, beside its drain.
-"pod with nothing to drain gone": one pod deleted after the queue emptied, from its termination start to its Pod gone.
+"pod with nothing to drain gone": %d pods deleted in turn after the queue emptied, from termination start to Pod gone.
+"backlogged pod": then a backlog of %d batches of %d messages of %s each, and the pod holding most of it deleted once
+all of it was claimed: from its termination start until the last of the claims it had not started (with handoff, handed
+back at stop-claiming) was claimed by another pod; the baseline has no such hand-back, and its row is every unfinished claim.
 
-`)
+`, idleSamples, backlogBatches, backlogBatch, backlogWork)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "\treplaced pod\tpod gone\tLease held by successor\tunfinished\tclaimed again\treturned\tlost/dup")
 	for _, r := range []*rolloutRun{with, without} {
-		for _, p := range r.replaced {
+		pods := r.replaced
+		if r.backlog != nil {
+			pods = append(slices.Clone(pods), r.backlog)
+		}
+		for _, p := range pods {
+			name := p.name
+			if p == r.backlog {
+				name += " (backlog)"
+			}
 			held := "-"
 			if p.leader {
 				held = "never"
@@ -307,10 +410,17 @@ leaving leader revokes and releases it right after stop-claiming, beside its dra
 			if p.unfinished > 0 {
 				claimed = secs(p.claimed)
 			}
-			if p.returned > 0 && !p.drainBy.IsZero() {
-				returned = fmt.Sprintf("%d at deadline %s", p.returned, signedMs(p.terminating.Add(p.returnedAt).Sub(p.drainBy)))
+			var parts []string
+			if p.handedBack > 0 {
+				parts = append(parts, fmt.Sprintf("%d unstarted at stop-claiming", p.handedBack))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d/%d\n", r.kind(), p.name, secs(p.gone), held, p.unfinished, claimed, returned, p.lost, p.duplicates)
+			if atDeadline := p.returned - p.handedBack; atDeadline > 0 && !p.drainBy.IsZero() {
+				parts = append(parts, fmt.Sprintf("%d at deadline %s", atDeadline, signedMs(p.terminating.Add(p.returnedAt).Sub(p.drainBy))))
+			}
+			if len(parts) > 0 {
+				returned = strings.Join(parts, ", ")
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d/%d\n", r.kind(), name, secs(p.gone), held, p.unfinished, claimed, returned, p.lost, p.duplicates)
 		}
 	}
 	_ = tw.Flush()
@@ -333,8 +443,12 @@ leaving leader revokes and releases it right after stop-claiming, beside its dra
 	}
 	row("no live pod holding the Lease (total)", w.vacant, wo.vacant)
 	row("termination start → role Lease held by successor (worst leader)", w.held, wo.held)
-	row("pod with nothing to drain gone", with.idleGone, without.idleGone)
+	row(fmt.Sprintf("pod with nothing to drain gone (median of %d)", idleSamples), with.idleGone, without.idleGone)
 	row("unfinished claims claimed again (worst)", w.claimed, wo.claimed)
+	if b, bo := with.backlog, without.backlog; b != nil && bo != nil {
+		row(fmt.Sprintf("backlogged pod: unstarted claims claimed again (%d; baseline: its %d unfinished)", b.handedBack, bo.unfinished),
+			b.handedClaimed, bo.claimed)
+	}
 	fmt.Fprintf(tw, "unfinished claims at termination (all pods)\t%d\t%d\n", w.unfinished, wo.unfinished)
 	late := "-"
 	if w.returned > 0 {
@@ -343,6 +457,7 @@ leaving leader revokes and releases it right after stop-claiming, beside its dra
 	fmt.Fprintf(tw, "claims handed back, from the drain deadline (worst)\t%s\t-\n", late)
 	fmt.Fprintf(tw, "messages lost / applied twice\t%s\t%s\n", with.lostDup(), without.lostDup())
 	fmt.Fprintf(tw, "messages enqueued during the run\t%d\t%d\n", with.enqueued, without.enqueued)
+	fmt.Fprintf(tw, "idle pods gone, each\t%s\t%s\n", shorts(with.idleSamples), shorts(without.idleSamples))
 	_ = tw.Flush()
 	return b.String()
 }
@@ -376,12 +491,12 @@ func (r *rolloutRun) summary() runSummary {
 		}
 		s.claimed = max(s.claimed, p.claimed)
 		s.unfinished += p.unfinished
-		if p.returned > 0 && !p.drainBy.IsZero() {
+		if atDeadline := p.returned - p.handedBack; atDeadline > 0 && !p.drainBy.IsZero() {
 			late := p.terminating.Add(p.returnedAt).Sub(p.drainBy)
 			if s.returned == 0 || late > s.returnLate {
 				s.returnLate = late
 			}
-			s.returned += p.returned
+			s.returned += atDeadline
 		}
 	}
 	s.vacant = r.rec.vacant()
@@ -396,6 +511,15 @@ func short(d time.Duration) string {
 		return ms(d)
 	}
 	return secs(d)
+}
+
+// shorts is ds, each as short gives it.
+func shorts(ds []time.Duration) string {
+	var out []string
+	for _, d := range ds {
+		out = append(out, short(d))
+	}
+	return strings.Join(out, ", ")
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%d ms", d.Milliseconds()) }
