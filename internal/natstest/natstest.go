@@ -65,10 +65,19 @@ var server struct {
 	started bool   // a start was attempted; url and err hold its outcome
 	url     string // nats://127.0.0.1:PORT
 	err     error
-	cmd     *exec.Cmd // set when this package started the server
-	exited  chan struct{}
-	dir     string
+	srv     *Server // set when this package started the server
 }
+
+// Server is a nats-server with JetStream that StartServer started.
+type Server struct {
+	url    string
+	cmd    *exec.Cmd
+	exited chan struct{}
+	dir    string
+}
+
+// URL is the server's client URL, nats://127.0.0.1:PORT.
+func (s *Server) URL() string { return s.url }
 
 var seq atomic.Int64
 
@@ -142,41 +151,46 @@ func serverURL() (string, error) {
 		return "", errors.New("call natstest.Run(m) from TestMain, so nats-server is stopped when the tests end (or set " + EnvURL + ")")
 	}
 	server.started = true
-	server.err = startServer()
+	server.srv, server.err = StartServer()
 	if server.err != nil {
 		server.err = fmt.Errorf("cannot start nats-server (set %s to use a running server): %w", EnvURL, server.err)
+		return "", server.err
 	}
-	return server.url, server.err
+	server.url = server.srv.URL()
+	return server.url, nil
 }
 
-// startServer starts nats-server with JetStream in a new temporary
-// directory on a free port, and waits until it answers a JetStream request.
-// server.mu must be held.
-func startServer() error {
+// StartServer starts nats-server with JetStream (the binary
+// $HANDOFF_NATS_SERVER, else the one hack/nats-server.sh installs, which
+// it builds if missing: up to 10 minutes) on a free port of 127.0.0.1, its
+// store in a new temporary directory, and waits until it answers a
+// JetStream request (at most 30 s). The server dies with this process;
+// Stop stops it sooner. For programs (the benches); tests use URL.
+func StartServer() (*Server, error) {
 	bin, err := binary()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Another process may take the free port first; try a few times, each
 	// in a new directory.
 	for attempt := 1; ; attempt++ {
-		err := startOnce(bin)
+		s, err := startOnce(bin)
 		if err == nil || attempt == 3 {
-			return err
+			return s, err
 		}
 	}
 }
 
-// startOnce is one attempt of startServer.
-func startOnce(bin string) error {
+// startOnce is one attempt of StartServer.
+func startOnce(bin string) (*Server, error) {
 	dir, err := os.MkdirTemp("", "handoff-natstest-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	port, err := freePort()
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		return err
+		return nil, err
 	}
 	logFile := filepath.Join(dir, "nats-server.log")
 	cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", filepath.Join(dir, "store"), "-l", logFile)
@@ -185,7 +199,7 @@ func startOnce(bin string) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		_ = os.RemoveAll(dir)
-		return fmt.Errorf("%s: %w", bin, err)
+		return nil, fmt.Errorf("%s: %w", bin, err)
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
@@ -195,10 +209,9 @@ func startOnce(bin string) error {
 		<-exited
 		log, _ := os.ReadFile(logFile)
 		_ = os.RemoveAll(dir)
-		return fmt.Errorf("%s on port %d: %w\n%s", bin, port, err, log)
+		return nil, fmt.Errorf("%s on port %d: %w\n%s", bin, port, err, log)
 	}
-	server.url, server.cmd, server.exited, server.dir = url, cmd, exited, dir
-	return nil
+	return &Server{url: url, cmd: cmd, exited: exited, dir: dir}, nil
 }
 
 // waitReady waits until the server at url answers a JetStream account
@@ -227,25 +240,33 @@ func waitReady(url string, exited <-chan struct{}) error {
 	return fmt.Errorf("not ready in %s: %w", readyTimeout, last)
 }
 
-// stop stops the server URL started, if any (SIGTERM, then SIGKILL after
-// stopTimeout), and removes its directory.
+// stop stops the server URL started, if any.
 func stop() {
 	server.mu.Lock()
 	defer server.mu.Unlock()
 	server.running = false
-	if server.cmd == nil {
+	if server.srv != nil {
+		server.srv.Stop()
+		server.srv = nil
+	}
+}
+
+// Stop stops the server (SIGTERM, then SIGKILL after 10 s) and removes its
+// directory. Calls after the first do nothing.
+func (s *Server) Stop() {
+	if s.cmd == nil {
 		return
 	}
-	_ = server.cmd.Process.Signal(syscall.SIGTERM)
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-server.exited:
+	case <-s.exited:
 	case <-time.After(stopTimeout):
 		fmt.Fprintf(os.Stderr, "natstest: nats-server did not exit %s after SIGTERM; killed\n", stopTimeout)
-		_ = server.cmd.Process.Kill()
-		<-server.exited
+		_ = s.cmd.Process.Kill()
+		<-s.exited
 	}
-	_ = os.RemoveAll(server.dir)
-	server.cmd = nil
+	_ = os.RemoveAll(s.dir)
+	s.cmd = nil
 }
 
 // binary returns the nats-server to run: $HANDOFF_NATS_SERVER, else the
