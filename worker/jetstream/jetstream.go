@@ -89,8 +89,8 @@ type Config struct {
 	MaxWait time.Duration
 	// KeepAliveInterval is how often every held message gets an
 	// InProgress, which restarts its AckWait on the server. Above 0 and
-	// below the consumer's AckWait; 0: a third of AckWait (10 s for the
-	// default 30 s).
+	// below the consumer's AckWait (or its shortest BackOff step, if
+	// shorter); 0: a third of that (10 s for the default AckWait, 30 s).
 	KeepAliveInterval time.Duration
 	// AckTimeout bounds the server's confirmation of one ack (DoubleAck)
 	// and of a hand-back's flush. Above 0; 0: DefaultAckTimeout (5 s).
@@ -104,7 +104,6 @@ type Worker struct {
 	nc        *nats.Conn
 	cons      js.Consumer
 	cfg       Config
-	ackWait   time.Duration
 	keepAlive time.Duration
 	log       logr.Logger
 
@@ -158,10 +157,7 @@ func New(opts worker.Options, nc *nats.Conn, cons js.Consumer, cfg Config) (*Wor
 	if info.Config.AckPolicy != js.AckExplicitPolicy {
 		return nil, fmt.Errorf("worker/jetstream: consumer %q: AckPolicy %s: want explicit (jetstream.AckExplicitPolicy), so that each message is acked, Nak'd and kept alive on its own", info.Name, info.Config.AckPolicy)
 	}
-	ackWait := info.Config.AckWait
-	if ackWait <= 0 {
-		ackWait = DefaultAckWait
-	}
+	ackWait := redeliveryAfter(info.Config)
 	cfg, keepAlive, err := withDefaults(cfg, ackWait)
 	if err != nil {
 		return nil, err
@@ -170,7 +166,6 @@ func New(opts worker.Options, nc *nats.Conn, cons js.Consumer, cfg Config) (*Wor
 		nc:        nc,
 		cons:      cons,
 		cfg:       cfg,
-		ackWait:   ackWait,
 		keepAlive: keepAlive,
 		log:       opts.Logger.WithName("jetstream"),
 		held:      map[*delivery]struct{}{},
@@ -186,6 +181,23 @@ func New(opts worker.Options, nc *nats.Conn, cons js.Consumer, cfg Config) (*Wor
 	return w, nil
 }
 
+// redeliveryAfter is the shortest time after which the server redelivers
+// an unacknowledged message of a consumer with configuration c: AckWait
+// (DefaultAckWait if unset), or the shortest BackOff step if one is
+// shorter (with BackOff, the n-th delivery waits BackOff[n-1]).
+func redeliveryAfter(c js.ConsumerConfig) time.Duration {
+	d := c.AckWait
+	if d <= 0 {
+		d = DefaultAckWait
+	}
+	for _, b := range c.BackOff {
+		if b > 0 && b < d {
+			d = b
+		}
+	}
+	return d
+}
+
 // withDefaults fills in cfg's defaults and checks its ranges; it returns
 // the keep-alive interval for a consumer with AckWait ackWait.
 func withDefaults(cfg Config, ackWait time.Duration) (Config, time.Duration, error) {
@@ -199,7 +211,7 @@ func withDefaults(cfg Config, ackWait time.Duration) (Config, time.Duration, err
 	case cfg.AckTimeout < 0:
 		return cfg, 0, fmt.Errorf("worker/jetstream: Config.AckTimeout %s: want a duration above 0, or 0 for %s", cfg.AckTimeout, DefaultAckTimeout)
 	case cfg.KeepAliveInterval < 0 || cfg.KeepAliveInterval >= ackWait:
-		return cfg, 0, fmt.Errorf("worker/jetstream: Config.KeepAliveInterval %s: want a duration above 0 and below the consumer's AckWait %s, or 0 for a third of it", cfg.KeepAliveInterval, ackWait)
+		return cfg, 0, fmt.Errorf("worker/jetstream: Config.KeepAliveInterval %s: want a duration above 0 and below the consumer's AckWait %s (or its shortest BackOff step), or 0 for a third of it", cfg.KeepAliveInterval, ackWait)
 	}
 	if cfg.Batch == 0 {
 		cfg.Batch = DefaultBatch
@@ -225,7 +237,8 @@ func withDefaults(cfg Config, ackWait time.Duration) (Config, time.Duration, err
 func (w *Worker) Agent() *worker.Agent { return w.agent }
 
 // KeepAliveInterval is how often held messages get an InProgress: the
-// configured Config.KeepAliveInterval, or a third of the consumer's AckWait.
+// configured Config.KeepAliveInterval, or a third of the consumer's AckWait
+// (or of its shortest BackOff step, if shorter).
 func (w *Worker) KeepAliveInterval() time.Duration { return w.keepAlive }
 
 // Run runs the claim loops (Config.Concurrency) until claiming stops, then

@@ -373,25 +373,10 @@ func TestKeepAliveDuringLongDrain(t *testing.T) {
 	<-started
 	w.Agent().StopClaiming() // the drain: waits for the handler
 
-	_, other := q.consumer()
-	rivalCtx, stopRival := context.WithCancel(context.Background())
-	rival := make(chan []string, 1)
-	go func() {
-		var got []string
-		for rivalCtx.Err() == nil {
-			b, err := other.Fetch(1, js.FetchMaxWait(500*time.Millisecond))
-			if err != nil {
-				continue
-			}
-			for m := range b.Messages() {
-				got = append(got, string(m.Data()))
-			}
-		}
-		rival <- got
-	}()
+	stopRival := fetchAll(q)
+	t.Cleanup(func() { stopRival() })
 	waitRun(t, done)
-	stopRival()
-	if got := <-rival; len(got) != 0 {
+	if got := stopRival(); len(got) != 0 {
 		t.Fatalf("another consumer got %v while the handler ran: redelivered past AckWait %s (keep-alive every %s)", got, ackWait, w.KeepAliveInterval())
 	}
 	if deliveries != 1 {
@@ -400,6 +385,96 @@ func TestKeepAliveDuringLongDrain(t *testing.T) {
 	if info := q.info(); info.NumAckPending != 0 || info.NumRedelivered != 0 || info.NumPending != 0 {
 		t.Fatalf("consumer: ack pending %d, redelivered %d, pending %d; want 0, 0, 0", info.NumAckPending, info.NumRedelivered, info.NumPending)
 	}
+}
+
+// TestKeepAliveUnstarted: the rest of a batch, held unstarted while the
+// first message's handler runs past AckWait, is kept too: another consumer
+// fetching all along gets none of it, and each message is applied once,
+// on its first delivery.
+func TestKeepAliveUnstarted(t *testing.T) {
+	const ackWait = 2 * time.Second
+	q := newQueue(t, ackWait)
+	q.publish("1", "2") // before Run: one fetch gets both
+	w := newWorker(t, q, jetstream.Config{Batch: 2})
+	got := newApplied()
+	var mu sync.Mutex
+	var redelivered []string
+	done := run(t, w, func(_ context.Context, m js.Msg) error {
+		meta, err := m.Metadata()
+		if err != nil {
+			return err
+		}
+		if meta.NumDelivered != 1 {
+			mu.Lock()
+			redelivered = append(redelivered, string(m.Data()))
+			mu.Unlock()
+		}
+		if string(m.Data()) == "1" {
+			time.Sleep(3 * ackWait / 2) // "2" waits unstarted past AckWait
+		}
+		got.add(string(m.Data()))
+		return nil
+	})
+	stopRival := fetchAll(q)
+	t.Cleanup(func() { stopRival() })
+	eventually(t, "both applied", func() bool { return got.len() == 2 })
+	if got := stopRival(); len(got) != 0 {
+		t.Fatalf("another consumer got %v while the batch was held: redelivered past AckWait %s", got, ackWait)
+	}
+	w.Agent().StopClaiming()
+	waitRun(t, done)
+	if ids := got.ids(); strings.Join(ids, ",") != "1,2" {
+		t.Fatalf("applied %v, want [1 2]", ids)
+	}
+	if len(redelivered) != 0 {
+		t.Fatalf("the handler got %v on a redelivery, want none", redelivered)
+	}
+	if info := q.info(); info.NumAckPending != 0 || info.NumRedelivered != 0 {
+		t.Fatalf("consumer: ack pending %d, redelivered %d; want 0, 0", info.NumAckPending, info.NumRedelivered)
+	}
+}
+
+// TestHandlerErrorNaks: a handler's error hands the message back at once:
+// another consumer gets it on its second delivery.
+func TestHandlerErrorNaks(t *testing.T) {
+	q := newQueue(t, hour)
+	w := newWorker(t, q, jetstream.Config{})
+	failed := make(chan struct{})
+	done := run(t, w, func(context.Context, js.Msg) error {
+		close(failed)
+		w.Agent().StopClaiming() // take no more: the redelivery is the other consumer's
+		return errors.New("cannot apply")
+	})
+	q.publish("1")
+	<-failed
+	waitRun(t, done)
+	_, other := q.consumer()
+	ids, deliveries := q.fetchOthers(other, 1, 10*time.Second)
+	if len(ids) != 1 || deliveries[0] != 2 {
+		t.Fatalf("another consumer got %v (deliveries %v), want message 1 on its second delivery", ids, deliveries)
+	}
+}
+
+// fetchAll fetches from q's consumer as another worker would, without
+// acking, until the returned stop is called; stop returns what it got.
+func fetchAll(q *queue) (stop func() []string) {
+	_, other := q.consumer()
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan []string, 1)
+	go func() {
+		var ids []string
+		for ctx.Err() == nil {
+			b, err := other.Fetch(1, js.FetchMaxWait(500*time.Millisecond))
+			if err != nil {
+				continue
+			}
+			for m := range b.Messages() {
+				ids = append(ids, string(m.Data()))
+			}
+		}
+		got <- ids
+	}()
+	return sync.OnceValue(func() []string { cancel(); return <-got })
 }
 
 // TestHandoverNothingLostOrTwice: two workers share a consumer; one stops
@@ -494,5 +569,22 @@ func TestNewRefuses(t *testing.T) {
 	}
 	if got, want := w.KeepAliveInterval(), time.Second; got != want {
 		t.Fatalf("KeepAliveInterval %s, want a third of AckWait, %s", got, want)
+	}
+
+	// With BackOff, a redelivery waits its step, maybe shorter than AckWait.
+	if _, err := q.js.CreateConsumer(q.ctx(), q.stream, js.ConsumerConfig{Durable: "backoff", AckPolicy: js.AckExplicitPolicy,
+		AckWait: 3 * time.Second, BackOff: []time.Duration{3 * time.Second, 1500 * time.Millisecond}, MaxDeliver: 5}); err != nil {
+		t.Fatal(err)
+	}
+	backoff, err := q.js.Consumer(q.ctx(), q.stream, "backoff")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err = jetstream.New(worker.Options{InsecureNoToken: true}, nc, backoff, jetstream.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := w.KeepAliveInterval(), 500*time.Millisecond; got != want {
+		t.Fatalf("KeepAliveInterval with BackOff [3s 1.5s] %s, want a third of the shortest step, %s", got, want)
 	}
 }
