@@ -212,19 +212,21 @@ func (a *applied) ids() []string {
 const hour = time.Hour
 
 // TestStopClaimingStopsIntake: after stop-claiming the worker takes no
-// new message: those published then are the queue's, for another
-// consumer, and never reach the handler; Run returns once its work is
-// done.
+// new message and works on none: the fetch under way then (waiting on
+// the server) is not cut off, and the message it brings is handed back at
+// once, not left to AckWait; the rest stay the queue's. Another consumer
+// gets them all, and Run returns once its work is done.
 func TestStopClaimingStopsIntake(t *testing.T) {
 	q := newQueue(t, hour)
-	w := newWorker(t, q, jetstream.Config{})
+	w := newWorker(t, q, jetstream.Config{MaxWait: 20 * time.Second})
 	got := newApplied()
 	done := run(t, w, func(_ context.Context, m js.Msg) error { got.add(string(m.Data())); return nil })
 
 	q.publish("1", "2", "3")
 	eventually(t, "3 messages applied", func() bool { return got.len() == 3 })
+	eventually(t, "the next fetch waiting on the server", func() bool { return q.info().NumWaiting == 1 })
 	w.Agent().StopClaiming()
-	q.publish("4", "5", "6")
+	q.publish("4", "5", "6") // "4" goes to the fetch under way
 	waitRun(t, done)
 
 	if ids := got.ids(); strings.Join(ids, ",") != "1,2,3" {
@@ -233,12 +235,10 @@ func TestStopClaimingStopsIntake(t *testing.T) {
 	if n := w.Agent().InFlight(); n != 0 {
 		t.Fatalf("InFlight after Run: %d, want 0", n)
 	}
-	// The fetch under way at stop-claiming may have taken some of 4..6:
-	// then it handed them back. Either way all three are another's now.
 	_, other := q.consumer()
-	ids, _ := q.fetchOthers(other, 3, 10*time.Second)
-	if strings.Join(ids, ",") != "4,5,6" {
-		t.Fatalf("another consumer got %v, want [4 5 6]", ids)
+	ids, deliveries := q.fetchOthers(other, 3, 10*time.Second)
+	if strings.Join(ids, ",") != "4,5,6" || !slices.Equal(deliveries, []uint64{2, 1, 1}) {
+		t.Fatalf("another consumer got %v (deliveries %v), want [4 5 6] (deliveries [2 1 1]: 4 handed back by the worker)", ids, deliveries)
 	}
 }
 
