@@ -588,3 +588,19 @@ func TestNewRefuses(t *testing.T) {
 		t.Fatalf("KeepAliveInterval with BackOff [3s 1.5s] %s, want a third of the shortest step, %s", got, want)
 	}
 }
+
+// TestRunRefuses: Run wants a handler, and runs once.
+func TestRunRefuses(t *testing.T) {
+	q := newQueue(t, hour)
+	w := newWorker(t, q, jetstream.Config{})
+	if err := w.Run(context.Background(), nil); err == nil || !strings.Contains(err.Error(), "handle is nil") {
+		t.Fatalf("Run(nil): %v, want an error naming handle", err)
+	}
+	done := run(t, w, func(context.Context, js.Msg) error { return nil })
+	eventually(t, "the first fetch waiting on the server", func() bool { return q.info().NumWaiting == 1 })
+	if err := w.Run(context.Background(), func(context.Context, js.Msg) error { return nil }); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Fatalf("second Run: %v, want an error", err)
+	}
+	w.Agent().StopClaiming()
+	waitRun(t, done)
+}
