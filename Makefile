@@ -19,7 +19,7 @@ KUBE_NEWEST := KUBE_VERSION=v1.37.2 ETCD_VERSION=v3.7.3
 # The packages whose tests talk to the apiserver, run again on the newest.
 API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
 
-.PHONY: all build image deploy demo test integration e2e e2e-newest e2e-assets rollout-figures soak unit bench fuzz lint vuln kube-assets tools clean
+.PHONY: all build image deploy demo test integration e2e e2e-newest e2e-assets rollout-figures queue-figures queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
 
 all: build
 
@@ -55,9 +55,19 @@ test: integration e2e
 # kube-controller-manager) and a real PostgreSQL, which the tests start:
 # every package on the oldest supported Kubernetes, then the packages that
 # talk to the apiserver on the newest (kubetest checks the server's version).
-integration: kube-assets
+integration: kube-assets queue-servers
 	$(KUBE_OLDEST) KUBEBUILDER_ASSETS=$$($(KUBE_OLDEST) bash hack/kube-assets.sh kube-controller-manager) go test -race -count=1 ./...
 	$(KUBE_NEWEST) KUBEBUILDER_ASSETS=$$($(KUBE_NEWEST) bash hack/kube-assets.sh kube-controller-manager) go test -race -count=1 $(API_PKGS)
+
+# The queue servers the adapters' tests run on, installed or built and
+# cached before the tests, so a cold build is not inside a test's timeout.
+queue-servers:
+	@bash hack/nats-server.sh >/dev/null
+
+# Per queue system: an unfinished claim claimed again after a leaving
+# worker's drain deadline, with the adapter and with the queue's own timeout.
+queue-figures: queue-servers
+	bash hack/queue-figures.sh
 
 # The figures of docs/performance.md, on a real kube-apiserver + etcd: Lease
 # handover and API cost beside plain client-go, the sidecar's memory, CPU and
