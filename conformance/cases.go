@@ -398,33 +398,43 @@ func (s *suite) revokeAck(ctx context.Context) (string, error) {
 	return "the revoke told leader work to stop and was acked only once it had", nil
 }
 
-// termValidFor: a grant ends validForMillis after receipt, on the app's
-// clock, with no further message.
+// termValidFor: a term ends validForMillis after the receipt of its last
+// grant, on the app's clock, with no further message.
 func (s *suite) termValidFor(ctx context.Context) (string, error) {
-	return s.termEnds(ctx, "validfor", shortTerm, time.Now().Add(s.term), "validForMillis")
+	return s.termEnds(ctx, "validfor", func() (time.Duration, time.Time) { return shortTerm, time.Now().Add(s.term) }, "validForMillis")
 }
 
-// termUntil: a grant ends at its until, whatever its validForMillis.
+// termUntil: a term ends at its last grant's until, whatever its
+// validForMillis.
 func (s *suite) termUntil(ctx context.Context) (string, error) {
-	return s.termEnds(ctx, "until", s.term, time.Now().Add(shortTerm), "until")
+	return s.termEnds(ctx, "until", func() (time.Duration, time.Time) { return s.term, time.Now().Add(shortTerm) }, "until")
 }
 
-func (s *suite) termEnds(ctx context.Context, what string, validFor time.Duration, until time.Time, field string) (string, error) {
+// termEnds grants a term, begins leader work in it, then renews it with
+// the bounds last gives (a renewal moves the term's end to its bounds,
+// nearer too), and wants leader work told to stop once they pass, with no
+// further message. Leader work begins under the long term first, so that a
+// slow fixture cannot miss the short one.
+func (s *suite) termEnds(ctx context.Context, what string, last func() (time.Duration, time.Time), field string) (string, error) {
 	lease := s.lease(what)
-	if err := s.grantFor(ctx, lease, s.next(), validFor, until); err != nil {
+	if err := s.grant(ctx, lease, s.next()); err != nil {
 		return "", err
 	}
-	granted := time.Now()
 	defer func() { _ = s.t.Leader.Release(ctx, lease) }()
-	if err := s.leads(ctx, lease, "right after a grant"); err != nil {
+	if err := s.leads(ctx, lease, "after a grant"); err != nil {
 		return "", err
 	}
+	validFor, until := last()
+	if err := s.grantFor(ctx, lease, s.next(), validFor, until); err != nil {
+		return "", fmt.Errorf("a renewal ending the term after %s by %s: %w", shortTerm, field, err)
+	}
+	renewed := time.Now()
 	stopping, err := s.waitStopping(ctx, lease, shortTerm+callBound, nil)
 	if err != nil {
 		return "", err
 	}
 	if !stopping {
-		return "", fmt.Errorf("leader work not told to stop %s after a grant whose %s ended it after %s, with no renewal", time.Since(granted).Round(time.Millisecond), field, shortTerm)
+		return "", fmt.Errorf("leader work not told to stop %s after a renewal whose %s ended the term after %s, with no message since", time.Since(renewed).Round(time.Millisecond), field, shortTerm)
 	}
 	if err := s.leadsNot(ctx, lease, "after its term ran out"); err != nil {
 		return "", err
@@ -433,7 +443,7 @@ func (s *suite) termEnds(ctx context.Context, what string, validFor time.Duratio
 	if err := s.revoke(ctx, lease, s.next()); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("a term of %s (by %s) ended on the app's clock without renewal", shortTerm, field), nil
+	return fmt.Sprintf("a term renewed to end in %s (by %s) ended on the app's clock with no message since", shortTerm, field), nil
 }
 
 // drainCases are the cases of the drain group, in order.

@@ -13,11 +13,12 @@
 // changes what the process holds, so the cases run in a fixed order, in
 // groups:
 //
-//  1. the app as given (it must not be stopping): the pod's token (401),
-//     bad requests (4xx), leadership ordered by sequence, refused messages
-//     (422), and, with a LeaderFixture, the term on the app's own clock,
-//     the revoke ack after leader work stopped and a stale revoke leaving
-//     leader work alone;
+//  1. the app as given, or with a Fixture a fresh process (Restart),
+//     which must answer and not be stopping, else every case fails: the
+//     pod's token (401), bad requests (4xx), leadership ordered by
+//     sequence, refused messages (422), and, with a LeaderFixture, the term
+//     on the app's own clock, the revoke ack after leader work stopped and
+//     a stale revoke leaving leader work alone;
 //  2. the drain, on that same process without a Fixture, or on a fresh one
 //     (Fixture.Restart) holding 3 claims with one: stop-claiming (twice),
 //     the drain long poll and its edge values, leadership during the drain;
@@ -186,6 +187,15 @@ const (
 	CaseCancelReturn        = "return/cancel-then-return"
 )
 
+// allCases are the names of every case, in the order Run runs them.
+var allCases = []string{CaseToken, CaseTokenScheme, CaseBadWaitMillis, CaseBadReturn, CaseBadLeadership, CaseUnknownCall,
+	CaseNotGenuine, CaseSequence, CaseFirstMessage, CaseRevokeUnknown, CaseStaleRevoke, CaseRevokeAck, CaseTermValidFor,
+	CaseTermUntil, CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseLeadDuringDrain,
+	CaseDrainReturnsDrained, CaseDrainLarge, CaseReturnCounts, CaseReturnRepeat, CaseCancelReturn}
+
+// Cases returns the names of every case, in the order Run runs them.
+func Cases() []string { return append([]string(nil), allCases...) }
+
 // held is how many claims the drain group holds.
 const held = 3
 
@@ -193,6 +203,10 @@ const held = 3
 // early, reporting the cases not run as skip, when ctx ends.
 func Run(ctx context.Context, t Target) Report {
 	s := newSuite(t)
+	if err := s.ready(ctx); err != nil {
+		s.failAll(allCases, err.Error())
+		return s.rep
+	}
 	s.run(ctx, CaseToken, s.token)
 	s.run(ctx, CaseTokenScheme, s.tokenScheme)
 	s.run(ctx, CaseBadWaitMillis, s.badWaitMillis)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -121,8 +122,28 @@ func TestWorkerPackagePassesEveryCase(t *testing.T) {
 	if rep.Count(conformance.Pass) != len(rep.Cases) {
 		t.Fatalf("want every case passed, got %d passed of %d:\n%s", rep.Count(conformance.Pass), len(rep.Cases), rep)
 	}
-	if len(rep.Cases) < 20 {
-		t.Fatalf("only %d cases ran", len(rep.Cases))
+	var names []string
+	for _, c := range rep.Cases {
+		names = append(names, c.Name)
+	}
+	if !slices.Equal(names, conformance.Cases()) {
+		t.Fatalf("cases run %v, want conformance.Cases() %v", names, conformance.Cases())
+	}
+}
+
+// An app already stopping (stop-claiming is one-way) fails every case
+// rather than passing some on a process the suite cannot check.
+func TestAStoppingAppFailsEveryCase(t *testing.T) {
+	a, err := worker.New(worker.Options{Token: testToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.StopClaiming()
+	srv := httptest.NewServer(a.Handler())
+	defer srv.Close()
+	rep := conformance.Run(context.Background(), conformance.Target{URL: srv.URL, Token: testToken})
+	if rep.Count(conformance.Fail) != len(conformance.Cases()) || !strings.Contains(rep.Cases[0].Reason, "stopping already") {
+		t.Fatalf("want every case failed, saying the app is stopping:\n%s", rep)
 	}
 }
 
@@ -356,6 +377,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 		fails: []string{conformance.CaseStopIdempotent},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			app := newGoApp(t)
 			rep := serve(t, app, broken(app, tc.f))
 			for _, name := range tc.fails {

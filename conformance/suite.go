@@ -67,6 +67,24 @@ func newSuite(t Target) *suite {
 	return &suite{t: t, c: c, ld: ld, term: min(10*time.Second, ld/2), id: hex.EncodeToString(b[:])}
 }
 
+// ready restarts the app when there is a Fixture, and checks that it
+// answers the drain status and is not stopping.
+func (s *suite) ready(ctx context.Context) error {
+	if s.t.Fixture != nil {
+		if err := s.t.Fixture.Restart(ctx); err != nil {
+			return fmt.Errorf("not run: Fixture.Restart: %w", err)
+		}
+	}
+	st, err := s.status(ctx)
+	if err != nil {
+		return fmt.Errorf("not run: the app does not answer the drain status: %w", err)
+	}
+	if st.Stopping {
+		return fmt.Errorf("not run: the app is stopping already (stop-claiming is one-way): give a fresh app process, or a Fixture to restart it")
+	}
+	return nil
+}
+
 // errSkip marks a case skipped, with its reason.
 type errSkip struct{ reason string }
 
