@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -686,14 +687,57 @@ func (s *suite) cancelGroup(ctx context.Context) {
 	})
 }
 
+// cancelHandsBack: with cancel, work that ends because of the cancel
+// without acknowledging its message is handed back too, and the app hands
+// back as soon as the canceled work has ended, not after all of
+// cancelWaitMillis.
+func (s *suite) cancelHandsBack(ctx context.Context) {
+	cf, ok := s.t.Fixture.(CancelFixture)
+	if !ok {
+		s.skipAll([]string{CaseCancelHandsBack}, "needs a CancelFixture: claims whose work ends at the cancel")
+		return
+	}
+	const n = 2
+	if err := s.holdingWith(ctx, n, "HoldCancelable", cf.HoldCancelable); err != nil {
+		if errors.Is(err, errors.ErrUnsupported) {
+			s.skipAll([]string{CaseCancelHandsBack}, "the fixture cannot hold claims whose work ends at the cancel")
+			return
+		}
+		s.failAll([]string{CaseCancelHandsBack}, err.Error())
+		return
+	}
+	defer func() { _ = cf.Finish(ctx) }()
+	s.run(ctx, CaseCancelHandsBack, func(ctx context.Context) (string, error) {
+		const wait = 3 * time.Second
+		var res protocol.ReturnResult
+		body := fmt.Sprintf(`{"cancel": true, "cancelWaitMillis": %d}`, wait.Milliseconds())
+		a, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, body, wait, &res)
+		if err != nil {
+			return "", err
+		}
+		if a.took >= wait {
+			return "", fmt.Errorf("return with cancel answered after %s, all of cancelWaitMillis: the in-flight work was not canceled, or the app did not see it end", a.took.Round(time.Millisecond))
+		}
+		if res.Returned != n || res.Error != "" {
+			return "", fmt.Errorf("return with cancel answered %+v for %d claims whose work ended at the cancel without acknowledging: want returned %d, no error (their messages are still claimed)", res, n, n)
+		}
+		return fmt.Sprintf("canceled work ended, unacknowledged; returned %d after %s", res.Returned, a.took.Round(time.Millisecond)), nil
+	})
+}
+
 // holding restarts the app, makes it hold n claims and stops its claiming.
 func (s *suite) holding(ctx context.Context, n int) error {
+	return s.holdingWith(ctx, n, "Hold", s.t.Fixture.Hold)
+}
+
+// holdingWith is holding with hold, the Fixture method named what.
+func (s *suite) holdingWith(ctx context.Context, n int, what string, hold func(context.Context, int) error) error {
 	f := s.t.Fixture
 	if err := f.Restart(ctx); err != nil {
 		return fmt.Errorf("Fixture.Restart: %w", err)
 	}
-	if err := f.Hold(ctx, n); err != nil {
-		return fmt.Errorf("Fixture.Hold(%d): %w", n, err)
+	if err := hold(ctx, n); err != nil {
+		return fmt.Errorf("Fixture.%s(%d): %w", what, n, err)
 	}
 	st, _, err := s.stopClaiming(ctx)
 	if err != nil {

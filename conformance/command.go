@@ -3,6 +3,7 @@ package conformance
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strconv"
@@ -15,6 +16,8 @@ import (
 //
 //	restart          replace the app with a fresh process (Fixture.Restart); exit once it answers
 //	hold N           make the app hold N claims, started, until finish (Fixture.Hold)
+//	hold-cancelable N  make the app hold N claims whose work ends at the cancel fallback,
+//	                 unacknowledged (CancelFixture.HoldCancelable); print "unsupported" to skip the case
 //	finish           finish the claims held (Fixture.Finish)
 //	lead LEASE       begin leader work for LEASE; print "yes", or "no" when the app does not lead it
 //	stopping LEASE   print "yes" once the app has told that leader work to stop, else "no"
@@ -34,6 +37,7 @@ type CommandFixture struct {
 var (
 	_ Fixture       = CommandFixture{}
 	_ LeaderFixture = CommandFixture{}
+	_ CancelFixture = CommandFixture{}
 )
 
 func (c CommandFixture) run(ctx context.Context, words ...string) (string, error) {
@@ -73,6 +77,16 @@ func (c CommandFixture) Restart(ctx context.Context) error {
 // Hold runs "hold N".
 func (c CommandFixture) Hold(ctx context.Context, n int) error {
 	_, err := c.run(ctx, "hold", strconv.Itoa(n))
+	return err
+}
+
+// HoldCancelable runs "hold-cancelable N"; a command that prints
+// "unsupported" gives an error wrapping errors.ErrUnsupported.
+func (c CommandFixture) HoldCancelable(ctx context.Context, n int) error {
+	out, err := c.run(ctx, "hold-cancelable", strconv.Itoa(n))
+	if err == nil && out == "unsupported" {
+		return fmt.Errorf("fixture command %q hold-cancelable: %w", c.Argv[0], errors.ErrUnsupported)
+	}
 	return err
 }
 

@@ -64,6 +64,11 @@ func control(app *goApp, leader conformance.LeaderFixture) http.Handler {
 			if n, err = strconv.Atoi(arg); err == nil {
 				err = app.Hold(ctx, n)
 			}
+		case "/hold-cancelable":
+			var n int
+			if n, err = strconv.Atoi(arg); err == nil {
+				err = app.HoldCancelable(ctx, n)
+			}
 		case "/finish":
 			err = app.Finish(ctx)
 		case "/lead":

@@ -23,7 +23,8 @@
 //     (Fixture.Restart) holding 3 claims with one: stop-claiming (twice),
 //     the drain long poll and its edge values, leadership during the drain;
 //  3. with a Fixture only, each on a fresh process holding claims: return
-//     (counts, repeated), then cancel then return.
+//     (counts, repeated), cancel then return, and, with a CancelFixture,
+//     what cancel hands back of work that ended because of it.
 //
 // Without a Fixture the cases that need claims held are reported skip,
 // never pass; without a LeaderFixture, those that need leader work.
@@ -82,6 +83,20 @@ type Fixture interface {
 	// Claim.Done after acknowledging the message). Claims handed back
 	// before are left alone.
 	Finish(ctx context.Context) error
+}
+
+// CancelFixture is a Fixture that can also make the app hold claims whose
+// work ends at the cancel fallback, for the case of what cancel hands back.
+// A Fixture that is not one has that case skipped.
+type CancelFixture interface {
+	Fixture
+	// HoldCancelable makes the app claim n messages whose work, started,
+	// ends as soon as the cancel fallback cancels it, without
+	// acknowledging its message (worker: Receive.Hold, then Claim.Done once
+	// Claim.Context ends, the message left claimed in the queue). It
+	// returns an error wrapping errors.ErrUnsupported when the app cannot;
+	// the case is then skipped.
+	HoldCancelable(ctx context.Context, n int) error
 }
 
 // LeaderFixture makes the app under test begin leader work, for the cases
@@ -185,13 +200,15 @@ const (
 	CaseReturnCounts        = "return/counts"
 	CaseReturnRepeat        = "return/safe-to-repeat"
 	CaseCancelReturn        = "return/cancel-then-return"
+	CaseCancelHandsBack     = "return/cancel-hands-back-canceled-work"
 )
 
 // allCases are the names of every case, in the order Run runs them.
 var allCases = []string{CaseToken, CaseTokenScheme, CaseBadWaitMillis, CaseBadReturn, CaseBadLeadership, CaseUnknownCall,
 	CaseNotGenuine, CaseSequence, CaseFirstMessage, CaseRevokeUnknown, CaseStaleRevoke, CaseRevokeAck, CaseTermValidFor,
 	CaseTermUntil, CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseLeadDuringDrain,
-	CaseDrainReturnsDrained, CaseDrainLarge, CaseReturnCounts, CaseReturnRepeat, CaseCancelReturn}
+	CaseDrainReturnsDrained, CaseDrainLarge, CaseReturnCounts, CaseReturnRepeat, CaseCancelReturn,
+	CaseCancelHandsBack}
 
 // Cases returns the names of every case, in the order Run runs them.
 func Cases() []string { return append([]string(nil), allCases...) }
@@ -224,5 +241,6 @@ func Run(ctx context.Context, t Target) Report {
 	s.drainGroup(ctx)
 	s.returnGroup(ctx)
 	s.cancelGroup(ctx)
+	s.cancelHandsBack(ctx)
 	return s.rep
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -30,6 +31,12 @@ type goApp struct {
 	agent *worker.Agent
 	// claims held by Hold and not yet finished or handed back
 	claims []*worker.Claim
+	// unacked counts the messages whose work ended at the cancel fallback
+	// without acknowledging them: still claimed in the queue.
+	unacked int
+	// heldOnly, set, is a broken app: its ReturnClaims hands back only the
+	// claims still held, not the messages of work ended by the cancel.
+	heldOnly bool
 }
 
 func newGoApp(t *testing.T) *goApp {
@@ -60,7 +67,32 @@ func (g *goApp) Restart(context.Context) error {
 	for _, c := range g.claims {
 		c.Done()
 	}
-	g.agent, g.claims = a, nil
+	g.agent, g.claims, g.unacked = a, nil, 0
+	return nil
+}
+
+// HoldCancelable holds n claims whose work ends at the cancel fallback
+// without acknowledging its message.
+func (g *goApp) HoldCancelable(ctx context.Context, n int) error {
+	// The claims outlive the call (a fixture command's request ends
+	// before the work does): only the cancel fallback ends their work.
+	r, err := g.current().Receive(context.WithoutCancel(ctx))
+	if err != nil {
+		return err
+	}
+	defer r.End()
+	for range n {
+		c := r.Hold()
+		go func() {
+			<-c.Context().Done()
+			if errors.Is(context.Cause(c.Context()), worker.ErrCanceled) {
+				g.mu.Lock()
+				g.unacked++
+				g.mu.Unlock()
+			}
+			c.Done()
+		}()
+	}
 	return nil
 }
 
@@ -92,13 +124,16 @@ func (g *goApp) Finish(context.Context) error {
 // returnClaims hands back every claim still held: the queue has them again.
 func (g *goApp) returnClaims(context.Context) (int, error) {
 	g.mu.Lock()
-	cs := g.claims
-	g.claims = nil
+	cs, unacked := g.claims, g.unacked
+	g.claims, g.unacked = nil, 0
+	if g.heldOnly {
+		unacked = 0
+	}
 	g.mu.Unlock()
 	for _, c := range cs {
 		c.Done()
 	}
-	return len(cs), nil
+	return len(cs) + unacked, nil
 }
 
 // serve runs the suite against h in front of app.
@@ -160,7 +195,7 @@ func TestWithoutFixturesCasesAreSkippedNotPassed(t *testing.T) {
 		t.Fatalf("failed without fixtures:\n%s", rep)
 	}
 	for _, name := range []string{conformance.CaseRevokeAck, conformance.CaseTermValidFor, conformance.CaseTermUntil, conformance.CaseStaleRevoke,
-		conformance.CaseDrainWaits, conformance.CaseDrainAtOnce, conformance.CaseDrainReturnsDrained, conformance.CaseReturnCounts, conformance.CaseCancelReturn} {
+		conformance.CaseDrainWaits, conformance.CaseDrainAtOnce, conformance.CaseDrainReturnsDrained, conformance.CaseReturnCounts, conformance.CaseCancelReturn, conformance.CaseCancelHandsBack} {
 		if c, _ := rep.Case(name); c.Result != conformance.Skip {
 			t.Errorf("%s = %s (%s), want skip without its fixture", name, c.Result, c.Reason)
 		}
@@ -222,6 +257,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		f     rewrite
+		app   func(*goApp) // breaks the app itself
 		fails []string
 	}{{
 		name: "acks a revoke before leader work stopped",
@@ -339,6 +375,21 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 		},
 		fails: []string{conformance.CaseCancelReturn},
 	}, {
+		name: "waits all of cancelWaitMillis though canceled work has ended",
+		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
+			var req protocol.ReturnRequest
+			if r.URL.Path == protocol.ReturnPath && json.Unmarshal(body, &req) == nil && req.Cancel {
+				time.Sleep(time.Duration(req.CancelWaitMillis) * time.Millisecond)
+			}
+			return false
+		},
+		fails: []string{conformance.CaseCancelHandsBack},
+	}, {
+		name:  "hands back only the claims still held after a cancel",
+		f:     func(http.ResponseWriter, *http.Request, []byte, http.Handler) bool { return false },
+		app:   func(g *goApp) { g.heldOnly = true },
+		fails: []string{conformance.CaseCancelHandsBack},
+	}, {
 		name: "counts a return wrong",
 		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
 			if r.URL.Path != protocol.ReturnPath || r.Method != http.MethodPost || !json.Valid(body) {
@@ -379,6 +430,9 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			app := newGoApp(t)
+			if tc.app != nil {
+				tc.app(app)
+			}
 			rep := serve(t, app, broken(app, tc.f))
 			for _, name := range tc.fails {
 				c, ok := rep.Case(name)

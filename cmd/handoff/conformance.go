@@ -38,7 +38,7 @@ sidecar: the suite stops its claiming.
 The cases that need claims in flight run with --fixture-cmd, those that need
 leader work with --leader-cmd; without, they are skipped. Each is a shell
 command run with a step appended:
-  --fixture-cmd:  restart | hold N | finish
+  --fixture-cmd:  restart | hold N | hold-cancelable N | finish
   --leader-cmd:   lead LEASE | stopping LEASE | release LEASE
 (lead and stopping print yes or no). docs/protocol.md, "Checking an app".`,
 		Args: cobra.NoArgs,
