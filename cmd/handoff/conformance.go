@@ -88,7 +88,7 @@ command run with a step appended:
 	d, _ := config.Lookup("app-url")
 	cmd.Flags().StringVar(&appURL, "app-url", d.Default, "base URL of the app's side of the handoff protocol")
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file with the pod's token the app checks (default $"+protocol.TokenFileEnv+")")
-	cmd.Flags().StringVar(&fixtureCmd, "fixture-cmd", "", "shell command that makes the app hold claims: run with restart, hold N or finish appended")
+	cmd.Flags().StringVar(&fixtureCmd, "fixture-cmd", "", "shell command that makes the app hold claims: run with restart, hold N, hold-cancelable N or finish appended")
 	cmd.Flags().StringVar(&leaderCmd, "leader-cmd", "", "shell command that makes the app begin leader work: run with lead, stopping or release and the Lease appended")
 	cmd.Flags().DurationVar(&leaseDuration, "lease-duration", 0, "the lease duration the app bounds grants by (default $"+protocol.LeaseDurationEnv+", else 1h)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long; the cases not run are reported skip")
