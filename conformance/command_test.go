@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -129,3 +131,39 @@ func TestCommandFixture(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// An app in another language: testdata/app.py, a Python app written from
+// docs/protocol.md, passes every case that needs no fixture (it holds no
+// claims and does no leader work).
+func TestPythonApp(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3 on this machine")
+	}
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(testToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(python, filepath.Join("testdata", "app.py"), "0", tokenFile)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	var port int
+	if _, err := fmt.Fscanf(out, "listening %d\n", &port); err != nil {
+		t.Fatalf("app.py did not say where it listens: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rep := conformance.Run(ctx, conformance.Target{URL: fmt.Sprintf("http://127.0.0.1:%d", port), Token: testToken})
+	t.Logf("\n%s", rep)
+	if rep.Failed() || rep.Count(conformance.Pass) < 14 {
+		t.Fatalf("want every case that needs no fixture passed:\n%s", rep)
+	}
+}
