@@ -71,7 +71,8 @@ type Target struct {
 type Fixture interface {
 	// Restart replaces the app with a fresh process (a new instance, not
 	// stopping, holding nothing) answering at Target.URL, and returns once
-	// it answers. The suite calls it before each group that needs claims.
+	// it answers. The suite calls it first, and before each group that
+	// needs claims (four in all, beside CancelFixture's group).
 	Restart(ctx context.Context) error
 	// Hold makes the app claim n messages and keep them started and
 	// unfinished until Finish, counted in flight (worker: Receive.Hold).
