@@ -26,7 +26,9 @@ const (
 	// Answers DrainStatus.
 	StopClaimingPath = "/handoff/v1/stop-claiming"
 	// DrainPath (GET ?waitMillis=N): answers DrainStatus once the app is
-	// drained or N ms have passed, whichever is first.
+	// drained or N ms have passed, whichever is first. N is a whole number
+	// of milliseconds, 0 or more (absent or empty: 0); above 30000, of any
+	// size, it is 30000; anything else is answered 400.
 	DrainPath = "/handoff/v1/drain"
 	// ReturnPath (POST ReturnRequest): the app hands back every unfinished
 	// claim. Answers ReturnResult.
@@ -69,7 +71,11 @@ type DrainStatus struct {
 
 // ReturnRequest asks the app to hand back its unfinished claims. With Cancel
 // the app first cancels in-flight work and waits up to CancelWaitMillis for
-// it to end, then hands back what it still holds.
+// it to end, then hands back every message it claimed and did not
+// acknowledge: those still held, and those whose work ended because of the
+// cancel without acknowledging them. CancelWaitMillis is 0 or more (a
+// negative one is answered 400); the sidecar always sends Cancel, and
+// CancelWaitMillis when not 0.
 type ReturnRequest struct {
 	Cancel           bool  `json:"cancel"`
 	CancelWaitMillis int64 `json:"cancelWaitMillis,omitempty"`
@@ -202,7 +208,8 @@ type Report struct {
 }
 
 // LeadershipAck is the app's answer to a Leadership. Stale says the app
-// ignored the message because it had applied a later one.
+// ignored the message because it had applied a later one; the sidecar
+// reads it: a stale answer to a revoke is not an ack.
 type LeadershipAck struct {
 	Leader bool `json:"leader"`
 	Stale  bool `json:"stale,omitempty"`

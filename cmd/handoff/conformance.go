@@ -1,0 +1,96 @@
+//go:build !sidecaronly
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/conformance"
+	"github.com/handoff-dev/handoff/protocol"
+)
+
+// conformanceCommand checks an app's side of the protocol (package
+// conformance). It is in bin/handoff only: the sidecar container never runs
+// it.
+func conformanceCommand() *cobra.Command {
+	var (
+		appURL, tokenFile     string
+		fixtureCmd, leaderCmd string
+		leaseDuration         time.Duration
+		timeout               time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "conformance",
+		Short: "Check a worker's side of the handoff protocol, case by case",
+		Long: `conformance drives the app API a worker serves (the calls the sidecar
+makes: stop-claiming, drain, return, leadership) through the protocol's cases
+and prints each with pass, fail or skip and a reason. It exits non-zero when
+any case fails. Point it at an idle worker that is not stopping and has no
+sidecar: the suite stops its claiming.
+
+The cases that need claims in flight run with --fixture-cmd, those that need
+leader work with --leader-cmd; without, they are skipped. Each is a shell
+command run with a step appended:
+  --fixture-cmd:  restart | hold N | hold-cancelable N | finish
+  --leader-cmd:   lead LEASE | stopping LEASE | release LEASE
+(lead and stopping print yes or no). docs/protocol.md, "Checking an app".`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			u, err := url.Parse(appURL)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+				return fmt.Errorf("--app-url %q: want an http URL with no query or fragment, like http://127.0.0.1:7452", appURL)
+			}
+			if leaseDuration < 0 || leaseDuration > protocol.MaxLeaseDuration {
+				return fmt.Errorf("--lease-duration %s: want the app's lease duration, above 0 and at most %s, or 0 for $%s or else %s",
+					leaseDuration, protocol.MaxLeaseDuration, protocol.LeaseDurationEnv, protocol.MaxLeaseDuration)
+			}
+			if leaseDuration == 0 {
+				if v := os.Getenv(protocol.LeaseDurationEnv); v != "" {
+					if leaseDuration, err = time.ParseDuration(v); err != nil || leaseDuration <= 0 || leaseDuration > protocol.MaxLeaseDuration {
+						return fmt.Errorf("$%s %q: want a duration above 0 and at most %s, like 15s", protocol.LeaseDurationEnv, v, protocol.MaxLeaseDuration)
+					}
+				}
+			}
+			token, err := hookToken(tokenFile)
+			if err != nil {
+				return err
+			}
+			t := conformance.Target{URL: appURL, Token: token, LeaseDuration: leaseDuration}
+			shell := func(c string) conformance.CommandFixture {
+				return conformance.CommandFixture{Argv: []string{"sh", "-c", c + ` "$@"`, "sh"}}
+			}
+			if fixtureCmd != "" {
+				t.Fixture = shell(fixtureCmd)
+			}
+			if leaderCmd != "" {
+				t.Leader = shell(leaderCmd)
+			}
+			if timeout <= 0 {
+				return fmt.Errorf("--timeout %s: want a duration above 0, like 10m", timeout)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			rep := conformance.Run(ctx, t)
+			fmt.Fprint(cmd.OutOrStdout(), rep.String())
+			if rep.Failed() {
+				return fmt.Errorf("the app does not conform: %d of %d cases failed", rep.Count(conformance.Fail), len(rep.Cases))
+			}
+			return nil
+		},
+	}
+	d, _ := config.Lookup("app-url")
+	cmd.Flags().StringVar(&appURL, "app-url", d.Default, "base URL of the app's side of the handoff protocol")
+	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file with the pod's token the app checks (default $"+protocol.TokenFileEnv+")")
+	cmd.Flags().StringVar(&fixtureCmd, "fixture-cmd", "", "shell command that makes the app hold claims: run with restart, hold N, hold-cancelable N or finish appended")
+	cmd.Flags().StringVar(&leaderCmd, "leader-cmd", "", "shell command that makes the app begin leader work: run with lead, stopping or release and the Lease appended")
+	cmd.Flags().DurationVar(&leaseDuration, "lease-duration", 0, "the lease duration the app bounds grants by (default $"+protocol.LeaseDurationEnv+", else 1h)")
+	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long; the cases not run are reported skip")
+	return cmd
+}

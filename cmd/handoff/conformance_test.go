@@ -1,0 +1,106 @@
+//go:build !sidecaronly
+
+package main
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/handoff-dev/handoff/protocol"
+	"github.com/handoff-dev/handoff/worker"
+)
+
+// runConformance runs handoff conformance with args and returns its
+// output and error.
+func runConformance(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := conformanceCommand()
+	var out strings.Builder
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+// handoff conformance against the Go worker passes (the cases that need a
+// fixture skipped), and against an app that answers 200 to anything fails,
+// printing the cases that failed.
+func TestConformanceCommand(t *testing.T) {
+	file := tokenFile(t)
+	token, err := protocol.ReadTokenFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := worker.New(worker.Options{Token: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := httptest.NewServer(agent.Handler())
+	defer good.Close()
+	out, err := runConformance(t, "--app-url", good.URL, "--token-file", file)
+	t.Logf("\n%s", out)
+	if err != nil {
+		t.Fatalf("conformance of the Go worker: %v", err)
+	}
+	for _, want := range []string{"pass  token/refused-without-the-pods-token", "skip  return/counts", "0 failed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+
+	yes := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"leader": true, "stopping": true}`))
+	}))
+	defer yes.Close()
+	out, err = runConformance(t, "--app-url", yes.URL, "--token-file", file)
+	t.Logf("\n%s", out)
+	if err == nil || !strings.Contains(err.Error(), "does not conform") {
+		t.Fatalf("conformance of an app answering 200 to anything: %v, want an error", err)
+	}
+	if !strings.Contains(out, "fail  token/refused-without-the-pods-token") {
+		t.Errorf("output lacks the token case's failure")
+	}
+
+	// A fixture command that fails fails the cases that need it.
+	out, err = runConformance(t, "--app-url", good.URL, "--token-file", file, "--fixture-cmd", "echo cannot hold >&2; exit 2")
+	if err == nil || !strings.Contains(out, "fail  return/counts") || !strings.Contains(out, "cannot hold") {
+		t.Fatalf("with a failing --fixture-cmd: %v\n%s", err, out)
+	}
+}
+
+func TestConformanceCommandRefusesBadFlags(t *testing.T) {
+	file := tokenFile(t)
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--app-url", "127.0.0.1:7452", "--token-file", file}, "--app-url"},
+		{[]string{"--app-url", "http://127.0.0.1:7452/?x=1", "--token-file", file}, "no query"},
+		{[]string{"--token-file", t.TempDir() + "/none"}, "token file"},
+		{[]string{"--token-file", file, "--lease-duration", "2h"}, "--lease-duration"},
+		{[]string{"--token-file", file, "--timeout", "0s"}, "--timeout"},
+	} {
+		_, err := runConformance(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("conformance %q: %v, want an error saying %q", tc.args, err, tc.says)
+		}
+	}
+}
+
+// The sidecar's build leaves the conformance suite out.
+func TestSidecarBuildLeavesOutConformance(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-tags", "sidecaronly", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		if pkg == "github.com/handoff-dev/handoff/conformance" {
+			t.Errorf("the sidecaronly build links %s", pkg)
+		}
+	}
+}

@@ -1,0 +1,750 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/handoff-dev/handoff/protocol"
+)
+
+// token: every endpoint refuses a call without the pod's token (no header,
+// another token, another scheme, anything after the token) with 401, a
+// Bearer challenge and a JSON error, and acts on none of them.
+func (s *suite) token(ctx context.Context) (string, error) {
+	lease := s.lease("token")
+	refusedSeq := time.Now().Add(5 * time.Second).UnixNano()
+	calls := []struct{ method, path, body string }{
+		{http.MethodPost, protocol.StopClaimingPath, "{}"},
+		{http.MethodGet, protocol.DrainPath + "?waitMillis=0", ""},
+		{http.MethodPost, protocol.ReturnPath, `{"cancel": false}`},
+		{http.MethodPut, protocol.LeasePathPrefix + lease, grantBody(lease, refusedSeq, s.term, time.Now().Add(s.term))},
+		{http.MethodPut, protocol.LeasePathPrefix + lease, revokeBody(lease, refusedSeq)},
+	}
+	wrong := strings.Repeat("0", len(s.t.Token))
+	if wrong == s.t.Token {
+		wrong = strings.Repeat("1", len(s.t.Token))
+	}
+	authz := []struct{ what, value string }{
+		{"no Authorization header", noAuth},
+		{"another token", protocol.TokenScheme + " " + wrong},
+		{"another scheme", "Basic " + s.t.Token},
+		{"data after the token", protocol.TokenScheme + " " + s.t.Token + "x"},
+		{"two spaces", protocol.TokenScheme + "  " + s.t.Token},
+	}
+	n := 0
+	for _, c := range calls {
+		for _, au := range authz {
+			a, err := s.call(ctx, c.method, c.path, c.body, au.value, 0)
+			if err != nil {
+				return "", err
+			}
+			what := fmt.Sprintf("%s %s with %s", c.method, c.path, au.what)
+			if err := wantError(what, a, http.StatusUnauthorized); err != nil {
+				return "", err
+			}
+			if ch := a.header.Get("WWW-Authenticate"); !strings.HasPrefix(strings.ToLower(ch), "bearer") {
+				return "", fmt.Errorf("%s: WWW-Authenticate %q, want a Bearer challenge", what, ch)
+			}
+			n++
+		}
+	}
+	st, err := s.status(ctx)
+	if err != nil {
+		return "", err
+	}
+	if st.Stopping {
+		return "", fmt.Errorf("after stop-claiming calls refused 401 the app says stopping: a refused call was acted on")
+	}
+	// The refused messages carried a later sequence: had one been
+	// recorded, this grant would be stale.
+	if err := s.grant(ctx, lease, s.next()); err != nil {
+		return "", fmt.Errorf("after leadership calls refused 401: %w (a refused call was acted on)", err)
+	}
+	if err := s.revoke(ctx, lease, s.next()); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%d calls without the pod's token answered 401 with a Bearer challenge and acted on by none", n), nil
+}
+
+// tokenScheme: the scheme is read in any case (RFC 9110).
+func (s *suite) tokenScheme(ctx context.Context) (string, error) {
+	for _, scheme := range []string{"bearer", "BEARER"} {
+		a, err := s.call(ctx, http.MethodGet, protocol.DrainPath+"?waitMillis=0", "", scheme+" "+s.t.Token, 0)
+		if err != nil {
+			return "", err
+		}
+		if a.code != http.StatusOK {
+			return "", fmt.Errorf("drain with scheme %q = %s, want 200: the scheme is read in any case", scheme, a)
+		}
+	}
+	return `"bearer" and "BEARER" accepted as "Bearer"`, nil
+}
+
+// badWaitMillis: a waitMillis that is not a whole number of milliseconds ≥ 0,
+// or given twice, is answered 400.
+func (s *suite) badWaitMillis(ctx context.Context) (string, error) {
+	queries := []string{"-1", "1.5", "1e3", "soon", "0x10", "1&waitMillis=2"}
+	for _, q := range queries {
+		a, err := s.call(ctx, http.MethodGet, protocol.DrainPath+"?waitMillis="+q, "", "", 0)
+		if err != nil {
+			return "", err
+		}
+		if err := wantError("drain ?waitMillis="+q, a, http.StatusBadRequest); err != nil {
+			return "", err
+		}
+	}
+	return fmt.Sprintf("%d bad waitMillis answered 400 with a JSON error", len(queries)), nil
+}
+
+// oversized is a body over the 64 KiB limit, valid JSON otherwise.
+func oversized(prefix string) string {
+	return prefix + `, "pad": "` + strings.Repeat("x", 64<<10) + `"}`
+}
+
+// badReturn: a return body that is not one JSON object of the protocol's
+// shape is answered 400; one over 64 KiB 413.
+func (s *suite) badReturn(ctx context.Context) (string, error) {
+	bodies := []struct {
+		body string
+		code int
+	}{
+		{`{`, 400}, {`[]`, 400}, {`null`, 400}, {`"cancel"`, 400}, {`{"cancel": "yes"}`, 400},
+		{`{"cancelWaitMillis": "5"}`, 400}, {`{"cancel": false, "cancelWaitMillis": -1}`, 400},
+		{`{"cancel": false} {"cancel": true}`, 400}, {`{"cancel": false}garbage`, 400}, {``, 400},
+		{oversized(`{"cancel": false`), 413},
+	}
+	for _, b := range bodies {
+		a, err := s.call(ctx, http.MethodPost, protocol.ReturnPath, b.body, "", 0)
+		if err != nil {
+			return "", err
+		}
+		if err := wantError("return "+short(b.body), a, b.code); err != nil {
+			return "", err
+		}
+	}
+	return fmt.Sprintf("%d bad return bodies answered 400 (413 over 64 KiB)", len(bodies)), nil
+}
+
+// badLeadership: a leadership body that is not one JSON object of the
+// protocol's shape, or names another Lease than the path, is answered 400
+// (413 over 64 KiB) and not applied.
+func (s *suite) badLeadership(ctx context.Context) (string, error) {
+	lease := s.lease("bad")
+	hi := time.Now().Add(5 * time.Second).UnixNano()
+	bodies := []struct {
+		body string
+		code int
+	}{
+		{`{`, 400}, {`[]`, 400}, {`null`, 400}, {`{"leader": "yes"}`, 400}, {`{"sequence": "12"}`, 400},
+		{`{"leader": true, "until": "tomorrow"}`, 400},
+		{grantBody("another-"+lease, hi, s.term, time.Now().Add(s.term)), 400},
+		{grantBody(lease, hi, s.term, time.Now().Add(s.term)) + "]", 400},
+		{``, 400},
+		{oversized(fmt.Sprintf(`{"lease": %q, "leader": true, "sequence": %d`, lease, hi)), 413},
+	}
+	for _, b := range bodies {
+		a, err := s.call(ctx, http.MethodPut, protocol.LeasePathPrefix+lease, b.body, "", 0)
+		if err != nil {
+			return "", err
+		}
+		if err := wantError("leadership "+short(b.body), a, b.code); err != nil {
+			return "", err
+		}
+	}
+	// Had a refused body been applied, its sequence (later) would make
+	// this grant stale.
+	if err := s.grant(ctx, lease, s.next()); err != nil {
+		return "", fmt.Errorf("after bad leadership bodies: %w (a refused body was applied)", err)
+	}
+	if err := s.revoke(ctx, lease, s.next()); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%d bad leadership bodies answered 400 (413 over 64 KiB), none applied", len(bodies)), nil
+}
+
+// unknownCall: a path the protocol does not define, or a method it does not
+// use on a path, is answered 4xx and does nothing.
+func (s *suite) unknownCall(ctx context.Context) (string, error) {
+	lease := s.lease("method")
+	calls := []struct{ method, path, body string }{
+		{http.MethodGet, protocol.StopClaimingPath, ""},
+		{http.MethodPut, protocol.StopClaimingPath, "{}"},
+		{http.MethodPost, protocol.DrainPath + "?waitMillis=0", "{}"},
+		{http.MethodGet, protocol.ReturnPath, ""},
+		{http.MethodGet, protocol.LeasePathPrefix + lease, ""},
+		{http.MethodPost, protocol.LeasePathPrefix + lease, revokeBody(lease, s.next())},
+		{http.MethodDelete, protocol.LeasePathPrefix + lease, ""},
+		{http.MethodPost, protocol.AppPrefix + "no-such-call", "{}"},
+		{http.MethodGet, protocol.AppPrefix, ""},
+	}
+	for _, c := range calls {
+		a, err := s.call(ctx, c.method, c.path, c.body, "", 0)
+		if err != nil {
+			return "", err
+		}
+		if a.code/100 != 4 {
+			return "", fmt.Errorf("%s %s = %s, want 4xx (Go's ServeMux: 404 for an unknown path, 405 for another method)", c.method, c.path, a)
+		}
+	}
+	st, err := s.status(ctx)
+	if err != nil {
+		return "", err
+	}
+	if st.Stopping {
+		return "", fmt.Errorf("after %s %s answered 4xx the app says stopping: it stopped claiming", http.MethodGet, protocol.StopClaimingPath)
+	}
+	return fmt.Sprintf("%d calls of unknown paths or methods answered 4xx, none acted on", len(calls)), nil
+}
+
+// notGenuine: a sequence more than 10 s ahead, a grant valid for longer
+// than the lease duration, an until beyond it are answered 422 and not
+// applied (no sequence recorded).
+func (s *suite) notGenuine(ctx context.Context) (string, error) {
+	lease := s.lease("genuine")
+	ahead := time.Now().Add(protocol.MaxSequenceAhead + time.Minute).UnixNano()
+	bodies := []struct{ what, body string }{
+		{"a grant with a sequence 70 s ahead", grantBody(lease, ahead, s.term, time.Now().Add(s.term))},
+		{"a revoke with a sequence 70 s ahead", revokeBody(lease, ahead)},
+		{"a grant valid for longer than the lease duration", grantBody(lease, s.next(), s.ld+time.Minute, time.Now().Add(s.term))},
+		{"a grant with an until beyond the lease duration", grantBody(lease, s.next(), s.term, time.Now().Add(s.ld+time.Minute))},
+	}
+	for _, b := range bodies {
+		a, err := s.call(ctx, http.MethodPut, protocol.LeasePathPrefix+lease, b.body, "", 0)
+		if err != nil {
+			return "", err
+		}
+		if err := wantError(b.what, a, http.StatusUnprocessableEntity); err != nil {
+			return "", err
+		}
+	}
+	if err := s.grant(ctx, lease, s.next()); err != nil {
+		return "", fmt.Errorf("after messages refused 422: %w (a refused sequence was recorded)", err)
+	}
+	if err := s.revoke(ctx, lease, s.next()); err != nil {
+		return "", err
+	}
+	return "messages the sidecar cannot send answered 422, none applied", nil
+}
+
+// sequence: a message whose sequence is not above the last applied for the
+// Lease is answered stale (echoing leader) and not applied, grant or
+// revoke; a later one is applied.
+func (s *suite) sequence(ctx context.Context) (string, error) {
+	lease := s.lease("seq")
+	s1 := s.next()
+	if err := s.grant(ctx, lease, s1); err != nil {
+		return "", err
+	}
+	until := time.Now().Add(s.term)
+	if err := s.wantStale(ctx, lease, grantBody(lease, s1, s.term, until), true, "a grant repeating the last sequence"); err != nil {
+		return "", err
+	}
+	if err := s.wantStale(ctx, lease, grantBody(lease, s1-500, s.term, until), true, "a grant older than the last"); err != nil {
+		return "", err
+	}
+	if err := s.wantStale(ctx, lease, revokeBody(lease, s1-100), false, "a revoke older than the last grant"); err != nil {
+		return "", err
+	}
+	if err := s.grant(ctx, lease, s.next()); err != nil {
+		return "", fmt.Errorf("a renewal after stale messages: %w", err)
+	}
+	mid := s.next()
+	s3 := s.next()
+	if err := s.revoke(ctx, lease, s3); err != nil {
+		return "", err
+	}
+	if err := s.wantStale(ctx, lease, grantBody(lease, mid, s.term, time.Now().Add(s.term)), true, "a grant older than the revoke, delivered after it"); err != nil {
+		return "", err
+	}
+	if err := s.grant(ctx, lease, s.next()); err != nil {
+		return "", fmt.Errorf("a new grant after the revoke: %w", err)
+	}
+	if err := s.revoke(ctx, lease, s.next()); err != nil {
+		return "", err
+	}
+	return "older and repeated sequences answered stale, grant and revoke; later ones applied", nil
+}
+
+// firstMessage: the first message for a Lease is applied whatever its
+// number.
+func (s *suite) firstMessage(ctx context.Context) (string, error) {
+	lease := s.lease("first")
+	if err := s.grant(ctx, lease, 1); err != nil {
+		return "", fmt.Errorf("the first message, with sequence 1: %w", err)
+	}
+	if err := s.revoke(ctx, lease, s.next()); err != nil {
+		return "", err
+	}
+	return "a first grant with sequence 1 applied", nil
+}
+
+// revokeUnknown: a revoke of a Lease the app never led is acked at once.
+func (s *suite) revokeUnknown(ctx context.Context) (string, error) {
+	if err := s.revoke(ctx, s.lease("unknown"), s.next()); err != nil {
+		return "", err
+	}
+	return "acked", nil
+}
+
+// staleRevoke: a revoke older than the last grant neither ends the term nor
+// stops leader work.
+func (s *suite) staleRevoke(ctx context.Context) (string, error) {
+	lease := s.lease("stalerevoke")
+	s1 := s.next()
+	if err := s.grant(ctx, lease, s1); err != nil {
+		return "", err
+	}
+	defer func() { _ = s.t.Leader.Release(ctx, lease) }()
+	if err := s.leads(ctx, lease, "after a grant"); err != nil {
+		return "", err
+	}
+	if err := s.wantStale(ctx, lease, revokeBody(lease, s1-1000), false, "a revoke older than the grant"); err != nil {
+		return "", err
+	}
+	stopping, err := s.t.Leader.Stopping(ctx, lease)
+	if err != nil {
+		return "", fmt.Errorf("LeaderFixture.Stopping(%s): %w", lease, err)
+	}
+	if stopping {
+		return "", fmt.Errorf("a stale revoke told leader work to stop")
+	}
+	if err := s.leads(ctx, lease, "after a stale revoke"); err != nil {
+		return "", err
+	}
+	_ = s.t.Leader.Release(ctx, lease)
+	if err := s.revoke(ctx, lease, s.next()); err != nil {
+		return "", err
+	}
+	return "a stale revoke answered stale; leader work went on", nil
+}
+
+// revokeAck: a revoke tells leader work to stop and is answered only once
+// it has stopped; no leader work begins after the ack.
+func (s *suite) revokeAck(ctx context.Context) (string, error) {
+	lease := s.lease("revoke")
+	if err := s.grant(ctx, lease, s.next()); err != nil {
+		return "", err
+	}
+	released := false
+	defer func() {
+		if !released {
+			_ = s.t.Leader.Release(ctx, lease)
+		}
+	}()
+	if err := s.leads(ctx, lease, "after a grant"); err != nil {
+		return "", err
+	}
+	type result struct {
+		ack protocol.LeadershipAck
+		a   answer
+		err error
+	}
+	answered := make(chan result, 1)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	seq := s.next()
+	go func() {
+		ack, a, err := s.lead(rctx, lease, revokeBody(lease, seq))
+		answered <- result{ack, a, err}
+	}()
+	premature := func() error {
+		select {
+		case r := <-answered:
+			if r.err != nil {
+				return fmt.Errorf("revoke while leader work runs: %w", r.err)
+			}
+			return fmt.Errorf("revoke answered %s while leader work was still running: the ack must wait until leader work has stopped", r.a)
+		default:
+			return nil
+		}
+	}
+	stopping, err := s.waitStopping(ctx, lease, callBound, premature)
+	if err != nil {
+		return "", err
+	}
+	if !stopping {
+		return "", fmt.Errorf("a revoke did not tell leader work to stop within %s", callBound)
+	}
+	select {
+	case <-time.After(early):
+	case r := <-answered:
+		if r.err != nil {
+			return "", fmt.Errorf("revoke while leader work runs: %w", r.err)
+		}
+		return "", fmt.Errorf("revoke answered %s while leader work was still running: the ack must wait until leader work has stopped", r.a)
+	}
+	if err := s.t.Leader.Release(ctx, lease); err != nil {
+		return "", fmt.Errorf("LeaderFixture.Release(%s): %w", lease, err)
+	}
+	released = true
+	var r result
+	select {
+	case r = <-answered:
+	case <-time.After(callBound):
+		return "", fmt.Errorf("revoke not answered within %s of leader work stopping", callBound)
+	}
+	if r.err != nil {
+		return "", r.err
+	}
+	if r.ack.Leader || r.ack.Stale {
+		return "", fmt.Errorf("revoke answered %s once leader work stopped, want {\"leader\": false} without stale", r.a)
+	}
+	if err := s.leadsNot(ctx, lease, "after its revoke was acked"); err != nil {
+		return "", err
+	}
+	return "the revoke told leader work to stop and was acked only once it had", nil
+}
+
+// termValidFor: a term ends validForMillis after the receipt of its last
+// grant, on the app's clock, with no further message.
+func (s *suite) termValidFor(ctx context.Context) (string, error) {
+	return s.termEnds(ctx, "validfor", func() (time.Duration, time.Time) { return shortTerm, time.Now().Add(s.term) }, "validForMillis")
+}
+
+// termUntil: a term ends at its last grant's until, whatever its
+// validForMillis.
+func (s *suite) termUntil(ctx context.Context) (string, error) {
+	return s.termEnds(ctx, "until", func() (time.Duration, time.Time) { return s.term, time.Now().Add(shortTerm) }, "until")
+}
+
+// termEnds grants a term, begins leader work in it, then renews it with
+// the bounds last gives (a renewal moves the term's end to its bounds,
+// nearer too), and wants leader work told to stop once they pass, with no
+// further message. Leader work begins under the long term first, so that a
+// slow fixture cannot miss the short one.
+func (s *suite) termEnds(ctx context.Context, what string, last func() (time.Duration, time.Time), field string) (string, error) {
+	lease := s.lease(what)
+	if err := s.grant(ctx, lease, s.next()); err != nil {
+		return "", err
+	}
+	defer func() { _ = s.t.Leader.Release(ctx, lease) }()
+	if err := s.leads(ctx, lease, "after a grant"); err != nil {
+		return "", err
+	}
+	validFor, until := last()
+	if err := s.grantFor(ctx, lease, s.next(), validFor, until); err != nil {
+		return "", fmt.Errorf("a renewal ending the term after %s by %s: %w", shortTerm, field, err)
+	}
+	renewed := time.Now()
+	stopping, err := s.waitStopping(ctx, lease, shortTerm+callBound, nil)
+	if err != nil {
+		return "", err
+	}
+	if !stopping {
+		return "", fmt.Errorf("leader work not told to stop %s after a renewal whose %s ended the term after %s, with no message since", time.Since(renewed).Round(time.Millisecond), field, shortTerm)
+	}
+	if err := s.leadsNot(ctx, lease, "after its term ran out"); err != nil {
+		return "", err
+	}
+	_ = s.t.Leader.Release(ctx, lease)
+	if err := s.revoke(ctx, lease, s.next()); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("a term renewed to end in %s (by %s) ended on the app's clock with no message since", shortTerm, field), nil
+}
+
+// drainCases are the cases of the drain group, in order.
+var drainCases = []string{CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseLeadDuringDrain, CaseDrainReturnsDrained, CaseDrainLarge}
+
+// drainGroup: stop-claiming and the drain long poll. With a Fixture, on a
+// fresh process holding `held` claims; without, on the app as given (then
+// the cases that need claims are skipped).
+func (s *suite) drainGroup(ctx context.Context) {
+	f := s.t.Fixture
+	want := 0
+	if f != nil {
+		if err := f.Restart(ctx); err != nil {
+			s.failAll(drainCases, "Fixture.Restart: "+err.Error())
+			return
+		}
+		if err := f.Hold(ctx, held); err != nil {
+			s.failAll(drainCases, fmt.Sprintf("Fixture.Hold(%d): %v", held, err))
+			return
+		}
+		defer func() { _ = f.Finish(ctx) }()
+		want = held
+		if st, err := s.status(ctx); err != nil || st.InFlight != want {
+			s.failAll(drainCases, fmt.Sprintf("before stop-claiming, with %d claims held by the fixture: status %+v, %v; want inFlight %d (the app must be idle but for the fixture)", held, st, err, held))
+			return
+		}
+	}
+	var first protocol.DrainStatus
+	stopped := false
+	s.run(ctx, CaseStopClaiming, func(ctx context.Context) (string, error) {
+		st, _, err := s.stopClaiming(ctx)
+		if err != nil {
+			return "", err
+		}
+		if !st.Stopping {
+			return "", fmt.Errorf("stop-claiming answered %+v, want stopping true", st)
+		}
+		stopped = true
+		if err := consistent(st); err != nil {
+			return "", err
+		}
+		if f != nil && st.InFlight != want {
+			return "", fmt.Errorf("stop-claiming answered inFlight %d with %d claims held, want %d", st.InFlight, held, held)
+		}
+		first = st
+		return fmt.Sprintf("stopping, %d in flight", st.InFlight), nil
+	})
+	if !stopped {
+		s.skipAll(drainCases[1:], "stop-claiming did not stop claiming")
+		return
+	}
+	s.run(ctx, CaseStopIdempotent, func(ctx context.Context) (string, error) {
+		st, _, err := s.stopClaiming(ctx)
+		if err != nil {
+			return "", err
+		}
+		if !st.Stopping || st.Instance != first.Instance || st.InFlight > first.InFlight || (f != nil && st.InFlight != want) {
+			return "", fmt.Errorf("a second stop-claiming answered %+v after %+v, want stopping, the same instance and in-flight count", st, first)
+		}
+		return "a second stop-claiming answered the same", nil
+	})
+	needs := func(f func(context.Context) (string, error)) func(context.Context) (string, error) {
+		if s.t.Fixture == nil {
+			return func(context.Context) (string, error) {
+				return "", errSkip{"needs a Fixture: a long poll shows only with claims in flight"}
+			}
+		}
+		return f
+	}
+	s.run(ctx, CaseDrainAtOnce, needs(func(ctx context.Context) (string, error) {
+		for _, q := range []string{"", "?waitMillis=", "?waitMillis=0"} {
+			st, a, err := s.drain(ctx, q, 0)
+			if err != nil {
+				return "", err
+			}
+			if st.Drained || st.InFlight != want || !st.Stopping {
+				return "", fmt.Errorf("drain%s answered %+v with %d claims held after stop-claiming, want stopping, %d in flight, not drained", q, st, held, held)
+			}
+			if a.took > atOnce {
+				return "", fmt.Errorf("drain%s answered after %s, want at once", q, a.took.Round(time.Millisecond))
+			}
+		}
+		return "absent, empty and 0 answered at once, not drained", nil
+	}))
+	s.run(ctx, CaseDrainWaits, needs(func(ctx context.Context) (string, error) {
+		q := fmt.Sprintf("?waitMillis=%d", drainWait.Milliseconds())
+		st, a, err := s.drain(ctx, q, drainWait)
+		if err != nil {
+			return "", err
+		}
+		if st.Drained || st.InFlight != want {
+			return "", fmt.Errorf("drain%s answered %+v with %d claims held, want not drained", q, st, held)
+		}
+		if a.took < drainWait {
+			return "", fmt.Errorf("drain%s answered after %s, not drained: want the answer once drained or after %s", q, a.took.Round(time.Millisecond), drainWait)
+		}
+		return fmt.Sprintf("waited %s for waitMillis %d", a.took.Round(time.Millisecond), drainWait.Milliseconds()), nil
+	}))
+	s.run(ctx, CaseLeadDuringDrain, func(ctx context.Context) (string, error) {
+		lease := s.lease("draining")
+		if err := s.grant(ctx, lease, s.next()); err != nil {
+			return "", fmt.Errorf("after stop-claiming: %w", err)
+		}
+		if err := s.grant(ctx, lease, s.next()); err != nil {
+			return "", fmt.Errorf("a renewal after stop-claiming: %w", err)
+		}
+		how := "grants and renewals applied after stop-claiming"
+		if s.t.Leader != nil {
+			if err := s.leads(ctx, lease, "after a grant during the drain"); err != nil {
+				return "", err
+			}
+			_ = s.t.Leader.Release(ctx, lease)
+			how += "; leader work begins"
+		}
+		if err := s.revoke(ctx, lease, s.next()); err != nil {
+			return "", err
+		}
+		return how, nil
+	})
+	s.run(ctx, CaseDrainReturnsDrained, needs(func(ctx context.Context) (string, error) {
+		const long = 20 * time.Second
+		type result struct {
+			st  protocol.DrainStatus
+			a   answer
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			st, a, err := s.drain(ctx, fmt.Sprintf("?waitMillis=%d", long.Milliseconds()), long)
+			done <- result{st, a, err}
+		}()
+		// Give the long poll time to reach the app; should it come after
+		// Finish it answers drained at once, which passes too.
+		select {
+		case r := <-done:
+			return "", fmt.Errorf("drain answered %s before the claims were finished, with %d held", r.a, held)
+		case <-time.After(early):
+		}
+		if err := f.Finish(ctx); err != nil {
+			return "", fmt.Errorf("Fixture.Finish: %w", err)
+		}
+		r := <-done
+		if r.err != nil {
+			return "", r.err
+		}
+		if !r.st.Drained || r.st.InFlight != 0 {
+			return "", fmt.Errorf("drain answered %+v once the claims were finished, want drained", r.st)
+		}
+		return fmt.Sprintf("a long poll of %s answered drained once the claims were finished", long), nil
+	}))
+	s.run(ctx, CaseDrainLarge, func(ctx context.Context) (string, error) {
+		if f == nil {
+			st, _, err := s.drain(ctx, "?waitMillis=5000", 5*time.Second)
+			if err != nil {
+				return "", err
+			}
+			if !st.Drained {
+				return "", fmt.Errorf("an idle app is not drained 5 s after stop-claiming: %+v (the app must be idle, or stop its waits at stop-claiming)", st)
+			}
+		}
+		for _, v := range []string{"30000", "30001", "9223372036854775807", "99999999999999999999"} {
+			st, a, err := s.drain(ctx, "?waitMillis="+v, 0)
+			if err != nil {
+				return "", fmt.Errorf("drained, waitMillis %s: %w", v, err)
+			}
+			if !st.Drained {
+				return "", fmt.Errorf("drain ?waitMillis=%s answered %s, want drained", v, a)
+			}
+		}
+		return "waitMillis beyond the bound (and beyond int64) answered 200 when drained", nil
+	})
+}
+
+var returnCases = []string{CaseReturnCounts, CaseReturnRepeat}
+
+// returnGroup: the return fallback hands back every claim held and counts
+// it; a second return is answered too.
+func (s *suite) returnGroup(ctx context.Context) {
+	f := s.t.Fixture
+	if f == nil {
+		s.skipAll(returnCases, "needs a Fixture: counts show only with claims in flight")
+		return
+	}
+	if err := s.holding(ctx, held); err != nil {
+		s.failAll(returnCases, err.Error())
+		return
+	}
+	defer func() { _ = f.Finish(ctx) }()
+	s.run(ctx, CaseReturnCounts, func(ctx context.Context) (string, error) {
+		var res protocol.ReturnResult
+		if _, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, `{"cancel": false, "cancelWaitMillis": 500}`, 0, &res); err != nil {
+			return "", err
+		}
+		if res.Returned != held || res.Error != "" {
+			return "", fmt.Errorf("return answered %+v with %d claims held, want returned %d and no error", res, held, held)
+		}
+		return fmt.Sprintf("returned %d of %d held", res.Returned, held), nil
+	})
+	s.run(ctx, CaseReturnRepeat, func(ctx context.Context) (string, error) {
+		var res protocol.ReturnResult
+		if _, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, `{"cancel": false}`, 0, &res); err != nil {
+			return "", fmt.Errorf("a second return: %w", err)
+		}
+		if res.Returned < 0 || res.Returned > held {
+			return "", fmt.Errorf("a second return answered %+v, want returned 0 to %d", res, held)
+		}
+		return fmt.Sprintf("a second return answered, returned %d", res.Returned), nil
+	})
+}
+
+// cancelGroup: the cancel fallback cancels in-flight work, waits
+// cancelWaitMillis for it (the fixture's work ignores it), then hands back
+// what is still held.
+func (s *suite) cancelGroup(ctx context.Context) {
+	f := s.t.Fixture
+	if f == nil {
+		s.skipAll([]string{CaseCancelReturn}, "needs a Fixture: a cancel shows only with claims in flight")
+		return
+	}
+	const n = 2
+	if err := s.holding(ctx, n); err != nil {
+		s.failAll([]string{CaseCancelReturn}, err.Error())
+		return
+	}
+	defer func() { _ = f.Finish(ctx) }()
+	s.run(ctx, CaseCancelReturn, func(ctx context.Context) (string, error) {
+		var res protocol.ReturnResult
+		body := fmt.Sprintf(`{"cancel": true, "cancelWaitMillis": %d}`, cancelWait.Milliseconds())
+		a, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, body, cancelWait, &res)
+		if err != nil {
+			return "", err
+		}
+		if res.Returned != n || res.Error != "" {
+			return "", fmt.Errorf("return with cancel answered %+v with %d claims held past the cancel, want returned %d and no error", res, n, n)
+		}
+		if a.took < cancelWait {
+			return "", fmt.Errorf("return with cancel answered after %s with work still running: want it to wait up to cancelWaitMillis %d for the work first", a.took.Round(time.Millisecond), cancelWait.Milliseconds())
+		}
+		return fmt.Sprintf("waited %s for canceled work, then returned %d", a.took.Round(time.Millisecond), res.Returned), nil
+	})
+}
+
+// cancelHandsBack: with cancel, work that ends because of the cancel
+// without acknowledging its message is handed back too, and the app hands
+// back as soon as the canceled work has ended, not after all of
+// cancelWaitMillis.
+func (s *suite) cancelHandsBack(ctx context.Context) {
+	cf, ok := s.t.Fixture.(CancelFixture)
+	if !ok {
+		s.skipAll([]string{CaseCancelHandsBack}, "needs a CancelFixture: claims whose work ends at the cancel")
+		return
+	}
+	const n = 2
+	if err := s.holdingWith(ctx, n, "HoldCancelable", cf.HoldCancelable); err != nil {
+		if errors.Is(err, errors.ErrUnsupported) {
+			s.skipAll([]string{CaseCancelHandsBack}, "the fixture cannot hold claims whose work ends at the cancel")
+			return
+		}
+		s.failAll([]string{CaseCancelHandsBack}, err.Error())
+		return
+	}
+	defer func() { _ = cf.Finish(ctx) }()
+	s.run(ctx, CaseCancelHandsBack, func(ctx context.Context) (string, error) {
+		const wait = 3 * time.Second
+		var res protocol.ReturnResult
+		body := fmt.Sprintf(`{"cancel": true, "cancelWaitMillis": %d}`, wait.Milliseconds())
+		a, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, body, wait, &res)
+		if err != nil {
+			return "", err
+		}
+		if a.took >= wait {
+			return "", fmt.Errorf("return with cancel answered after %s, all of cancelWaitMillis: the in-flight work was not canceled, or the app did not see it end", a.took.Round(time.Millisecond))
+		}
+		if res.Returned != n || res.Error != "" {
+			return "", fmt.Errorf("return with cancel answered %+v for %d claims whose work ended at the cancel without acknowledging: want returned %d, no error (their messages are still claimed)", res, n, n)
+		}
+		return fmt.Sprintf("canceled work ended, unacknowledged; returned %d after %s", res.Returned, a.took.Round(time.Millisecond)), nil
+	})
+}
+
+// holding restarts the app, makes it hold n claims and stops its claiming.
+func (s *suite) holding(ctx context.Context, n int) error {
+	return s.holdingWith(ctx, n, "Hold", s.t.Fixture.Hold)
+}
+
+// holdingWith is holding with hold, the Fixture method named what.
+func (s *suite) holdingWith(ctx context.Context, n int, what string, hold func(context.Context, int) error) error {
+	f := s.t.Fixture
+	if err := f.Restart(ctx); err != nil {
+		return fmt.Errorf("Fixture.Restart: %w", err)
+	}
+	if err := hold(ctx, n); err != nil {
+		return fmt.Errorf("Fixture.%s(%d): %w", what, n, err)
+	}
+	st, _, err := s.stopClaiming(ctx)
+	if err != nil {
+		return err
+	}
+	if !st.Stopping || st.InFlight != n {
+		return fmt.Errorf("stop-claiming with %d claims held answered %+v, want stopping and %d in flight", n, st, n)
+	}
+	return nil
+}

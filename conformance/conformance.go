@@ -1,0 +1,247 @@
+// Package conformance checks an app's side of the handoff protocol: it
+// drives the endpoints the sidecar calls (docs/protocol.md, "What the app
+// serves") over HTTP, the way the sidecar does, through the cases the
+// protocol defines, and reports each case as pass, fail or skip with a
+// one-line reason. Any implementation can be checked, in any language: the
+// suite speaks only HTTP to the app, and asks the app for what HTTP cannot
+// make it do (hold claims, begin leader work) through a Fixture and a
+// LeaderFixture.
+//
+// # Order and fresh processes
+//
+// Stop-claiming is one-way for an app process, and a return or a cancel
+// changes what the process holds, so the cases run in a fixed order, in
+// groups:
+//
+//  1. the app as given, or with a Fixture a fresh process (Restart),
+//     which must answer and not be stopping, else every case fails: the
+//     pod's token (401), bad requests (4xx), leadership ordered by
+//     sequence, refused messages (422), and, with a LeaderFixture, the term
+//     on the app's own clock, the revoke ack after leader work stopped and
+//     a stale revoke leaving leader work alone;
+//  2. the drain, on that same process without a Fixture, or on a fresh one
+//     (Fixture.Restart) holding 3 claims with one: stop-claiming (twice),
+//     the drain long poll and its edge values, leadership during the drain;
+//  3. with a Fixture only, each on a fresh process holding claims: return
+//     (counts, repeated), cancel then return, and, with a CancelFixture,
+//     what cancel hands back of work that ended because of it.
+//
+// Without a Fixture the cases that need claims held are reported skip,
+// never pass; without a LeaderFixture, those that need leader work.
+//
+// The app under test must be idle: no claim and no wait of its own, beside
+// the fixture's. Every call is bounded (5 s beyond any wait it asks for): a
+// call unanswered by then fails its case.
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Target is the app under test.
+type Target struct {
+	// URL is the app API's base URL, like "http://127.0.0.1:7452" (the
+	// sidecar's --app-url).
+	URL string
+	// Token is the pod's token the app checks (docs/protocol.md, "The pod's
+	// token").
+	Token string
+	// Fixture makes the app hold claims; nil: the cases that need claims
+	// held are skipped.
+	Fixture Fixture
+	// Leader makes the app begin leader work; nil: the cases that need
+	// leader work are skipped.
+	Leader LeaderFixture
+	// LeaseDuration is the lease duration the app bounds grants by
+	// (HANDOFF_LEASE_DURATION); 0: protocol.MaxLeaseDuration. The suite's
+	// grants stay under it, and its over-long grants go beyond it.
+	LeaseDuration time.Duration
+	// Client sends the calls; nil: a client of its own, without a proxy.
+	Client *http.Client
+	// Logf, if set, receives a line for each case as it ends.
+	Logf func(format string, args ...any)
+}
+
+// Fixture makes the app under test hold claims, for the cases that need
+// work in flight. Each method is bounded by its ctx.
+type Fixture interface {
+	// Restart replaces the app with a fresh process (a new instance, not
+	// stopping, holding nothing) answering at Target.URL, and returns once
+	// it answers. The suite calls it first, and before each group that
+	// needs claims (four in all, beside CancelFixture's group).
+	Restart(ctx context.Context) error
+	// Hold makes the app claim n messages and keep them started and
+	// unfinished until Finish, counted in flight (worker: Receive.Hold).
+	// The work ignores cancellation: it stands for work that does not stop
+	// in time, so a cancel fallback waits its cancelWaitMillis and hands
+	// the claims back. Hold is called only before stop-claiming.
+	Hold(ctx context.Context, n int) error
+	// Finish finishes every claim Hold made and the app still holds (worker:
+	// Claim.Done after acknowledging the message). Claims handed back
+	// before are left alone.
+	Finish(ctx context.Context) error
+}
+
+// CancelFixture is a Fixture that can also make the app hold claims whose
+// work ends at the cancel fallback, for the case of what cancel hands back.
+// A Fixture that is not one has that case skipped.
+type CancelFixture interface {
+	Fixture
+	// HoldCancelable makes the app claim n messages whose work, started,
+	// ends as soon as the cancel fallback cancels it, without
+	// acknowledging its message (worker: Receive.Hold, then Claim.Done once
+	// Claim.Context ends, the message left claimed in the queue). It
+	// returns an error wrapping errors.ErrUnsupported when the app cannot;
+	// the case is then skipped.
+	HoldCancelable(ctx context.Context, n int) error
+}
+
+// LeaderFixture makes the app under test begin leader work, for the cases
+// that need to see when the app stops leading: the protocol gives an
+// outsider no other view of a term (the app's answer to a grant is at once,
+// whatever the term). Each method is bounded by its ctx.
+type LeaderFixture interface {
+	// Lead begins leader work for lease (worker: BeginLeading), work that
+	// runs until Release. It returns false, and no error, when the app
+	// does not lead lease (worker: ErrNotLeader).
+	Lead(ctx context.Context, lease string) (bool, error)
+	// Stopping reports whether the app has told the leader work begun for
+	// lease to stop, because the term ended: revoked, or run out on the
+	// app's clock (worker: BeginLeading's context is done).
+	Stopping(ctx context.Context, lease string) (bool, error)
+	// Release ends the leader work begun for lease (worker: BeginLeading's
+	// done): from then on the app may ack a revoke of lease.
+	Release(ctx context.Context, lease string) error
+}
+
+// Result is a case's outcome.
+type Result string
+
+// Outcomes of a case.
+const (
+	Pass Result = "pass"
+	Fail Result = "fail"
+	Skip Result = "skip" // the case needs a Fixture or LeaderFixture the Target lacks, or an earlier step failed
+)
+
+// Case is one case of the suite and its outcome.
+type Case struct {
+	Name   string
+	Result Result
+	// Reason is one line: what was checked, or what went wrong.
+	Reason string
+}
+
+// Report is the outcome of every case, in the order run.
+type Report struct {
+	Cases []Case
+}
+
+// Count is the number of cases with result r.
+func (r Report) Count(res Result) int {
+	n := 0
+	for _, c := range r.Cases {
+		if c.Result == res {
+			n++
+		}
+	}
+	return n
+}
+
+// Failed reports whether any case failed.
+func (r Report) Failed() bool { return r.Count(Fail) > 0 }
+
+// Case returns the case named name, and false if none ran.
+func (r Report) Case(name string) (Case, bool) {
+	for _, c := range r.Cases {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Case{}, false
+}
+
+// String is one line per case, "pass  name  reason", then a summary.
+func (r Report) String() string {
+	var b strings.Builder
+	for _, c := range r.Cases {
+		fmt.Fprintf(&b, "%-4s  %-44s %s\n", c.Result, c.Name, c.Reason)
+	}
+	fmt.Fprintf(&b, "%d passed, %d failed, %d skipped\n", r.Count(Pass), r.Count(Fail), r.Count(Skip))
+	return b.String()
+}
+
+// Names of the cases, in the order Run runs them.
+const (
+	CaseToken               = "token/refused-without-the-pods-token"
+	CaseTokenScheme         = "token/scheme-in-any-case"
+	CaseBadWaitMillis       = "bad-request/drain-waitMillis"
+	CaseBadReturn           = "bad-request/return-body"
+	CaseBadLeadership       = "bad-request/leadership-body"
+	CaseUnknownCall         = "bad-request/unknown-path-or-method"
+	CaseNotGenuine          = "leadership/not-genuine-refused-422"
+	CaseSequence            = "leadership/ordered-by-sequence"
+	CaseFirstMessage        = "leadership/first-message-applied"
+	CaseRevokeUnknown       = "leadership/revoke-of-unknown-lease-acked"
+	CaseStaleRevoke         = "leadership/stale-revoke-leaves-leader-work"
+	CaseRevokeAck           = "leadership/revoke-acked-after-leader-work-stopped"
+	CaseTermValidFor        = "leadership/term-ends-at-validForMillis"
+	CaseTermUntil           = "leadership/term-ends-at-until"
+	CaseStopClaiming        = "stop-claiming/answers-stopping"
+	CaseStopIdempotent      = "stop-claiming/idempotent"
+	CaseDrainAtOnce         = "drain/waitMillis-0-answers-at-once"
+	CaseDrainWaits          = "drain/long-poll-waits-waitMillis"
+	CaseDrainReturnsDrained = "drain/long-poll-returns-when-drained"
+	CaseDrainLarge          = "drain/waitMillis-above-bound"
+	CaseLeadDuringDrain     = "leadership/continues-during-drain"
+	CaseReturnCounts        = "return/counts"
+	CaseReturnRepeat        = "return/safe-to-repeat"
+	CaseCancelReturn        = "return/cancel-then-return"
+	CaseCancelHandsBack     = "return/cancel-hands-back-canceled-work"
+)
+
+// allCases are the names of every case, in the order Run runs them.
+var allCases = []string{CaseToken, CaseTokenScheme, CaseBadWaitMillis, CaseBadReturn, CaseBadLeadership, CaseUnknownCall,
+	CaseNotGenuine, CaseSequence, CaseFirstMessage, CaseRevokeUnknown, CaseStaleRevoke, CaseRevokeAck, CaseTermValidFor,
+	CaseTermUntil, CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseLeadDuringDrain,
+	CaseDrainReturnsDrained, CaseDrainLarge, CaseReturnCounts, CaseReturnRepeat, CaseCancelReturn,
+	CaseCancelHandsBack}
+
+// Cases returns the names of every case, in the order Run runs them.
+func Cases() []string { return append([]string(nil), allCases...) }
+
+// held is how many claims the drain group holds.
+const held = 3
+
+// Run runs every case against t and returns their outcomes. It ends
+// early, reporting the cases not run as skip, when ctx ends.
+func Run(ctx context.Context, t Target) Report {
+	s := newSuite(t)
+	if err := s.ready(ctx); err != nil {
+		s.failAll(allCases, err.Error())
+		return s.rep
+	}
+	s.run(ctx, CaseToken, s.token)
+	s.run(ctx, CaseTokenScheme, s.tokenScheme)
+	s.run(ctx, CaseBadWaitMillis, s.badWaitMillis)
+	s.run(ctx, CaseBadReturn, s.badReturn)
+	s.run(ctx, CaseBadLeadership, s.badLeadership)
+	s.run(ctx, CaseUnknownCall, s.unknownCall)
+	s.run(ctx, CaseNotGenuine, s.notGenuine)
+	s.run(ctx, CaseSequence, s.sequence)
+	s.run(ctx, CaseFirstMessage, s.firstMessage)
+	s.run(ctx, CaseRevokeUnknown, s.revokeUnknown)
+	s.runLeader(ctx, CaseStaleRevoke, s.staleRevoke)
+	s.runLeader(ctx, CaseRevokeAck, s.revokeAck)
+	s.runLeader(ctx, CaseTermValidFor, s.termValidFor)
+	s.runLeader(ctx, CaseTermUntil, s.termUntil)
+	s.drainGroup(ctx)
+	s.returnGroup(ctx)
+	s.cancelGroup(ctx)
+	s.cancelHandsBack(ctx)
+	return s.rep
+}

@@ -1,0 +1,445 @@
+package conformance_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/handoff-dev/handoff/conformance"
+	"github.com/handoff-dev/handoff/protocol"
+	"github.com/handoff-dev/handoff/worker"
+)
+
+const testToken = "conformance-test-token-0123456789abcdef"
+
+// goApp is an app built on package worker, served by httptest: its
+// Fixture holds real claims (Receive, Hold) and hands them back through
+// ReturnClaims; Restart makes a new Agent, as a new process would.
+type goApp struct {
+	t     *testing.T
+	mu    sync.Mutex
+	agent *worker.Agent
+	// claims held by Hold and not yet finished or handed back
+	claims []*worker.Claim
+	// unacked counts the messages whose work ended at the cancel fallback
+	// without acknowledging them: still claimed in the queue.
+	unacked int
+	// heldOnly, set, is a broken app: its ReturnClaims hands back only the
+	// claims still held, not the messages of work ended by the cancel.
+	heldOnly bool
+}
+
+func newGoApp(t *testing.T) *goApp {
+	g := &goApp{t: t}
+	if err := g.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func (g *goApp) current() *worker.Agent {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.agent
+}
+
+func (g *goApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	g.current().Handler().ServeHTTP(w, r)
+}
+
+func (g *goApp) Restart(context.Context) error {
+	a, err := worker.New(worker.Options{Token: testToken, ReturnClaims: g.returnClaims})
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, c := range g.claims {
+		c.Done()
+	}
+	g.agent, g.claims, g.unacked = a, nil, 0
+	return nil
+}
+
+// HoldCancelable holds n claims whose work ends at the cancel fallback
+// without acknowledging its message.
+func (g *goApp) HoldCancelable(ctx context.Context, n int) error {
+	// The claims outlive the call (a fixture command's request ends
+	// before the work does): only the cancel fallback ends their work.
+	r, err := g.current().Receive(context.WithoutCancel(ctx))
+	if err != nil {
+		return err
+	}
+	defer r.End()
+	for range n {
+		c := r.Hold()
+		go func() {
+			<-c.Context().Done()
+			if errors.Is(context.Cause(c.Context()), worker.ErrCanceled) {
+				g.mu.Lock()
+				g.unacked++
+				g.mu.Unlock()
+			}
+			c.Done()
+		}()
+	}
+	return nil
+}
+
+func (g *goApp) Hold(ctx context.Context, n int) error {
+	r, err := g.current().Receive(ctx)
+	if err != nil {
+		return err
+	}
+	defer r.End()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for range n {
+		g.claims = append(g.claims, r.Hold()) // the work ignores Claim.Context: it runs until Finish
+	}
+	return nil
+}
+
+func (g *goApp) Finish(context.Context) error {
+	g.mu.Lock()
+	cs := g.claims
+	g.claims = nil
+	g.mu.Unlock()
+	for _, c := range cs {
+		c.Done()
+	}
+	return nil
+}
+
+// returnClaims hands back every claim still held: the queue has them again.
+func (g *goApp) returnClaims(context.Context) (int, error) {
+	g.mu.Lock()
+	cs, unacked := g.claims, g.unacked
+	g.claims, g.unacked = nil, 0
+	if g.heldOnly {
+		unacked = 0
+	}
+	g.mu.Unlock()
+	for _, c := range cs {
+		c.Done()
+	}
+	return len(cs) + unacked, nil
+}
+
+// serve runs the suite against h in front of app.
+func serve(t *testing.T, app *goApp, h http.Handler) conformance.Report {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep := conformance.Run(ctx, conformance.Target{
+		URL: srv.URL, Token: testToken, Fixture: app, Leader: conformance.AgentLeader(app.current),
+		Client: srv.Client(),
+	})
+	t.Logf("\n%s", rep)
+	return rep
+}
+
+func TestWorkerPackagePassesEveryCase(t *testing.T) {
+	app := newGoApp(t)
+	rep := serve(t, app, app)
+	if rep.Count(conformance.Pass) != len(rep.Cases) {
+		t.Fatalf("want every case passed, got %d passed of %d:\n%s", rep.Count(conformance.Pass), len(rep.Cases), rep)
+	}
+	var names []string
+	for _, c := range rep.Cases {
+		names = append(names, c.Name)
+	}
+	if !slices.Equal(names, conformance.Cases()) {
+		t.Fatalf("cases run %v, want conformance.Cases() %v", names, conformance.Cases())
+	}
+}
+
+// An app already stopping (stop-claiming is one-way) fails every case
+// rather than passing some on a process the suite cannot check.
+func TestAStoppingAppFailsEveryCase(t *testing.T) {
+	a, err := worker.New(worker.Options{Token: testToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.StopClaiming()
+	srv := httptest.NewServer(a.Handler())
+	defer srv.Close()
+	rep := conformance.Run(context.Background(), conformance.Target{URL: srv.URL, Token: testToken})
+	if rep.Count(conformance.Fail) != len(conformance.Cases()) || !strings.Contains(rep.Cases[0].Reason, "stopping already") {
+		t.Fatalf("want every case failed, saying the app is stopping:\n%s", rep)
+	}
+}
+
+func TestWithoutFixturesCasesAreSkippedNotPassed(t *testing.T) {
+	a, err := worker.New(worker.Options{Token: testToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(a.Handler())
+	defer srv.Close()
+	rep := conformance.Run(context.Background(), conformance.Target{URL: srv.URL, Token: testToken})
+	t.Logf("\n%s", rep)
+	if rep.Failed() {
+		t.Fatalf("failed without fixtures:\n%s", rep)
+	}
+	for _, name := range []string{conformance.CaseRevokeAck, conformance.CaseTermValidFor, conformance.CaseTermUntil, conformance.CaseStaleRevoke,
+		conformance.CaseDrainWaits, conformance.CaseDrainAtOnce, conformance.CaseDrainReturnsDrained, conformance.CaseReturnCounts, conformance.CaseCancelReturn, conformance.CaseCancelHandsBack} {
+		if c, _ := rep.Case(name); c.Result != conformance.Skip {
+			t.Errorf("%s = %s (%s), want skip without its fixture", name, c.Result, c.Reason)
+		}
+	}
+	for _, name := range []string{conformance.CaseToken, conformance.CaseSequence, conformance.CaseStopIdempotent, conformance.CaseDrainLarge} {
+		if c, _ := rep.Case(name); c.Result != conformance.Pass {
+			t.Errorf("%s = %s (%s), want pass: it needs no fixture", name, c.Result, c.Reason)
+		}
+	}
+}
+
+// rewrite is a broken app: the Go worker with one defect in front of it.
+type rewrite func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool
+
+func broken(app *goApp, f rewrite) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if f(w, r, body, app) {
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		app.ServeHTTP(w, r)
+	})
+}
+
+// leadership decodes a leadership call's body; false for other calls or
+// bodies that are not one.
+func leadership(r *http.Request, body []byte) (protocol.Leadership, bool) {
+	var l protocol.Leadership
+	if r.Method != http.MethodPut || !strings.HasPrefix(r.URL.Path, protocol.LeasePathPrefix) || json.Unmarshal(body, &l) != nil {
+		return l, false
+	}
+	return l, true
+}
+
+// forward sends r on with body b, into a recorder, and returns it.
+func forward(next http.Handler, r *http.Request, b []byte) *httptest.ResponseRecorder {
+	rr := httptest.NewRecorder()
+	r2 := r.Clone(context.WithoutCancel(r.Context()))
+	r2.Body = io.NopCloser(bytes.NewReader(b))
+	next.ServeHTTP(rr, r2)
+	return rr
+}
+
+func copyTo(w http.ResponseWriter, rr *httptest.ResponseRecorder) {
+	for k, v := range rr.Header() {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(rr.Code)
+	_, _ = w.Write(rr.Body.Bytes())
+}
+
+func TestBrokenAppsFailTheirCases(t *testing.T) {
+	var counter, stops struct {
+		sync.Mutex
+		n int64
+	}
+	for _, tc := range []struct {
+		name  string
+		f     rewrite
+		app   func(*goApp) // breaks the app itself
+		fails []string
+	}{{
+		name: "acks a revoke before leader work stopped",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			l, ok := leadership(r, body)
+			if !ok || l.Leader {
+				return false
+			}
+			go forward(next, r, body) // the real revoke, which waits for leader work
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"leader": false}`))
+			return true
+		},
+		fails: []string{conformance.CaseRevokeAck},
+	}, {
+		name: "ignores sequence order",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			l, ok := leadership(r, body)
+			if !ok {
+				return false
+			}
+			counter.Lock()
+			counter.n++
+			l.Sequence = time.Now().UnixNano() + counter.n // every message newer than the last
+			counter.Unlock()
+			b, _ := json.Marshal(l)
+			copyTo(w, forward(next, r, b))
+			return true
+		},
+		fails: []string{conformance.CaseSequence, conformance.CaseStaleRevoke},
+	}, {
+		name: "answers 200 to bad JSON",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
+			if r.Method == http.MethodGet || json.Valid(body) {
+				return false
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"returned": 0, "leader": true}`))
+			return true
+		},
+		fails: []string{conformance.CaseBadReturn, conformance.CaseBadLeadership},
+	}, {
+		name: "serves calls without the pod's token",
+		f: func(_ http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
+			protocol.SetToken(r.Header, testToken)
+			return false
+		},
+		fails: []string{conformance.CaseToken},
+	}, {
+		name: "answers the drain at once whatever waitMillis",
+		f: func(_ http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
+			if r.URL.Path == protocol.DrainPath && r.URL.Query().Get("waitMillis") != "" {
+				r.URL.RawQuery = "waitMillis=0"
+			}
+			return false
+		},
+		fails: []string{conformance.CaseDrainWaits},
+	}, {
+		name: "reads waitMillis above the bound as a bad request",
+		f: func(w http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
+			if r.URL.Path == protocol.DrainPath && len(r.URL.Query().Get("waitMillis")) > 5 {
+				w.WriteHeader(http.StatusBadRequest)
+				_, _ = w.Write([]byte(`{"error": "too long"}`))
+				return true
+			}
+			return false
+		},
+		fails: []string{conformance.CaseDrainLarge},
+	}, {
+		name: "leads for validForMillis beyond its value (until only)",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			l, ok := leadership(r, body)
+			if !ok || !l.Leader {
+				return false
+			}
+			l.ValidForMillis = 10_000
+			b, _ := json.Marshal(l)
+			copyTo(w, forward(next, r, b))
+			return true
+		},
+		fails: []string{conformance.CaseTermValidFor},
+	}, {
+		name: "leads past until (validForMillis only)",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			l, ok := leadership(r, body)
+			if !ok || !l.Leader {
+				return false
+			}
+			l.Until = time.Time{}
+			b, _ := json.Marshal(l)
+			copyTo(w, forward(next, r, b))
+			return true
+		},
+		fails: []string{conformance.CaseTermUntil},
+	}, {
+		name: "stops claiming on any method",
+		f: func(_ http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
+			if r.URL.Path == protocol.StopClaimingPath && r.Method != http.MethodPost {
+				r.Method = http.MethodPost
+			}
+			return false
+		},
+		fails: []string{conformance.CaseUnknownCall},
+	}, {
+		name: "does not wait for canceled work",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			var req protocol.ReturnRequest
+			if r.URL.Path != protocol.ReturnPath || json.Unmarshal(body, &req) != nil || !req.Cancel {
+				return false
+			}
+			req.CancelWaitMillis = 0
+			b, _ := json.Marshal(req)
+			copyTo(w, forward(next, r, b))
+			return true
+		},
+		fails: []string{conformance.CaseCancelReturn},
+	}, {
+		name: "waits all of cancelWaitMillis though canceled work has ended",
+		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
+			var req protocol.ReturnRequest
+			if r.URL.Path == protocol.ReturnPath && json.Unmarshal(body, &req) == nil && req.Cancel {
+				time.Sleep(time.Duration(req.CancelWaitMillis) * time.Millisecond)
+			}
+			return false
+		},
+		fails: []string{conformance.CaseCancelHandsBack},
+	}, {
+		name:  "hands back only the claims still held after a cancel",
+		f:     func(http.ResponseWriter, *http.Request, []byte, http.Handler) bool { return false },
+		app:   func(g *goApp) { g.heldOnly = true },
+		fails: []string{conformance.CaseCancelHandsBack},
+	}, {
+		name: "counts a return wrong",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			if r.URL.Path != protocol.ReturnPath || r.Method != http.MethodPost || !json.Valid(body) {
+				return false
+			}
+			rr := forward(next, r, body)
+			var res protocol.ReturnResult
+			if rr.Code == http.StatusOK && json.Unmarshal(rr.Body.Bytes(), &res) == nil {
+				res.Returned = 0 // handed back, but says none
+				b, _ := json.Marshal(res)
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write(b)
+				return true
+			}
+			copyTo(w, rr)
+			return true
+		},
+		fails: []string{conformance.CaseReturnCounts},
+	}, {
+		name: "forgets its in-flight count at a second stop-claiming",
+		f: func(w http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
+			if r.URL.Path != protocol.StopClaimingPath || r.Method != http.MethodPost || !protocol.HasToken(r.Header, testToken) {
+				return false
+			}
+			stops.Lock()
+			stops.n++
+			n := stops.n
+			stops.Unlock()
+			if n == 1 { // the first is the real one
+				return false
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = fmt.Fprint(w, `{"stopping": true, "inFlight": 0, "receiving": 0, "drained": true}`)
+			return true
+		},
+		fails: []string{conformance.CaseStopIdempotent},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			app := newGoApp(t)
+			if tc.app != nil {
+				tc.app(app)
+			}
+			rep := serve(t, app, broken(app, tc.f))
+			for _, name := range tc.fails {
+				c, ok := rep.Case(name)
+				if !ok || c.Result != conformance.Fail {
+					t.Errorf("%s = %s (%s), want fail", name, c.Result, c.Reason)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,106 @@
+# A minimal app side of the handoff protocol in Python, written from
+# docs/protocol.md: it holds no claims and does no leader work, so it is
+# always drained. conformance's TestPythonApp runs the suite on it, as an
+# app in another language than Go.
+#
+# python3 app.py PORT TOKEN_FILE   (PORT 0: any free port; prints "listening PORT")
+import hmac, json, os, socket, sys, threading, time
+from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
+from urllib.parse import urlsplit, parse_qs
+TOKEN = open(sys.argv[2]).read().strip()
+LEASE_NS = 3600 * 10**9
+state = {"stopping": False, "seq": {}, "lock": threading.Lock()}
+INSTANCE = os.urandom(8).hex()
+
+def parse_time(s):
+    # RFC 3339 with up to nanoseconds, as Go writes it; returns Unix ns
+    from datetime import datetime
+    main, _, frac = s.partition(".")
+    if frac:
+        digits = "".join(c for c in frac if c.isdigit())
+        rest = frac[len(digits):]
+    else:
+        main, rest, digits = s[:19], s[19:], ""
+    if rest == "Z": rest = "+00:00"
+    dt = datetime.fromisoformat(main + rest)
+    return int(dt.timestamp()) * 10**9 + int((digits + "000000000")[:9])
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def setup(self):
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def log_message(self, *a): pass
+    def send(self, code, obj, extra=None):
+        body = (json.dumps(obj) + "\n").encode()
+        head = "HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (code, len(body))
+        for k, v in (extra or {}).items(): head += "%s: %s\r\n" % (k, v)
+        self.wfile.write(head.encode() + b"\r\n" + body)
+    def body(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        if n > 65536:
+            self.rfile.read(n); return 413, "body: larger than 65536 bytes"
+        raw = self.rfile.read(n).decode()
+        if not raw.strip(): return 400, "body: empty"
+        try:
+            v, end = json.JSONDecoder().raw_decode(raw.lstrip())
+        except ValueError as e:
+            return 400, "body: %s" % e
+        if raw.lstrip()[end:].strip(): return 400, "body: data after the JSON value"
+        if not isinstance(v, dict): return 400, "body: not a JSON object"
+        return 200, v
+    def authorized(self):
+        v = self.headers.get("Authorization", "")
+        ok = len(v) > 7 and v[:6].lower() == "bearer" and v[6] == " " and hmac.compare_digest(v[7:].encode(), TOKEN.encode())
+        if not ok:
+            n = int(self.headers.get("Content-Length") or 0); self.rfile.read(n)
+            self.send(401, {"error": "no pod token"}, {"WWW-Authenticate": 'Bearer realm="handoff"'})
+        return ok
+    def status(self):
+        return {"stopping": state["stopping"], "inFlight": 0, "receiving": 0, "drained": True, "instance": INSTANCE}
+    def route(self, method):
+        if not self.authorized(): return
+        u = urlsplit(self.path); p = u.path
+        if p == "/handoff/v1/stop-claiming" and method == "POST":
+            self.body(); state["stopping"] = True; return self.send(200, self.status())
+        if p == "/handoff/v1/drain" and method == "GET":
+            q = parse_qs(u.query, keep_blank_values=True).get("waitMillis", [])
+            if len(q) > 1: return self.send(400, {"error": "waitMillis given twice"})
+            if q and q[0].strip() and not q[0].strip().lstrip("+").isdigit():
+                return self.send(400, {"error": "waitMillis %r: want a whole number of milliseconds" % q[0]})
+            return self.send(200, self.status())  # always drained: holds nothing
+        if p == "/handoff/v1/return" and method == "POST":
+            code, b = self.body()
+            if code != 200: return self.send(code, {"error": b})
+            if not isinstance(b.get("cancel", False), bool) or not isinstance(b.get("cancelWaitMillis", 0), int) or b.get("cancelWaitMillis", 0) < 0:
+                return self.send(400, {"error": "body: bad field"})
+            return self.send(200, {"returned": 0})
+        if p.startswith("/handoff/v1/leases/") and len(p) > len("/handoff/v1/leases/") and method == "PUT":
+            lease = p[len("/handoff/v1/leases/"):]
+            code, b = self.body()
+            if code != 200: return self.send(code, {"error": b})
+            try:
+                leader = b.get("leader", False); seq = b.get("sequence", 0); vf = b.get("validForMillis", 0)
+                assert isinstance(leader, bool) and isinstance(seq, int) and isinstance(vf, int)
+                until = parse_time(b["until"]) if b.get("until") else None
+            except Exception as e:
+                return self.send(400, {"error": "body: %s" % e})
+            if b.get("lease") and b["lease"] != lease: return self.send(400, {"error": "body: lease differs from the path"})
+            now = time.time_ns()
+            if seq - now > 10 * 10**9: return self.send(422, {"error": "sequence too far ahead"})
+            if leader and (vf * 10**6 > LEASE_NS or (until is not None and until - now > LEASE_NS)):
+                return self.send(422, {"error": "grant longer than the lease duration"})
+            with state["lock"]:
+                last = state["seq"].get(lease)
+                if last is not None and seq <= last: return self.send(200, {"leader": leader, "stale": True})
+                state["seq"][lease] = seq
+            return self.send(200, {"leader": leader})
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))  # keep-alive: the next request follows the body
+        self.send(405 if p.startswith("/handoff/v1/") else 404, {"error": "no such call"})
+    def do_GET(self): self.route("GET")
+    def do_POST(self): self.route("POST")
+    def do_PUT(self): self.route("PUT")
+    def do_DELETE(self): self.route("DELETE")
+srv = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+print("listening", srv.server_address[1], flush=True)
+srv.serve_forever()
