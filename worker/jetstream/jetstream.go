@@ -419,6 +419,16 @@ func (w *Worker) release(d *delivery) {
 	}
 }
 
+// flush waits until the server has every Nak sent before it, bounded by
+// ctx and by Config.AckTimeout: nats.go's FlushWithContext refuses a
+// context without a deadline, and ReturnClaims gets the context of the
+// sidecar's call, which has none of its own.
+func (w *Worker) flush(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.AckTimeout)
+	defer cancel()
+	return w.nc.FlushWithContext(ctx)
+}
+
 // handBack is worker.Options.HandBack: it Naks each unstarted claim's
 // message and flushes the connection, so they reach the server before it
 // returns.
@@ -434,7 +444,7 @@ func (w *Worker) handBack(ctx context.Context, claims []*worker.Claim) error {
 			return err
 		})
 	}
-	if err := w.nc.FlushWithContext(ctx); err != nil {
+	if err := w.flush(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("flush: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -479,7 +489,7 @@ func (w *Worker) returnClaims(ctx context.Context) (int, error) {
 			w.release(d)
 		}
 	}
-	if err := w.nc.FlushWithContext(ctx); err != nil {
+	if err := w.flush(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("flush: %w", err))
 	}
 	w.mu.Lock()
