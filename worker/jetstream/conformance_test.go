@@ -57,7 +57,8 @@ func (a *jsApp) Restart(ctx context.Context) error {
 	if stop != nil {
 		stop()
 		select {
-		case <-done:
+		case err := <-done:
+			_ = err // the old worker's Run ends with its context: canceled
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -151,7 +152,7 @@ func TestConformance(t *testing.T) {
 		app.release = nil
 		app.mu.Unlock()
 		stop()
-		<-done
+		_ = <-done // Run ends with its context: canceled
 	})
 	srv := httptest.NewServer(app)
 	t.Cleanup(srv.Close)
