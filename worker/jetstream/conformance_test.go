@@ -2,6 +2,7 @@ package jetstream_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -58,7 +59,9 @@ func (a *jsApp) Restart(ctx context.Context) error {
 		stop()
 		select {
 		case err := <-done:
-			_ = err // the old worker's Run ends with its context: canceled
+			if err != nil && !errors.Is(err, context.Canceled) {
+				return fmt.Errorf("the old worker's Run: %w", err)
+			}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -152,7 +155,9 @@ func TestConformance(t *testing.T) {
 		app.release = nil
 		app.mu.Unlock()
 		stop()
-		_ = <-done // Run ends with its context: canceled
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("Run: %v", err)
+		}
 	})
 	srv := httptest.NewServer(app)
 	t.Cleanup(srv.Close)
