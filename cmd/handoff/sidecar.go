@@ -13,11 +13,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/zapr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -72,13 +70,8 @@ func runSidecar(s *config.Settings) error {
 	if err != nil {
 		return fmt.Errorf("token-file: %w", err)
 	}
-	zl, err := zap.NewProduction()
-	if err != nil {
-		return err
-	}
-	log := zapr.NewLogger(zl).WithValues("pod", s.PodNamespace+"/"+s.PodName)
+	log := newLogger(os.Stderr).WithValues("pod", s.PodNamespace+"/"+s.PodName)
 	klog.SetLogger(log.WithName("client-go"))
-	defer func() { _ = zl.Sync() }()
 
 	setHTTP2HealthCheck(os.LookupEnv, os.Setenv, s.RenewDeadline)
 	rc, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
