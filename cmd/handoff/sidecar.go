@@ -15,7 +15,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -37,27 +37,25 @@ import (
 // (sidecar.EventFlush).
 const eventFlush = time.Second
 
-func sidecarCommand() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "sidecar",
-		Short: "Run the coordinator: Lease elections and the shutdown sequence",
-		Long: `sidecar runs in the worker's pod. It competes for the configured Leases,
+var sidecarCmd = command{
+	use:   "sidecar",
+	short: "Run the coordinator: Lease elections and the shutdown sequence",
+	long: `sidecar runs in the worker's pod. It competes for the configured Leases,
 tells the worker about leadership, and on preStop (or SIGTERM) runs the
 shutdown sequence: stop claiming, drain, fallback at the deadline, revoke
 leadership, release the Leases.
 
 Every setting is a flag, or an environment variable HANDOFF_<NAME>; flags win.`,
-		Args: cobra.NoArgs,
-	}
-	flags := config.Flags(cmd.Flags())
-	cmd.RunE = func(*cobra.Command, []string) error {
-		s, err := config.Load(flags, config.Environ(os.LookupEnv))
-		if err != nil {
-			return fmt.Errorf("invalid configuration:\n%w", err)
+	setup: func(fs *pflag.FlagSet) func(invocation) error {
+		flags := config.Flags(fs)
+		return func(invocation) error {
+			s, err := config.Load(flags, config.Environ(os.LookupEnv))
+			if err != nil {
+				return fmt.Errorf("invalid configuration:\n%w", err)
+			}
+			return runSidecar(s)
 		}
-		return runSidecar(s)
-	}
-	return cmd
+	},
 }
 
 func runSidecar(s *config.Settings) error {
