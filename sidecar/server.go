@@ -36,7 +36,10 @@ func (c *Coordinator) ControlHandler() http.Handler {
 // ready as the leader. A nil ready is always ready.
 func ProbesHandler(gatherer prometheus.Gatherer, ready func() error) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	// Uncompressed: a gzip (or zstd) writer per scrape grew the idle
+	// sidecar by 1 MiB and more, for a page of a few KiB to a scraper on
+	// the pod network (docs/performance.md, Footprint).
+	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{DisableCompression: true}))
 	ok := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }
 	mux.HandleFunc("GET /healthz", ok)
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {

@@ -6,8 +6,11 @@
 //
 // For each process, after -settle idle and leading: RSS, PSS and anonymous
 // memory from /proc/<pid>/smaps_rollup (the median of -samples readings
-// 1 s apart), and for the sidecar its Go heap and stacks from its own
-// /metrics. Then the target line: sidecar RSS <= floor + 2 MiB.
+// 1 s apart), with nothing asked of the processes meanwhile; then, for the
+// sidecar, its Go heap and stacks from its own /metrics (one uncompressed
+// scrape), and its RSS after -scrapes more scrapes asked as Prometheus asks
+// them (Accept-Encoding: gzip), the state of a monitored sidecar. Then the
+// target line: sidecar RSS <= floor + 2 MiB, idle.
 //
 // Usage: go run ./bench/footprint --handoff bin/handoff [-settle 15s]
 // [-variant label=path ...] (more sidecar binaries, measured alike)
@@ -48,6 +51,7 @@ var (
 	floorBin = flags.String("floor", "", "the floor program; empty builds ./bench/footprint/floor as make build builds bin/handoff")
 	settle   = flags.Duration("settle", 15*time.Second, "idle time, leading, before measuring (at least 10s)")
 	samples  = flags.Int("samples", 5, "readings 1 s apart; the median of each figure is printed")
+	scrapes  = flags.Int("scrapes", 3, "scrapes of each sidecar's /metrics with Accept-Encoding: gzip, 1 s apart, before the last RSS reading")
 	variants multi
 )
 
@@ -183,8 +187,47 @@ func run() error {
 		}
 	}
 
-	fmt.Printf("Footprint, idle with 1 Lease (settled %s, leading; median of %d readings; lease duration 15s,\nrenew deadline 10s, retry period 2s). MiB; RSS, PSS, anonymous from /proc/<pid>/smaps_rollup,\nGo heap in use and stacks from the sidecar's /metrics.\n", *settle, *samples)
-	fmt.Printf("  %-16s %6s %6s %6s %6s %6s %8s %7s\n", "process", "RSS", "PSS", "anon", "file", "peak", "heap", "stacks")
+	// After the idle readings: the heap from one uncompressed scrape, then
+	// the RSS after scrapes as Prometheus makes them.
+	scraped := make([]float64, len(procs))
+	for j, p := range procs {
+		if p.metrics == "" {
+			continue
+		}
+		g, err := gauges("http://"+p.metrics+"/metrics", false, "go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes")
+		if err != nil {
+			return fmt.Errorf("%s: %w", p.label, err)
+		}
+		readings[j]["heap"], readings[j]["stacks"] = []float64{g[0] / (1 << 20)}, []float64{g[1] / (1 << 20)}
+	}
+	for i := range *scrapes {
+		if i > 0 {
+			time.Sleep(time.Second)
+		}
+		for _, p := range procs {
+			if p.metrics != "" {
+				if _, err := gauges("http://"+p.metrics+"/metrics", true, "go_memstats_heap_inuse_bytes"); err != nil {
+					return fmt.Errorf("%s: %w", p.label, err)
+				}
+			}
+		}
+	}
+	if *scrapes > 0 {
+		time.Sleep(time.Second)
+		for j, p := range procs {
+			if p.metrics == "" {
+				continue
+			}
+			m, err := procstat.Rollup(p.cmd.Process.Pid)
+			if err != nil {
+				return fmt.Errorf("%s: %w", p.label, err)
+			}
+			scraped[j] = m["Rss"]
+		}
+	}
+
+	fmt.Printf("Footprint, idle with 1 Lease (settled %s, leading; median of %d readings; lease duration 15s,\nrenew deadline 10s, retry period 2s). MiB; RSS, PSS, anonymous from /proc/<pid>/smaps_rollup,\nGo heap in use and stacks from the sidecar's /metrics after them, then RSS after %d gzip scrapes.\n", *settle, *samples, *scrapes)
+	fmt.Printf("  %-16s %6s %6s %6s %6s %6s %8s %7s %8s\n", "process", "RSS", "PSS", "anon", "file", "peak", "heap", "stacks", "scraped")
 	med := make([]map[string]float64, len(procs))
 	for j, p := range procs {
 		med[j] = map[string]float64{}
@@ -192,11 +235,14 @@ func run() error {
 			med[j][k] = median(vs)
 		}
 		m := med[j]
-		heap, stacks := "-", "-"
+		heap, stacks, after := "-", "-", "-"
 		if p.metrics != "" {
 			heap, stacks = fmt.Sprintf("%.1f", m["heap"]), fmt.Sprintf("%.1f", m["stacks"])
+			if *scrapes > 0 {
+				after = fmt.Sprintf("%.1f", scraped[j])
+			}
 		}
-		fmt.Printf("  %-16s %6.1f %6.1f %6.1f %6.1f %6.1f %8s %7s\n", p.label, m["Rss"], m["Pss"], m["Anonymous"], m["Rss"]-m["Anonymous"], m["VmHWM"], heap, stacks)
+		fmt.Printf("  %-16s %6.1f %6.1f %6.1f %6.1f %6.1f %8s %7s %8s\n", p.label, m["Rss"], m["Pss"], m["Anonymous"], m["Rss"]-m["Anonymous"], m["VmHWM"], heap, stacks, after)
 	}
 	floorRSS, sideRSS := med[0]["Rss"], med[1]["Rss"]
 	verdict := "PASS"
@@ -207,8 +253,8 @@ func run() error {
 	return nil
 }
 
-// read returns the process's smaps_rollup, its peak RSS (VmHWM), and for
-// a sidecar its Go heap in use and stack bytes, all in MiB.
+// read returns the process's smaps_rollup and its peak RSS (VmHWM), in
+// MiB, from /proc alone: nothing is asked of the process.
 func (p *proc) read() (map[string]float64, error) {
 	pid := p.cmd.Process.Pid
 	m, err := procstat.Rollup(pid)
@@ -220,13 +266,6 @@ func (p *proc) read() (map[string]float64, error) {
 		return nil, err
 	}
 	m["VmHWM"] = st["VmHWM"]
-	if p.metrics != "" {
-		g, err := gauges("http://"+p.metrics+"/metrics", "go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes")
-		if err != nil {
-			return nil, err
-		}
-		m["heap"], m["stacks"] = g[0]/(1<<20), g[1]/(1<<20)
-	}
 	return m, nil
 }
 
@@ -325,9 +364,12 @@ func (p *proc) stop() {
 	}
 }
 
-// gauges reads the named unlabelled samples from a Prometheus text page.
-func gauges(url string, names ...string) ([]float64, error) {
-	c := http.Client{Timeout: 2 * time.Second}
+// gauges reads the named unlabelled samples from a Prometheus text page,
+// asked for with Accept-Encoding: gzip (as Prometheus asks) when gzip,
+// uncompressed otherwise.
+func gauges(url string, gzip bool, names ...string) ([]float64, error) {
+	c := http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableCompression: !gzip}}
+	defer c.CloseIdleConnections()
 	resp, err := c.Get(url)
 	if err != nil {
 		return nil, err

@@ -9,9 +9,10 @@ import (
 // TestSidecarBuildLeavesOutTheWebhook: bin/handoff-sidecar (the build tag
 // sidecaronly), which injected pods run, links neither controller-runtime
 // nor cert-controller nor the webhook and injector packages, whose code and
-// init-time data are 4–6 MiB of resident memory (docs/performance.md,
-// Footprint); and it still has every command the sidecar and install
-// containers and the preStop hook run.
+// init-time data are 4–6 MiB of resident memory, nor zap nor cobra (about
+// 1 MiB each; docs/performance.md, Footprint); and it still has every
+// command the sidecar and install containers and the preStop hook run,
+// with their flags, and refuses what bin/handoff refuses.
 func TestSidecarBuildLeavesOutTheWebhook(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "-tags", "sidecaronly", ".").CombinedOutput()
 	if err != nil {
@@ -19,7 +20,7 @@ func TestSidecarBuildLeavesOutTheWebhook(t *testing.T) {
 	}
 	for _, pkg := range strings.Fields(string(out)) {
 		for _, banned := range []string{"sigs.k8s.io/controller-runtime", "github.com/open-policy-agent/cert-controller",
-			"github.com/handoff-dev/handoff/webhook", "github.com/handoff-dev/handoff/inject"} {
+			"github.com/handoff-dev/handoff/webhook", "github.com/handoff-dev/handoff/inject", "go.uber.org/zap", "github.com/spf13/cobra"} {
 			if pkg == banned || strings.HasPrefix(pkg, banned+"/") {
 				t.Errorf("the sidecaronly build links %s", pkg)
 			}
@@ -29,9 +30,29 @@ func TestSidecarBuildLeavesOutTheWebhook(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-tags", "sidecaronly", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	for _, cmd := range []string{"sidecar", "prestop", "install", "version"} {
-		if out, err := exec.Command(bin, cmd, "--help").CombinedOutput(); err != nil {
-			t.Errorf("handoff-sidecar %s --help: %v\n%s", cmd, err, out)
+	for cmd, flag := range map[string]string{"sidecar": "--renew-deadline", "prestop": "--then-sleep", "install": "--token-file"} {
+		if out, err := exec.Command(bin, cmd, "--help").CombinedOutput(); err != nil || !strings.Contains(string(out), flag) {
+			t.Errorf("handoff-sidecar %s --help: %v, want the flag %s listed\n%s", cmd, err, flag, out)
+		}
+	}
+	if out, err := exec.Command(bin, "version").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "dev" {
+		t.Errorf("handoff-sidecar version: %v, %q; want dev", err, out)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"webhook"}, `unknown command "webhook" for "handoff"`},
+		{[]string{"sidecar", "extra"}, `unknown command "extra" for "handoff sidecar"`},
+		{[]string{"install", "a", "b"}, "accepts at most 1 arg(s), received 2"},
+		{[]string{"install", "--bogus"}, "unknown flag: --bogus"},
+		{[]string{"sidecar", "--fallback", "drop", "--token-file", "/nonexistent"}, `invalid value "drop" for flag --fallback`},
+		{[]string{"prestop", "--addr", "127.0.0.1:1", "--connect-timeout", "100ms", "--token-file", "/nonexistent"}, "/nonexistent"},
+		{[]string{"prestop", "stray", "--", "true"}, `unexpected argument "stray"`},
+	} {
+		out, err := exec.Command(bin, tc.args...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), tc.want) {
+			t.Errorf("handoff-sidecar %s: %v\n%s\nwant a failure saying %s", strings.Join(tc.args, " "), err, out, tc.want)
 		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/handoff-dev/handoff/protocol"
 )
@@ -22,12 +22,10 @@ import (
 // other container of the pod can see it at any mode.
 const tokenMode = 0o644
 
-func installCommand() *cobra.Command {
-	var tokenFile string
-	cmd := &cobra.Command{
-		Use:   "install [DEST] [--token-file FILE]",
-		Short: "Copy this binary to the file DEST and write the pod's token (the init step that gives the worker container its preStop hook)",
-		Long: `install copies the running handoff binary to the file DEST with mode 0755,
+var installCmd = command{
+	use:   "install [DEST] [--token-file FILE]",
+	short: "Copy this binary to the file DEST and write the pod's token (the init step that gives the worker container its preStop hook)",
+	long: `install copies the running handoff binary to the file DEST with mode 0755,
 and, with --token-file, writes the pod's token to FILE: 64 hex digits (256
 bits from crypto/rand), mode 0644, through a temporary file, so a reader
 never sees half a token. A FILE that already holds a token is kept, so that a
@@ -38,8 +36,12 @@ Injected pods run it in the handoff-install init container, so that the
 worker container, whatever its image, can run "handoff prestop" from a shared
 emptyDir volume, and only the pod's own sidecar, hook and worker know the
 token the control API and the app require.`,
-		Args: cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+	maxArgs: 1,
+	setup: func(fs *pflag.FlagSet) func(invocation) error {
+		var tokenFile string
+		fs.StringVar(&tokenFile, "token-file", "", "write the pod's token to this file, unless it holds one already")
+		return func(inv invocation) error {
+			args := inv.args
 			if len(args) == 0 && tokenFile == "" {
 				return errors.New("nothing to install: give DEST, --token-file FILE, or both")
 			}
@@ -51,7 +53,7 @@ token the control API and the app require.`,
 				if err := copyFile(self, args[0]); err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "installed %s\n", args[0])
+				fmt.Fprintf(inv.out, "installed %s\n", args[0])
 			}
 			if tokenFile != "" {
 				kept, err := writeToken(tokenFile)
@@ -59,16 +61,14 @@ token the control API and the app require.`,
 					return fmt.Errorf("--token-file: %w", err)
 				}
 				if kept {
-					fmt.Fprintf(cmd.OutOrStdout(), "kept the token in %s\n", tokenFile)
+					fmt.Fprintf(inv.out, "kept the token in %s\n", tokenFile)
 				} else {
-					fmt.Fprintf(cmd.OutOrStdout(), "wrote a new token to %s\n", tokenFile)
+					fmt.Fprintf(inv.out, "wrote a new token to %s\n", tokenFile)
 				}
 			}
 			return nil
-		},
-	}
-	cmd.Flags().StringVar(&tokenFile, "token-file", "", "write the pod's token to this file, unless it holds one already")
-	return cmd
+		}
+	},
 }
 
 // writeToken writes a new random token to dst, unless dst already holds a

@@ -1,6 +1,10 @@
+//go:build !sidecaronly
+
 // Command handoff is the handoff sidecar and its tools: a graceful-shutdown
 // coordinator for Kubernetes queue workers that hold claimed messages and an
-// exclusive Lease.
+// exclusive Lease. Built with the tag sidecaronly (bin/handoff-sidecar) it
+// has only the commands the sidecar container, the install step and the
+// preStop hook run, without cobra (main_sidecaronly.go).
 package main
 
 import (

@@ -9,25 +9,17 @@ import (
 	"os/exec"
 	"time"
 
-	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
 )
 
-func prestopCommand() *cobra.Command {
-	var (
-		addr           string
-		timeout        time.Duration
-		connectTimeout time.Duration
-		thenSleep      time.Duration
-		tokenFile      string
-	)
-	cmd := &cobra.Command{
-		Use:   "prestop [-- COMMAND [ARG...]]",
-		Short: "The preStop hook: run the handover in the sidecar and wait until it is over",
-		Long: `prestop asks the handoff sidecar on loopback to run the shutdown sequence
+var prestopCmd = command{
+	use:   "prestop [-- COMMAND [ARG...]]",
+	short: "The preStop hook: run the handover in the sidecar and wait until it is over",
+	long: `prestop asks the handoff sidecar on loopback to run the shutdown sequence
 (stop claiming, drain, hand back claims, release the Lease) and blocks until
 it is over, then prints what happened. It exits non-zero when the sidecar
 cannot be reached, so the kubelet records FailedPreStopHook.
@@ -35,11 +27,27 @@ cannot be reached, so the kubelet records FailedPreStopHook.
 A hook the container had before injection runs after the handover, whatever
 its outcome: a COMMAND after "--" (an exec hook), or --then-sleep (a sleep
 hook).`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if n := cmd.ArgsLenAtDash(); n != 0 && len(args) > 0 {
+	maxArgs: -1,
+	setup: func(fs *pflag.FlagSet) func(invocation) error {
+		var (
+			addr           string
+			timeout        time.Duration
+			connectTimeout time.Duration
+			thenSleep      time.Duration
+			tokenFile      string
+		)
+		d, _ := config.Lookup("control-addr")
+		fs.StringVar(&addr, "addr", d.Default, "address of the sidecar's control API")
+		fs.DurationVar(&timeout, "timeout", 10*time.Minute, "give up waiting after this long (the kubelet also ends the hook at the grace period)")
+		fs.DurationVar(&connectTimeout, "connect-timeout", 5*time.Second, "keep retrying a refused connection for this long")
+		fs.DurationVar(&thenSleep, "then-sleep", 0, "sleep this long after the handover (a wrapped sleep hook)")
+		fs.StringVar(&tokenFile, "token-file", "", "file with the pod's token, sent to the sidecar (default $"+protocol.TokenFileEnv+")")
+		return func(inv invocation) error {
+			args := inv.args
+			if n := inv.argsAtDash; n != 0 && len(args) > 0 {
 				return fmt.Errorf("unexpected argument %q: a command to run after the handover goes after --", args[0])
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			ctx, cancel := context.WithTimeout(inv.ctx, timeout)
 			defer cancel()
 			var errs []error
 			token, err := hookToken(tokenFile)
@@ -51,22 +59,15 @@ hook).`,
 			case err != nil:
 				errs = append(errs, err)
 			case len(rep.Errors) > 0:
-				printReport(cmd.OutOrStdout(), rep)
+				printReport(inv.out, rep)
 				errs = append(errs, fmt.Errorf("handover finished with %d errors", len(rep.Errors)))
 			default:
-				printReport(cmd.OutOrStdout(), rep)
+				printReport(inv.out, rep)
 			}
-			errs = append(errs, then(ctx, cmd, args, thenSleep))
+			errs = append(errs, then(ctx, inv, args, thenSleep))
 			return errors.Join(errs...)
-		},
-	}
-	d, _ := config.Lookup("control-addr")
-	cmd.Flags().StringVar(&addr, "addr", d.Default, "address of the sidecar's control API")
-	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up waiting after this long (the kubelet also ends the hook at the grace period)")
-	cmd.Flags().DurationVar(&connectTimeout, "connect-timeout", 5*time.Second, "keep retrying a refused connection for this long")
-	cmd.Flags().DurationVar(&thenSleep, "then-sleep", 0, "sleep this long after the handover (a wrapped sleep hook)")
-	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file with the pod's token, sent to the sidecar (default $"+protocol.TokenFileEnv+")")
-	return cmd
+		}
+	},
 }
 
 // hookToken reads the pod's token from file, or from the file named by
@@ -82,10 +83,10 @@ func hookToken(file string) (string, error) {
 }
 
 // then runs the container's own hook, kept by injection, after the handover.
-func then(ctx context.Context, cmd *cobra.Command, args []string, sleep time.Duration) error {
+func then(ctx context.Context, inv invocation, args []string, sleep time.Duration) error {
 	if len(args) > 0 {
 		c := exec.CommandContext(ctx, args[0], args[1:]...)
-		c.Stdout, c.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
+		c.Stdout, c.Stderr = inv.out, inv.errOut
 		if err := c.Run(); err != nil {
 			return fmt.Errorf("the container's own preStop command %q: %w", args[0], err)
 		}

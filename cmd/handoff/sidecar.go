@@ -13,11 +13,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/zapr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/spf13/cobra"
-	"go.uber.org/zap"
+	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -39,27 +37,25 @@ import (
 // (sidecar.EventFlush).
 const eventFlush = time.Second
 
-func sidecarCommand() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "sidecar",
-		Short: "Run the coordinator: Lease elections and the shutdown sequence",
-		Long: `sidecar runs in the worker's pod. It competes for the configured Leases,
+var sidecarCmd = command{
+	use:   "sidecar",
+	short: "Run the coordinator: Lease elections and the shutdown sequence",
+	long: `sidecar runs in the worker's pod. It competes for the configured Leases,
 tells the worker about leadership, and on preStop (or SIGTERM) runs the
 shutdown sequence: stop claiming, drain, fallback at the deadline, revoke
 leadership, release the Leases.
 
 Every setting is a flag, or an environment variable HANDOFF_<NAME>; flags win.`,
-		Args: cobra.NoArgs,
-	}
-	flags := config.Flags(cmd.Flags())
-	cmd.RunE = func(*cobra.Command, []string) error {
-		s, err := config.Load(flags, config.Environ(os.LookupEnv))
-		if err != nil {
-			return fmt.Errorf("invalid configuration:\n%w", err)
+	setup: func(fs *pflag.FlagSet) func(invocation) error {
+		flags := config.Flags(fs)
+		return func(invocation) error {
+			s, err := config.Load(flags, config.Environ(os.LookupEnv))
+			if err != nil {
+				return fmt.Errorf("invalid configuration:\n%w", err)
+			}
+			return runSidecar(s)
 		}
-		return runSidecar(s)
-	}
-	return cmd
+	},
 }
 
 func runSidecar(s *config.Settings) error {
@@ -72,13 +68,8 @@ func runSidecar(s *config.Settings) error {
 	if err != nil {
 		return fmt.Errorf("token-file: %w", err)
 	}
-	zl, err := zap.NewProduction()
-	if err != nil {
-		return err
-	}
-	log := zapr.NewLogger(zl).WithValues("pod", s.PodNamespace+"/"+s.PodName)
+	log := newLogger(os.Stderr).WithValues("pod", s.PodNamespace+"/"+s.PodName)
 	klog.SetLogger(log.WithName("client-go"))
-	defer func() { _ = zl.Sync() }()
 
 	setHTTP2HealthCheck(os.LookupEnv, os.Setenv, s.RenewDeadline)
 	rc, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)

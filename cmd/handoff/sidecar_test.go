@@ -1,12 +1,19 @@
 package main
 
 import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/client-go/rest"
 
 	"github.com/handoff-dev/handoff/leaderelection"
+	"github.com/handoff-dev/handoff/sidecar"
 )
 
 // The Lease client has its own rate budget, the one given, and no
@@ -50,5 +57,32 @@ func TestHTTP2HealthCheck(t *testing.T) {
 				t.Errorf("renew deadline %s: %s=%q, want %q", tc.renewDeadline, k, env[k], want)
 			}
 		}
+	}
+}
+
+// /metrics answers uncompressed even to a scraper that offers gzip, as
+// Prometheus does: a compressor per scrape grew the idle sidecar by 1 MiB
+// and more (docs/performance.md, Footprint).
+func TestMetricsAreNotCompressed(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector())
+	srv := httptest.NewServer(sidecar.ProbesHandler(reg, nil))
+	defer srv.Close()
+	req, err := http.NewRequest(http.MethodGet, srv.URL+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept-Encoding", "gzip, zstd")
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if enc := resp.Header.Get("Content-Encoding"); enc != "" || !strings.Contains(string(body), "go_goroutines ") {
+		t.Errorf("GET /metrics offering gzip: status %s, Content-Encoding %q, %d bytes; want the text page uncompressed", resp.Status, enc, len(body))
 	}
 }

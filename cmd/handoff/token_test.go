@@ -39,11 +39,8 @@ func TestInstallWritesTheTokenOnce(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "token")
 	run := func() string {
-		cmd := installCommand()
 		var out strings.Builder
-		cmd.SetOut(&out)
-		cmd.SetArgs([]string{"--token-file", path})
-		if err := cmd.Execute(); err != nil {
+		if err := runCommand(installCmd, []string{"--token-file", path}, &out, io.Discard); err != nil {
 			t.Fatal(err)
 		}
 		tok, err := protocol.ReadTokenFile(path)
@@ -72,11 +69,7 @@ func TestInstallWritesTheTokenOnce(t *testing.T) {
 	if len(entries) != 1 {
 		t.Errorf("%d files left in the directory; want only the token", len(entries))
 	}
-	cmd := installCommand()
-	cmd.SetArgs(nil)
-	cmd.SetOut(io.Discard)
-	cmd.SetErr(io.Discard)
-	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--token-file") {
+	if err := runCommand(installCmd, nil, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "--token-file") {
 		t.Errorf("install with nothing to do: %v; want an error naming DEST and --token-file", err)
 	}
 }
@@ -89,12 +82,8 @@ func TestSidecarRefusesToStartWithoutAToken(t *testing.T) {
 		{"", "token-file: required"},
 		{filepath.Join(t.TempDir(), "missing"), "no such file"},
 	} {
-		cmd := sidecarCommand()
-		cmd.SetArgs([]string{"--token-file=" + tc.file})
-		cmd.SetOut(io.Discard)
-		cmd.SetErr(io.Discard)
 		t.Setenv(protocol.TokenFileEnv, "")
-		if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if err := runCommand(sidecarCmd, []string{"--token-file=" + tc.file}, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("sidecar --token-file=%q: %v; want an error saying %q", tc.file, err, tc.want)
 		}
 	}
