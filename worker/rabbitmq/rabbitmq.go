@@ -149,7 +149,8 @@ var ErrChannelClosed = errors.New("rabbitmq: channel closed")
 // it ends with ctx and with the sidecar's "cancel" fallback.
 //
 // Run returns nil once claiming has stopped and every claim is done
-// (handled, or handed back), then closes its channel. It returns ctx's
+// (handled, or handed back), and it has closed its channel; an error
+// wrapping ErrChannelClosed if the broker closed the channel instead. It returns ctx's
 // error once ctx ends and the handlers have returned (closing the channel
 // requeues what was not acknowledged), an error wrapping ErrChannelClosed,
 // or the error of opening the channel, basic.qos or basic.consume.
@@ -231,6 +232,13 @@ func (a *Adapter) Run(ctx context.Context, handle func(ctx context.Context, d am
 		// wait for them before closing it.
 		if err := a.agent.WaitDrained(ctx); err != nil {
 			return err
+		}
+		// Close returns once the channel is shut down, by our close or by
+		// the broker's (an ack it refused: it answers the frames of a
+		// channel in order), which then is in closed.
+		_ = ch.Close()
+		if e := <-closed; e != nil {
+			return fmt.Errorf("%w by the broker during the drain: %w", ErrChannelClosed, e)
 		}
 		return nil
 	default:
