@@ -22,9 +22,12 @@
 //     ten years (XCLAIM ... IDLE ... JUSTID, which leaves its delivery count
 //     as it is), only if this consumer still owns it (checked in the same
 //     Lua script). Any XAUTOCLAIM then takes it at once, whatever its
-//     min-idle: the survivors' Run loops do at their next look, within
-//     Config.Block, and so does any other consumer of the group that
-//     autoclaims. At the drain deadline worker.Options.ReturnClaims hands
+//     min-idle, and so does any other consumer of the group that
+//     autoclaims. The same script adds an entry to the wake stream
+//     (Config.WakeStream), which the survivors' claim loops read in the same
+//     blocking XREADGROUP as the stream: the one it wakes autoclaims the
+//     handed-back entries at once; the others look at the end of their
+//     Config.Block. At the drain deadline worker.Options.ReturnClaims hands
 //     back every entry pending on this consumer the same way, including
 //     entries the worker no longer knows of (from a crash of an earlier
 //     process with the same consumer name).
@@ -111,6 +114,12 @@ type Config struct {
 	// ReturnedConsumer is the consumer entries are handed back to.
 	// Zero: DefaultReturnedConsumer ("handoff-returned").
 	ReturnedConsumer string
+	// WakeStream is the key of the stream a hand-back adds an entry to, so
+	// that a claim loop blocked in XREADGROUP wakes and takes the entries at
+	// once. Run creates Group on it too; its entries are acknowledged as read
+	// and it is trimmed to about 1000 entries. Zero: Stream +
+	// ":handoff-wake"; not Stream.
+	WakeStream string
 }
 
 // Adapter is one consumer of a Redis Streams consumer group, with the
@@ -187,6 +196,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.ReturnedConsumer == "" {
 		c.ReturnedConsumer = DefaultReturnedConsumer
 	}
+	if c.WakeStream == "" {
+		c.WakeStream = c.Stream + ":handoff-wake"
+	}
+	if c.WakeStream == c.Stream {
+		return c, fmt.Errorf("redisstreams: Config.WakeStream %q is Config.Stream: want another key", c.WakeStream)
+	}
 	if c.Consumer == c.ReturnedConsumer {
 		return c, fmt.Errorf("redisstreams: Config.Consumer %q is Config.ReturnedConsumer, where entries are handed back to: want another name", c.Consumer)
 	}
@@ -196,7 +211,8 @@ func (c Config) withDefaults() (Config, error) {
 // Agent returns the Agent that serves the handoff sidecar (Agent.Handler).
 func (a *Adapter) Agent() *worker.Agent { return a.agent }
 
-// Run creates the group if it does not exist, then runs Config.Concurrency
+// Run creates the group (on Config.Stream and Config.WakeStream) if it
+// does not exist, then runs Config.Concurrency
 // claim loops calling handle for each entry, one at a time per loop, and
 // acknowledges (XACK) the entries handle returns nil for. An entry handle
 // fails is left pending, to be claimed again once idle for
@@ -209,9 +225,11 @@ func (a *Adapter) Agent() *worker.Agent { return a.agent }
 // their visibility timeout), or the error of creating the group.
 // Failed reads are logged and retried every second.
 func (a *Adapter) Run(ctx context.Context, handle func(ctx context.Context, msg redis.XMessage) error) error {
-	err := a.rdb.XGroupCreateMkStream(ctx, a.cfg.Stream, a.cfg.Group, "0").Err()
-	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
-		return fmt.Errorf("redisstreams: create group %s of stream %s: %w", a.cfg.Group, a.cfg.Stream, err)
+	for _, key := range []string{a.cfg.Stream, a.cfg.WakeStream} {
+		err := a.rdb.XGroupCreateMkStream(ctx, key, a.cfg.Group, "0").Err()
+		if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+			return fmt.Errorf("redisstreams: create group %s of stream %s: %w", a.cfg.Group, key, err)
+		}
 	}
 	keepCtx, stopKeep := context.WithCancel(ctx)
 	kept := make(chan struct{})
@@ -351,7 +369,7 @@ func (rd *reader) receive(ctx, wait context.Context) ([]redis.XMessage, error) {
 		}
 	})
 	streams, err := rd.conn.XReadGroup(ctx, &redis.XReadGroupArgs{
-		Group: a.cfg.Group, Consumer: a.cfg.Consumer, Streams: []string{a.cfg.Stream, ">"},
+		Group: a.cfg.Group, Consumer: a.cfg.Consumer, Streams: []string{a.cfg.Stream, a.cfg.WakeStream, ">", ">"},
 		Count: int64(a.cfg.Batch), Block: a.cfg.Block,
 	}).Result()
 	close(read)
@@ -366,7 +384,19 @@ func (rd *reader) receive(ctx, wait context.Context) ([]redis.XMessage, error) {
 		return nil, fmt.Errorf("XREADGROUP: %w", err)
 	}
 	for _, s := range streams {
-		msgs = append(msgs, s.Messages...)
+		if s.Stream != a.cfg.WakeStream {
+			msgs = append(msgs, s.Messages...)
+			continue
+		}
+		// Entries were handed back: look from the start of the PEL next.
+		rd.cursor = "0-0"
+		ids := make([]string, len(s.Messages))
+		for i, m := range s.Messages {
+			ids[i] = m.ID
+		}
+		if err := a.rdb.XAck(ctx, a.cfg.WakeStream, a.cfg.Group, ids...).Err(); err != nil {
+			return msgs, fmt.Errorf("XACK of the wake stream: %w", err)
+		}
 	}
 	return msgs, nil
 }
@@ -410,7 +440,7 @@ func (a *Adapter) handBack(ctx context.Context, claims []*worker.Claim) error {
 		ids[i] = c.Value().(string)
 		args = append(args, ids[i])
 	}
-	n, err := handBackScript.Run(ctx, a.rdb, []string{a.cfg.Stream}, args...).Int()
+	n, err := handBackScript.Run(ctx, a.rdb, []string{a.cfg.Stream, a.cfg.WakeStream}, args...).Int()
 	if err != nil {
 		return fmt.Errorf("redisstreams: hand back %d entries: %w", len(ids), err)
 	}
@@ -424,7 +454,7 @@ func (a *Adapter) handBack(ctx context.Context, claims []*worker.Claim) error {
 // returnClaims is the Agent's ReturnClaims: it hands back every entry
 // pending on this consumer.
 func (a *Adapter) returnClaims(ctx context.Context) (int, error) {
-	n, err := returnAllScript.Run(ctx, a.rdb, []string{a.cfg.Stream},
+	n, err := returnAllScript.Run(ctx, a.rdb, []string{a.cfg.Stream, a.cfg.WakeStream},
 		a.cfg.Group, a.cfg.Consumer, a.cfg.ReturnedConsumer, returnedIdle.Milliseconds()).Int()
 	if err != nil {
 		return 0, fmt.Errorf("redisstreams: return pending entries of consumer %s: %w", a.cfg.Consumer, err)
@@ -449,8 +479,8 @@ for i = 3, #ARGV do
 end
 return n`)
 	// handBackScript moves the entries ARGV[5:] still pending on consumer
-	// ARGV[2] to consumer ARGV[3] with idle time ARGV[4] ms, and says how
-	// many.
+	// ARGV[2] to consumer ARGV[3] with idle time ARGV[4] ms, adds an entry
+	// to the wake stream KEYS[2] if it moved any, and says how many.
 	handBackScript = redis.NewScript(`
 local n = 0
 for i = 5, #ARGV do
@@ -460,9 +490,13 @@ for i = 5, #ARGV do
     n = n + 1
   end
 end
+if n > 0 then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'returned', n)
+end
 return n`)
 	// returnAllScript moves every entry pending on consumer ARGV[2] to
-	// consumer ARGV[3] with idle time ARGV[4] ms, and says how many.
+	// consumer ARGV[3] with idle time ARGV[4] ms, adds an entry to the wake
+	// stream KEYS[2] if it moved any, and says how many.
 	// Entries deleted from the stream leave the PEL on XCLAIM and are not
 	// counted. It pages through the PEL in ID order (exclusive start,
 	// Redis 6.2), so it ends.
@@ -470,7 +504,12 @@ return n`)
 local n, from = 0, '-'
 while true do
   local p = redis.call('XPENDING', KEYS[1], ARGV[1], from, '+', 100, ARGV[2])
-  if #p == 0 then return n end
+  if #p == 0 then
+    if n > 0 then
+      redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'returned', n)
+    end
+    return n
+  end
   local args = {KEYS[1], ARGV[1], ARGV[3], 0}
   for _, e in ipairs(p) do args[#args + 1] = e[1] end
   from = '(' .. p[#p][1]

@@ -171,6 +171,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"Block", worker.Options{}, rdb, func(c *redisstreams.Config) { c.Block = -time.Second }, "Config.Block -1s"},
 		{"Batch", worker.Options{}, rdb, func(c *redisstreams.Config) { c.Batch = -1 }, "Config.Batch -1"},
 		{"Concurrency", worker.Options{}, rdb, func(c *redisstreams.Config) { c.Concurrency = -1 }, "Config.Concurrency -1"},
+		{"WakeStream", worker.Options{}, rdb, func(c *redisstreams.Config) { c.WakeStream = c.Stream }, "Config.WakeStream"},
 		{"token", worker.Options{}, rdb, nil, "no token configured"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -220,15 +221,16 @@ func TestStopClaimingEndsTheBlockingReadAndIntake(t *testing.T) {
 }
 
 // A batch of 3 with the first being worked: in flight 3, unstarted 2. At
-// stop-claiming the 2 are handed back and another consumer takes them at
-// once (its visibility timeout is an hour, so only the hand-back gives them
-// to it); the started one drains and is acknowledged.
+// stop-claiming the 2 are handed back and another consumer, blocked in
+// XREADGROUP, takes them at once (its visibility timeout and its Block are
+// an hour, so only the hand-back and its wake-up give them to it); the
+// started one drains and is acknowledged.
 func TestDrainCountsAndHandBackToAnotherConsumerAtOnce(t *testing.T) {
 	rdb, stream := redistest.Client(t), redistest.Key(t)
 	createGroup(t, rdb, stream)
 	ids := add(t, rdb, stream, 3)
 	release := make(chan struct{})
-	cfg := redisstreams.Config{Batch: 3, VisibilityTimeout: time.Hour, Block: 50 * time.Millisecond}
+	cfg := redisstreams.Config{Batch: 3, VisibilityTimeout: time.Hour, Block: time.Hour}
 	a := start(t, rdb, stream, "a", cfg, func(context.Context, redis.XMessage) error {
 		<-release
 		return nil
@@ -241,13 +243,11 @@ func TestDrainCountsAndHandBackToAnotherConsumerAtOnce(t *testing.T) {
 		t.Fatalf("while the first of 3 is worked: in flight %d, unstarted %d; want 3, 2", in, un)
 	}
 
+	b := start(t, rdb, stream, "b", cfg, nil)
+	eventually(t, "b blocked in XREADGROUP", func() bool { return blockedReads(t, rdb) == 1 })
+
 	agent.StopClaiming()
 	eventually(t, "the 2 unstarted handed back", func() bool { return agent.InFlight() == 1 && agent.Unstarted() == 0 })
-	if got := pending(t, rdb, stream, redisstreams.DefaultReturnedConsumer); fmt.Sprint(got) != fmt.Sprint(ids[1:]) {
-		t.Fatalf("pending on %s: %v, want %v", redisstreams.DefaultReturnedConsumer, got, ids[1:])
-	}
-
-	b := start(t, rdb, stream, "b", cfg, nil)
 	got := []string{next(t, b), next(t, b)}
 	if fmt.Sprint(got) != fmt.Sprint(ids[1:]) {
 		t.Fatalf("b handled %v, want %v", got, ids[1:])
@@ -266,16 +266,19 @@ func TestDrainCountsAndHandBackToAnotherConsumerAtOnce(t *testing.T) {
 }
 
 // At the drain deadline ReturnClaims hands back the entry still worked (the
-// handler ignores its context), and another consumer takes it at once.
+// handler ignores its context), and another consumer, blocked in
+// XREADGROUP for an hour, takes it at once; the entry is then b's.
 func TestReturnClaimsAtTheDeadline(t *testing.T) {
 	rdb, stream := redistest.Client(t), redistest.Key(t)
 	createGroup(t, rdb, stream)
 	ids := add(t, rdb, stream, 1)
 	release := make(chan struct{})
 	defer close(release)
-	cfg := redisstreams.Config{VisibilityTimeout: time.Hour, Block: 50 * time.Millisecond}
+	cfg := redisstreams.Config{VisibilityTimeout: time.Hour, Block: time.Hour}
 	a := start(t, rdb, stream, "a", cfg, func(context.Context, redis.XMessage) error { <-release; return nil })
 	next(t, a)
+	b := start(t, rdb, stream, "b", cfg, func(context.Context, redis.XMessage) error { <-release; return nil })
+	eventually(t, "b blocked in XREADGROUP", func() bool { return blockedReads(t, rdb) == 1 })
 	a.a.Agent().StopClaiming()
 	n, err := a.a.Agent().Return(context.Background(), false, 0)
 	if err != nil || n != 1 {
@@ -284,9 +287,11 @@ func TestReturnClaimsAtTheDeadline(t *testing.T) {
 	if n, err := a.a.Agent().Return(context.Background(), false, 0); err != nil || n != 0 {
 		t.Fatalf("second Return: %d, %v; want 0", n, err)
 	}
-	b := start(t, rdb, stream, "b", cfg, nil)
 	if got := next(t, b); got != ids[0] {
 		t.Fatalf("b handled %s, want %s", got, ids[0])
+	}
+	if got := pending(t, rdb, stream, "b"); fmt.Sprint(got) != fmt.Sprint(ids) {
+		t.Fatalf("pending on b: %v, want %v", got, ids)
 	}
 }
 

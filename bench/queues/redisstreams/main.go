@@ -11,8 +11,8 @@
 //
 //   - with: the leaving worker is an Adapter working one entry. At the
 //     deadline its Agent returns the claims (the sidecar's "return"
-//     fallback, Agent.Return, so XCLAIM to handoff-returned), and the
-//     survivor is an Adapter too.
+//     fallback, Agent.Return, so XCLAIM to handoff-returned and an entry on
+//     the wake stream), and the survivor is an Adapter too.
 //   - without: the leaving worker is a plain consumer that read the entry
 //     (XREADGROUP) and leaves at the deadline without acknowledging it, as a
 //     worker stopped at the end of its grace period does. The survivor is a
@@ -23,10 +23,9 @@
 //     worked.
 //
 // The time runs from the deadline to the survivor's handler getting the
-// entry. With the adapter it is bounded by -block: a survivor blocked in
-// XREADGROUP sees the handed-back entry at its next XAUTOCLAIM, when the
-// read ends. The deadline falls halfway through the survivor's read, the
-// mean case.
+// entry. With the adapter the survivor is blocked in XREADGROUP at the
+// deadline, halfway through its -block; the hand-back's entry on the wake
+// stream ends that read, and its XAUTOCLAIM takes the returned entry.
 //
 // Usage: go run ./bench/queues/redisstreams [-visibility-timeout 30s]
 // [-block 1s] [-addr host:port]. Without -addr it starts its own server
