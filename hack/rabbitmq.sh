@@ -43,7 +43,7 @@ ensure_rabbitmq() {
   log "RabbitMQ not found; installing it with apt-get"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update >&2 || die "apt-get update failed"
-  apt-get install -y rabbitmq-server >&2 || die "apt-get install rabbitmq-server failed"
+  apt-get install -y -o DPkg::Lock::Timeout=600 rabbitmq-server >&2 || die "apt-get install rabbitmq-server failed"
   [ -x "$BIN/rabbitmq-server" ] || die "rabbitmq-server was installed but $BIN/rabbitmq-server is not there"
 }
 

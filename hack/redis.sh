@@ -39,7 +39,7 @@ ensure_redis() {
   log "redis-server not found; installing it with apt-get"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update >&2 || die "apt-get update failed"
-  apt-get install -y redis-server >&2 || die "apt-get install redis-server failed"
+  apt-get install -y -o DPkg::Lock::Timeout=600 redis-server >&2 || die "apt-get install redis-server failed"
   command -v redis-server >/dev/null 2>&1 || die "redis-server was installed but is not on PATH"
 }
 
