@@ -87,6 +87,9 @@ type Adapter struct {
 	mu      sync.Mutex
 	ch      *amqp.Channel
 	unacked map[uint64]struct{} // delivery tags not yet acked or nacked
+	// cancel cancels the consumer, once (basic.cancel, waiting for
+	// cancel-ok); set by Run.
+	cancel func()
 }
 
 // New returns an Adapter consuming cfg.Queue on a channel of conn, with an
@@ -169,7 +172,7 @@ func (a *Adapter) Run(ctx context.Context, handle func(ctx context.Context, d am
 	a.mu.Unlock()
 	defer func() {
 		a.mu.Lock()
-		a.ch = nil
+		a.ch, a.cancel = nil, nil
 		clear(a.unacked) // the channel's tags go with it
 		a.mu.Unlock()
 	}()
@@ -210,11 +213,15 @@ func (a *Adapter) Run(ctx context.Context, handle func(ctx context.Context, d am
 	// pushed, any time. Stop-claiming cancels the consumer; the deliveries
 	// channel closes once the broker's cancel-ok came, after every delivery
 	// sent before it.
-	canceled := context.AfterFunc(r.Context(), func() {
+	cancelConsumer := sync.OnceFunc(func() {
 		if err := ch.Cancel(a.cfg.ConsumerTag, false); err != nil && ctx.Err() == nil {
 			a.log.Error(err, "basic.cancel failed", "queue", a.cfg.Queue)
 		}
 	})
+	a.mu.Lock()
+	a.cancel = cancelConsumer
+	a.mu.Unlock()
+	canceled := context.AfterFunc(r.Context(), cancelConsumer)
 	for d := range deliveries {
 		a.mu.Lock()
 		a.unacked[d.DeliveryTag] = struct{}{}
@@ -281,8 +288,16 @@ func (a *Adapter) settle(tag uint64, ack bool) (bool, error) {
 }
 
 // handBack is the Agent's HandBack: it nacks the prefetched deliveries
-// with requeue.
+// with requeue. It runs after stop-claiming only, and cancels the consumer
+// first (if stop-claiming's cancel has not yet), so the broker gives them
+// to the other consumers, not back to this one.
 func (a *Adapter) handBack(_ context.Context, claims []*worker.Claim) error {
+	a.mu.Lock()
+	cancel := a.cancel
+	a.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
 	n := 0
 	for _, c := range claims {
 		ok, err := a.settle(c.Value().(uint64), false)

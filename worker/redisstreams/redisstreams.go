@@ -459,6 +459,11 @@ func (a *Adapter) returnClaims(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("redisstreams: return pending entries of consumer %s: %w", a.cfg.Consumer, err)
 	}
+	// None is this consumer's now: keep none alive (the keep-alive would
+	// skip them anyway), including unstarted ones HandBack failed on.
+	a.mu.Lock()
+	clear(a.held)
+	a.mu.Unlock()
 	return n, nil
 }
 
