@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/http/httptest"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,154 +18,66 @@ import (
 // conformanceToken is the pod's token the suite sends.
 const conformanceToken = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
-// jsApp is a JetStream worker (this package's adapter on a real
-// nats-server) as the conformance suite's fixture: each Restart starts a
-// new worker process's equivalent on a fresh stream and consumer; Hold
-// publishes messages whose work runs until Finish; HoldCancelable
-// publishes messages whose work ends at the cancel fallback, unacked (the
-// adapter Naks them).
-type jsApp struct {
-	t       *testing.T
-	mu      sync.Mutex
-	w       *jetstream.Worker
-	q       *queue
-	stop    context.CancelFunc
-	done    chan error
-	release chan struct{} // closed by Finish: the work Hold started ends
-	n       int           // messages published, for their bodies
-}
-
-func (a *jsApp) agent() *worker.Agent {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.w.Agent()
-}
-
-func (a *jsApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	a.agent().Handler().ServeHTTP(w, r)
-}
-
-func (a *jsApp) Restart(ctx context.Context) error {
-	a.mu.Lock()
-	stop, done := a.stop, a.done
-	if a.release != nil {
-		close(a.release)
-	}
-	a.mu.Unlock()
-	if stop != nil {
-		stop()
-		select {
-		case err := <-done:
-			if err != nil && !errors.Is(err, context.Canceled) {
-				return fmt.Errorf("the old worker's Run: %w", err)
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	q := newQueue(a.t, time.Hour)
-	nc, c := q.consumer()
-	w, err := jetstream.New(worker.Options{Token: conformanceToken}, nc, c, jetstream.Config{Concurrency: 8})
-	if err != nil {
-		return err
-	}
-	release := make(chan struct{})
-	runCtx, cancel := context.WithCancel(context.Background())
-	done = make(chan error, 1)
-	go func() {
-		done <- w.Run(runCtx, func(ctx context.Context, m js.Msg) error {
-			if strings.HasPrefix(string(m.Data()), "cancelable") {
-				<-ctx.Done() // the cancel fallback: the adapter Naks it
-				return context.Cause(ctx)
-			}
-			<-a.releaseOf(release) // the work ignores its context: it runs until Finish
-			return nil
-		})
-	}()
-	a.mu.Lock()
-	a.w, a.q, a.stop, a.done, a.release = w, q, cancel, done, release
-	a.mu.Unlock()
-	return nil
-}
-
-// releaseOf is the channel that ends work starting now: the current one,
-// or gen's once a Restart has replaced the worker gen belongs to.
-func (a *jsApp) releaseOf(gen chan struct{}) chan struct{} {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.release == nil {
-		return gen
-	}
-	return a.release
-}
-
-func (a *jsApp) Hold(ctx context.Context, n int) error { return a.hold(ctx, "held", n) }
-
-func (a *jsApp) HoldCancelable(ctx context.Context, n int) error {
-	return a.hold(ctx, "cancelable", n)
-}
-
-// hold publishes n messages with bodies kind-i and waits until the worker
-// works on all of them.
-func (a *jsApp) hold(ctx context.Context, kind string, n int) error {
-	a.mu.Lock()
-	q, ag := a.q, a.w.Agent()
-	want := ag.InFlight() + n
-	var ids []string
-	for range n {
-		a.n++
-		ids = append(ids, fmt.Sprintf("%s-%d", kind, a.n))
-	}
-	a.mu.Unlock()
-	q.publish(ids...)
-	for ag.InFlight()-ag.Unstarted() < want {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	return nil
-}
-
-func (a *jsApp) Finish(context.Context) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	close(a.release)
-	a.release = make(chan struct{})
-	// Work under way waits on the old channel, now closed; work that
-	// starts from now on waits on the new one.
-	return nil
-}
-
-// The adapter passes every case of the app side's conformance suite, on a
-// real nats-server.
+// The adapter passes every case of the app side's conformance suite, its
+// claims real messages on a real nats-server: each fresh worker has its own
+// stream and durable consumer.
 func TestConformance(t *testing.T) {
-	app := &jsApp{t: t}
-	if err := app.Restart(context.Background()); err != nil {
-		t.Fatal(err)
+	var (
+		q    *queue
+		stop context.CancelFunc
+		done chan error
+	)
+	app := &conformance.QueueApp{
+		Start: func(_ context.Context, work func(context.Context, string) error) (*worker.Agent, error) {
+			q = newQueue(t, time.Hour)
+			nc, c := q.consumer()
+			w, err := jetstream.New(worker.Options{Token: conformanceToken}, nc, c, jetstream.Config{Concurrency: 8})
+			if err != nil {
+				return nil, err
+			}
+			var ctx context.Context
+			ctx, stop = context.WithCancel(context.Background())
+			done = make(chan error, 1)
+			go func() {
+				done <- w.Run(ctx, func(ctx context.Context, m js.Msg) error { return work(ctx, string(m.Data())) })
+			}()
+			return w.Agent(), nil
+		},
+		Stop: func(ctx context.Context) error {
+			stop()
+			select {
+			case err := <-done:
+				if err != nil && !errors.Is(err, context.Canceled) {
+					return fmt.Errorf("Run: %w", err)
+				}
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		},
+		Publish: func(_ context.Context, bodies ...string) error { q.publish(bodies...); return nil },
 	}
-	t.Cleanup(func() {
-		app.mu.Lock()
-		stop, done := app.stop, app.done
-		close(app.release)
-		app.release = nil
-		app.mu.Unlock()
-		stop()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	srv := httptest.NewServer(app)
-	t.Cleanup(srv.Close)
+	runConformance(t, app)
+}
+
+// runConformance runs the suite against app, served by httptest, and
+// fails t unless every case passed; it stops app's worker at the end.
+func runConformance(t *testing.T, app *conformance.QueueApp) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	srv := httptest.NewServer(app)
+	defer srv.Close()
 	rep := conformance.Run(ctx, conformance.Target{
-		URL: srv.URL, Token: conformanceToken, Fixture: app, Leader: conformance.AgentLeader(app.agent),
-		Client: srv.Client(), Logf: t.Logf,
+		URL: srv.URL, Token: conformanceToken, Fixture: app, Leader: app.Leader(), Client: srv.Client(), Logf: t.Logf,
 	})
-	t.Logf("\n%s", rep)
+	if err := app.Finish(ctx); err == nil && app.Agent() != nil {
+		if err := app.Stop(ctx); err != nil {
+			t.Errorf("stopping the last worker: %v", err)
+		}
+	}
 	if rep.Count(conformance.Pass) != len(conformance.Cases()) {
 		t.Fatalf("%d of %d cases passed:\n%s", rep.Count(conformance.Pass), len(conformance.Cases()), rep)
 	}
+	t.Logf("\n%s", rep)
 }

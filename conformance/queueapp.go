@@ -1,0 +1,167 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/handoff-dev/handoff/worker"
+)
+
+// QueueApp is a Fixture, CancelFixture and LeaderFixture (Leader) for a
+// worker built on package worker and a real queue, such as one of the
+// adapters (worker/jetstream, worker/redisstreams, worker/rabbitmq): the
+// suite's claims are real messages, published to the queue and claimed,
+// worked and handed back by the worker as in production. Serve it (it is an
+// http.Handler: the current worker's Agent) and pass it as Target.Fixture.
+//
+// Restart stops the worker Start started last (Stop) and starts a fresh one
+// on an empty queue; Hold publishes n messages whose work runs, ignoring
+// cancellation, until Finish; HoldCancelable publishes n whose work ends at
+// the cancel fallback with an error, unacknowledged, which the worker must
+// hand back at its next return. Hold returns once the worker's Agent counts
+// them started (in flight, not unstarted), bounded by ctx.
+type QueueApp struct {
+	// Start starts a fresh worker on an empty queue (a new stream, queue
+	// or consumer group) and returns its Agent. The worker's handler must
+	// call work with each message's body and return work's error: nil
+	// acknowledges the message, an error leaves it to the worker to hand
+	// back. Required.
+	Start func(ctx context.Context, work func(ctx context.Context, body string) error) (*worker.Agent, error)
+	// Stop stops the worker Start started last and returns once it has
+	// stopped (its Run returned). Required.
+	Stop func(ctx context.Context) error
+	// Publish puts messages with the bodies into the current worker's
+	// queue. Required.
+	Publish func(ctx context.Context, bodies ...string) error
+
+	mu      sync.Mutex
+	agent   *worker.Agent
+	release chan struct{} // closed by Finish (or Restart): held work ends
+	n       int           // messages published, for unique bodies
+}
+
+// cancelablePrefix marks the bodies of HoldCancelable's messages.
+const cancelablePrefix = "conformance-cancelable-"
+
+// Agent is the current worker's Agent; nil before the first Restart.
+func (q *QueueApp) Agent() *worker.Agent {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.agent
+}
+
+// Leader is a LeaderFixture for the current worker (AgentLeader).
+func (q *QueueApp) Leader() LeaderFixture { return AgentLeader(q.Agent) }
+
+// ServeHTTP serves the current worker's Agent; 503 before the first
+// Restart.
+func (q *QueueApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	a := q.Agent()
+	if a == nil {
+		http.Error(w, "no worker started", http.StatusServiceUnavailable)
+		return
+	}
+	a.Handler().ServeHTTP(w, r)
+}
+
+// Restart implements Fixture.
+func (q *QueueApp) Restart(ctx context.Context) error {
+	if q.Start == nil || q.Stop == nil || q.Publish == nil {
+		return errors.New("conformance: QueueApp needs Start, Stop and Publish")
+	}
+	q.mu.Lock()
+	started := q.agent != nil
+	q.finishLocked()
+	q.mu.Unlock()
+	if started {
+		if err := q.Stop(ctx); err != nil {
+			return fmt.Errorf("stop the worker: %w", err)
+		}
+	}
+	a, err := q.Start(ctx, q.work)
+	if err != nil {
+		return fmt.Errorf("start a worker: %w", err)
+	}
+	q.mu.Lock()
+	q.agent = a
+	q.mu.Unlock()
+	return nil
+}
+
+// work is the message handler QueueApp gives Start.
+func (q *QueueApp) work(ctx context.Context, body string) error {
+	if strings.HasPrefix(body, cancelablePrefix) {
+		<-ctx.Done() // only the cancel fallback ends it: unacknowledged
+		return context.Cause(ctx)
+	}
+	q.mu.Lock()
+	release := q.release
+	q.mu.Unlock()
+	<-release // ignores ctx: runs until Finish
+	return nil
+}
+
+// Hold implements Fixture.
+func (q *QueueApp) Hold(ctx context.Context, n int) error { return q.hold(ctx, "conformance-held-", n) }
+
+// HoldCancelable implements CancelFixture.
+func (q *QueueApp) HoldCancelable(ctx context.Context, n int) error {
+	return q.hold(ctx, cancelablePrefix, n)
+}
+
+func (q *QueueApp) hold(ctx context.Context, prefix string, n int) error {
+	q.mu.Lock()
+	a := q.agent
+	if a == nil {
+		q.mu.Unlock()
+		return errors.New("conformance: QueueApp.Hold before Restart")
+	}
+	if q.release == nil {
+		q.release = make(chan struct{})
+	}
+	want := started(a) + n
+	bodies := make([]string, n)
+	for i := range bodies {
+		q.n++
+		bodies[i] = fmt.Sprintf("%s%d", prefix, q.n)
+	}
+	q.mu.Unlock()
+	if err := q.Publish(ctx, bodies...); err != nil {
+		return fmt.Errorf("publish %d messages: %w", n, err)
+	}
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for started(a) < want {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the worker works on %d of the %d messages published: %w", started(a)-(want-n), n, ctx.Err())
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// started is how many claims a holds that it has started.
+func started(a *worker.Agent) int { return a.InFlight() - a.Unstarted() }
+
+// Finish implements Fixture.
+func (q *QueueApp) Finish(context.Context) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.finishLocked()
+	return nil
+}
+
+// finishLocked ends the work under way; work that starts later waits for
+// the next Finish.
+func (q *QueueApp) finishLocked() {
+	if q.release != nil {
+		close(q.release)
+	}
+	q.release = make(chan struct{})
+}
