@@ -24,8 +24,8 @@
 //     worker.Agent.Unstarted stays 0 and Options.HandBack is not used.
 //   - Hand back at the deadline (Options.ReturnClaims): a job whose work
 //     has not returned is made available at once, in one UPDATE fenced by
-//     the job's id, its state running, its attempt and this client as its
-//     last attempted_by, with the attempt not counted (as River's
+//     the job's id, its state running, its attempt and attempted_at (set
+//     by each fetch) and this client as its last attempted_by, with the attempt not counted (as River's
 //     JobSnooze does); River's insert notification then wakes the other
 //     clients' fetch. Its work's context is canceled, and the result it
 //     returns later is dropped before River's completer writes it, so this
@@ -41,10 +41,12 @@
 //     does not extend that: give RescueStuckJobsAfter more than the longest
 //     job plus the drain.
 //
-// Completion in River is not fenced (its completer updates any running
-// row of the job id), so, as with River's own rescuer, a job's effect must
-// be idempotent (keyed by job id) for work that outlives a hand back in
-// another process.
+// Completion in River is not fenced (its completer, and JobCompleteTx,
+// update any running row of the job's id), so work that outlives its hand
+// back, in this process or one that River's rescuer gave up on, may apply
+// its effect while another worker runs the job. Fence the effect: apply it
+// in a transaction that calls Adapter.Fence first and completes the job
+// with river.JobCompleteTx, or key it by job id.
 package river
 
 import (
@@ -77,6 +79,11 @@ var errHandedBack = errors.New("handoff river: job handed back at the drain dead
 // Run's context ended.
 var errLeaving = errors.New("handoff river: worker leaving")
 
+// ErrFenced is returned by Adapter.Fence when the job is no longer
+// running as the attempt the work was given: it was handed back, rescued,
+// canceled or finished since.
+var ErrFenced = errors.New("handoff river: the job is no longer running as this attempt of this client")
+
 // Adapter is a River client run as a handoff worker. Its methods are safe
 // for concurrent use.
 type Adapter struct {
@@ -87,18 +94,23 @@ type Adapter struct {
 	table  string               // river_job, schema-qualified and quoted
 	schema string
 
-	mu      sync.Mutex
-	jobs    map[int64]*job // jobs fetched and not yet written by the completer
-	leaving bool           // Run's context has ended
+	mu   sync.Mutex
+	jobs map[int64]*job // jobs fetched and not yet written by the completer
+	// handedBack are the jobs ReturnClaims handed back whose result River's
+	// completer has not yet been stopped from writing. Only a worker that
+	// has stopped claiming hands back, so it fetches none of them again.
+	handedBack map[int64]struct{}
+	leaving    bool // Run's context has ended
 }
 
 // job is one job fetched by this client: its claim until River's
 // completer writes its result.
 type job struct {
-	id      int64
-	attempt int
-	queue   string
-	claim   *worker.Claim
+	id          int64
+	attempt     int
+	attemptedAt time.Time // set by each fetch: with attempt and the client, the fencing token
+	queue       string
+	claim       *worker.Claim
 	// cancel cancels the work's context; nil until the middleware runs.
 	cancel context.CancelCauseFunc
 	// worked: the work returned, its result is queued in River's completer.
@@ -131,7 +143,7 @@ func New(pool *pgxpool.Pool, config *riverqueue.Config, opts worker.Options) (*A
 	if len(config.Queues) == 0 || config.Workers == nil {
 		return nil, errors.New("handoff river: config.Queues and config.Workers are empty: want the queues and workers of the jobs this worker runs")
 	}
-	a := &Adapter{pool: pool, jobs: map[int64]*job{}, schema: config.Schema}
+	a := &Adapter{pool: pool, jobs: map[int64]*job{}, handedBack: map[int64]struct{}{}, schema: config.Schema}
 	opts.ReturnClaims = a.returnClaims
 	agent, err := worker.New(opts)
 	if err != nil {
@@ -178,10 +190,12 @@ func (a *Adapter) Run(ctx context.Context) error {
 	if err := a.client.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("handoff river: start the River client: %w", err)
 	}
+	stopping := false
 	select {
 	case <-a.agent.Stopping():
 		// Fetches already return nothing; Stop ends the fetch loops and
 		// flushes the completer once running jobs finish.
+		stopping = true
 		go func() { _ = a.client.Stop(context.WithoutCancel(ctx)) }()
 		<-ctx.Done()
 	case <-ctx.Done():
@@ -196,13 +210,43 @@ func (a *Adapter) Run(ctx context.Context) error {
 	a.mu.Unlock()
 	sctx, cancel := context.WithTimeout(context.Background(), StopTimeout)
 	defer cancel()
-	_ = a.client.StopAndCancel(sctx)
+	if !stopping {
+		// A Stop under way holds River's stop lock until the jobs return,
+		// so StopAndCancel would wait for it: the jobs' contexts are
+		// canceled above instead.
+		go func() { _ = a.client.StopAndCancel(sctx) }()
+	}
 	select {
 	case <-a.client.Stopped():
 		return nil
 	case <-sctx.Done():
 		return fmt.Errorf("handoff river: River client not stopped after %s: %w", StopTimeout, sctx.Err())
 	}
+}
+
+// Fence is the fencing token check for a job's effect. In the transaction
+// that applies the effect, before the effect, it locks the job's row
+// (SELECT … FOR UPDATE) and returns nil if the job is still running as
+// job's attempt (its attempt and attempted_at, which each fetch sets), with
+// this client as the last of its attempted_by;
+// complete the job in the same transaction (river.JobCompleteTx). A hand
+// back (the drain deadline's) and River's rescuer update the row, so they
+// wait for that transaction, and after either Fence returns ErrFenced: an
+// effect is then applied at most once per job, even by work that outlives
+// its hand back. It returns ErrFenced, or the query's error.
+func (a *Adapter) Fence(ctx context.Context, tx pgx.Tx, job *rivertype.JobRow) error {
+	var one int
+	err := tx.QueryRow(ctx, `SELECT 1 FROM `+a.table+`
+WHERE id = $1 AND state = 'running' AND attempt = $2 AND attempted_at = $3
+  AND attempted_by[array_length(attempted_by, 1)] = $4
+FOR UPDATE`, job.ID, job.Attempt, attemptedAt(job), a.client.ID()).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrFenced
+	}
+	if err != nil {
+		return fmt.Errorf("handoff river: fence job %d: %w", job.ID, err)
+	}
+	return nil
 }
 
 // returnClaims is Options.ReturnClaims: it hands back every job whose work
@@ -219,6 +263,7 @@ func (a *Adapter) returnClaims(ctx context.Context) (int, error) {
 			wait = append(wait, j)
 		default:
 			j.handedBack = true
+			a.handedBack[j.id] = struct{}{}
 			if j.cancel != nil {
 				j.cancel(errHandedBack)
 			}
@@ -249,16 +294,17 @@ func (a *Adapter) handBack(ctx context.Context, jobs []*job) (int, error) {
 	}
 	ids := make([]int64, len(jobs))
 	attempts := make([]int32, len(jobs))
+	ats := make([]time.Time, len(jobs))
 	queues := map[string]struct{}{}
 	for i, j := range jobs {
-		ids[i], attempts[i] = j.id, int32(j.attempt) //nolint:gosec // River's attempt is an int column
+		ids[i], attempts[i], ats[i] = j.id, int32(j.attempt), j.attemptedAt //nolint:gosec // River's attempt is an int column
 		queues[j.queue] = struct{}{}
 	}
 	tag, err := a.pool.Exec(ctx, `UPDATE `+a.table+` AS j
 SET state = 'available', scheduled_at = now(), attempt = j.attempt - 1
-FROM unnest($1::bigint[], $2::int[]) AS h(id, attempt)
-WHERE j.id = h.id AND j.attempt = h.attempt AND j.state = 'running'
-  AND j.attempted_by[array_length(j.attempted_by, 1)] = $3`, ids, attempts, a.client.ID())
+FROM unnest($1::bigint[], $2::int[], $3::timestamptz[]) AS h(id, attempt, attempted_at)
+WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt AND j.attempted_at = h.attempted_at
+  AND j.attempted_by[array_length(j.attempted_by, 1)] = $4`, ids, attempts, ats, a.client.ID())
 	if err != nil {
 		return 0, fmt.Errorf("handoff river: hand back %d running jobs: %w", len(jobs), err)
 	}
@@ -272,6 +318,14 @@ WHERE j.id = h.id AND j.attempt = h.attempt AND j.state = 'running'
 		return int(tag.RowsAffected()), fmt.Errorf("handoff river: notify queues of %d jobs handed back: %w", tag.RowsAffected(), err)
 	}
 	return int(tag.RowsAffected()), nil
+}
+
+// attemptedAt is row's attempted_at; a fetched row always has one.
+func attemptedAt(row *rivertype.JobRow) time.Time {
+	if row.AttemptedAt == nil {
+		return time.Time{}
+	}
+	return *row.AttemptedAt
 }
 
 // finish ends a job's claim: its result is written, or it was handed back.
@@ -325,7 +379,7 @@ func (e *executor) JobGetAvailable(ctx context.Context, params *riverdriver.JobG
 	}
 	e.a.mu.Lock()
 	for _, row := range res.Jobs {
-		e.a.jobs[row.ID] = &job{id: row.ID, attempt: row.Attempt, queue: row.Queue, claim: r.Hold(), done: make(chan struct{})}
+		e.a.jobs[row.ID] = &job{id: row.ID, attempt: row.Attempt, attemptedAt: attemptedAt(row), queue: row.Queue, claim: r.Hold(), done: make(chan struct{})}
 	}
 	e.a.mu.Unlock()
 	return res, nil
@@ -352,7 +406,7 @@ func (e *executor) JobSetStateIfRunningMany(ctx context.Context, params *riverdr
 func (a *Adapter) dropHandedBack(p *riverdriver.JobSetStateIfRunningManyParams) *riverdriver.JobSetStateIfRunningManyParams {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	keep := func(i int) bool { j, ok := a.jobs[p.ID[i]]; return !ok || !j.handedBack }
+	keep := func(i int) bool { _, back := a.handedBack[p.ID[i]]; return !back }
 	all := true
 	for i := range p.ID {
 		all = all && keep(i)
@@ -360,6 +414,11 @@ func (a *Adapter) dropHandedBack(p *riverdriver.JobSetStateIfRunningManyParams) 
 	if all {
 		return p
 	}
+	defer func() {
+		for _, id := range p.ID {
+			delete(a.handedBack, id)
+		}
+	}()
 	out := &riverdriver.JobSetStateIfRunningManyParams{Now: p.Now, Schema: p.Schema}
 	for i := range p.ID {
 		if !keep(i) {

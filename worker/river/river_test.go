@@ -26,9 +26,13 @@ func TestMain(m *testing.M) { pgtest.Run(m) }
 const wait = 30 * time.Second
 
 // stepArgs is a job that works for HoldMillis (until its context ends if
-// 0) and then applies its effect: one row in applications.
+// 0) and then applies its effect, one row in applications, fenced
+// (Adapter.Fence) and completed in the same transaction.
 type stepArgs struct {
 	HoldMillis int `json:"hold_ms"`
+	// Block: the work waits for its worker's release, even if its context
+	// ends, instead of HoldMillis.
+	Block bool `json:"block"`
 }
 
 func (stepArgs) Kind() string { return "step" }
@@ -39,6 +43,8 @@ type stepWorker struct {
 	name    string
 	pool    *pgxpool.Pool
 	started chan start
+	adapter *handoffriver.Adapter
+	release chan struct{} // closed to let Block jobs go on
 }
 
 // start is one job begun by a worker.
@@ -51,16 +57,28 @@ type start struct {
 func (w *stepWorker) Work(ctx context.Context, j *riverqueue.Job[stepArgs]) error {
 	w.started <- start{worker: w.name, id: j.ID, attempt: j.Attempt}
 	var hold <-chan time.Time
-	if j.Args.HoldMillis > 0 {
+	if j.Args.HoldMillis > 0 || j.Args.Block {
 		hold = time.After(time.Duration(j.Args.HoldMillis) * time.Millisecond)
+	}
+	if j.Args.Block {
+		<-w.release
+		ctx = context.WithoutCancel(ctx)
 	}
 	select {
 	case <-hold:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	_, err := w.pool.Exec(ctx, `INSERT INTO applications (job_id, worker) VALUES ($1, $2)`, j.ID, w.name)
-	return err
+	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		if err := w.adapter.Fence(ctx, tx, j.JobRow); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO applications (job_id, worker) VALUES ($1, $2)`, j.ID, w.name); err != nil {
+			return err
+		}
+		_, err := riverqueue.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, j)
+		return err
+	})
 }
 
 // env is one database with River's tables and an applications table.
@@ -93,6 +111,7 @@ func newEnv(t *testing.T) *env {
 // worker is one running adapter.
 type runningWorker struct {
 	a    *handoffriver.Adapter
+	w    *stepWorker
 	stop func() error
 }
 
@@ -101,7 +120,8 @@ type runningWorker struct {
 func (e *env) startWorker(t *testing.T, name string, maxWorkers int) *runningWorker {
 	t.Helper()
 	workers := riverqueue.NewWorkers()
-	riverqueue.AddWorker(workers, &stepWorker{name: name, pool: e.pool, started: e.started})
+	w := &stepWorker{name: name, pool: e.pool, started: e.started, release: make(chan struct{})}
+	riverqueue.AddWorker(workers, w)
 	a, err := handoffriver.New(e.pool, &riverqueue.Config{
 		ID:                name,
 		Queues:            map[string]riverqueue.QueueConfig{riverqueue.QueueDefault: {MaxWorkers: maxWorkers}},
@@ -111,6 +131,7 @@ func (e *env) startWorker(t *testing.T, name string, maxWorkers int) *runningWor
 	if err != nil {
 		t.Fatal(err)
 	}
+	w.adapter = a
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -128,7 +149,7 @@ func (e *env) startWorker(t *testing.T, name string, maxWorkers int) *runningWor
 			t.Errorf("%s: Run: %v", name, err)
 		}
 	})
-	return &runningWorker{a: a, stop: stop}
+	return &runningWorker{a: a, w: w, stop: stop}
 }
 
 func (e *env) insert(t *testing.T, args stepArgs) int64 {
@@ -317,6 +338,49 @@ func TestReturnAtDeadline(t *testing.T) {
 	}
 	if apps := e.applications(t); len(apps) != 0 {
 		t.Errorf("applications %v, want none: the work never finished", apps)
+	}
+}
+
+// TestWorkOutlivingItsHandBackIsFenced: work that ignores cancellation
+// and finishes after its job was handed back and taken by another worker
+// neither applies its effect (Adapter.Fence refuses it) nor writes its
+// result over the other worker's run (the adapter drops it), and the job
+// is applied once, by the worker that took it.
+func TestWorkOutlivingItsHandBackIsFenced(t *testing.T) {
+	e := newEnv(t)
+	a := e.startWorker(t, "a", 4)
+	agent := a.a.Agent()
+	id := e.insert(t, stepArgs{HoldMillis: 1, Block: true})
+	e.next(t)
+	b := e.startWorker(t, "b", 4)
+	agent.StopClaiming()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if n, err := agent.Return(ctx, false, 0); err != nil || n != 1 {
+		t.Fatalf("Return = %d, %v; want 1, nil", n, err)
+	}
+	if s := e.next(t); s.worker != "b" || s.id != id {
+		t.Fatalf("began %+v, want job %d on b", s, id)
+	}
+	close(a.w.release)
+	if err := a.stop(); err != nil { // waits for a's work and flushes a's completer
+		t.Fatalf("a: Run: %v", err)
+	}
+	var st, last string
+	if err := e.pool.QueryRow(ctx, `SELECT state, attempted_by[array_length(attempted_by, 1)] FROM river_job WHERE id = $1`, id).Scan(&st, &last); err != nil {
+		t.Fatal(err)
+	}
+	if st != "running" || last != "b" {
+		t.Errorf("after a's late work job %d is %s, last attempted by %s; want still running on b", id, st, last)
+	}
+	close(b.w.release)
+	e.waitState(t, id, "completed")
+	var workers []string
+	if err := e.pool.QueryRow(ctx, `SELECT array_agg(worker) FROM applications WHERE job_id = $1`, id).Scan(&workers); err != nil {
+		t.Fatal(err)
+	}
+	if len(workers) != 1 || workers[0] != "b" {
+		t.Errorf("job %d applied by %v, want once, by b", id, workers)
 	}
 }
 
