@@ -39,7 +39,11 @@
 //     it has run longer than Config.RescueStuckJobsAfter (1 h by default)
 //     from its attempted_at, even while it is still worked. The adapter
 //     does not extend that: give RescueStuckJobsAfter more than the longest
-//     job plus the drain.
+//     job plus the drain. When the rescuer has taken a job still worked
+//     here, its claim ends at the job's next fetch (by any client here
+//     again, or at the deadline's hand back, which then finds it no longer
+//     this attempt's and leaves it); the late result of the rescued attempt
+//     is River's to write, unfenced.
 //
 // Completion in River is not fenced (its completer, and JobCompleteTx,
 // update any running row of the job's id), so work that outlives its hand
@@ -377,11 +381,21 @@ func (e *executor) JobGetAvailable(ctx context.Context, params *riverdriver.JobG
 	if err != nil || res == nil {
 		return res, err
 	}
+	var stale []*job
 	e.a.mu.Lock()
 	for _, row := range res.Jobs {
+		if old, ok := e.a.jobs[row.ID]; ok {
+			// An earlier attempt of this job, still worked here, was taken
+			// from this client (River's rescuer): its claim is over.
+			stale = append(stale, old)
+		}
 		e.a.jobs[row.ID] = &job{id: row.ID, attempt: row.Attempt, attemptedAt: attemptedAt(row), queue: row.Queue, claim: r.Hold(), done: make(chan struct{})}
 	}
 	e.a.mu.Unlock()
+	for _, old := range stale {
+		old.claim.Done()
+		close(old.done)
+	}
 	return res, nil
 }
 

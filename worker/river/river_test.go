@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	riverqueue "github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
@@ -381,6 +382,34 @@ func TestWorkOutlivingItsHandBackIsFenced(t *testing.T) {
 	}
 	if len(workers) != 1 || workers[0] != "b" {
 		t.Errorf("job %d applied by %v, want once, by b", id, workers)
+	}
+}
+
+// TestRescuedJobFetchedAgainEndsTheOldClaim: a job taken from a worker
+// while still worked there (River's rescuer makes it retryable, then
+// available) and fetched again by the same worker is one claim, not two.
+func TestRescuedJobFetchedAgainEndsTheOldClaim(t *testing.T) {
+	e := newEnv(t)
+	a := e.startWorker(t, "a", 4)
+	defer close(a.w.release)
+	agent := a.a.Agent()
+	id := e.insert(t, stepArgs{HoldMillis: 1, Block: true})
+	if s := e.next(t); s.attempt != 1 {
+		t.Fatalf("began %+v, want attempt 1", s)
+	}
+	ctx := context.Background()
+	// What the rescuer and then River's scheduler do to a stuck job.
+	if _, err := e.pool.Exec(ctx, `UPDATE river_job SET state = 'available', scheduled_at = now() WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := riverpgxv5.New(e.pool).GetExecutor().NotifyMany(ctx, &riverdriver.NotifyManyParams{Payload: []string{`{"queue": "default"}`}, Topic: "river_insert"}); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.next(t); s.worker != "a" || s.id != id || s.attempt != 2 {
+		t.Fatalf("began %+v, want job %d again on a, attempt 2", s, id)
+	}
+	if got := agent.InFlight(); got != 1 {
+		t.Errorf("InFlight with one job running (its first attempt rescued) = %d, want 1", got)
 	}
 }
 
