@@ -139,14 +139,21 @@ func (e *Elector) Name() string { return e.cfg.Name }
 // with a short retry period over a client whose Gets wait on the watch, the
 // holder's with the configured timings. The holder's elector takes over the
 // Lease the standby's acquired, as client-go does for its own identity.
+// The watch lasts only as long as the standby phase: a holder reads
+// nothing from it, and each open watch is one more watcher the apiserver
+// sends every renewal to. A standby phase after a lost Lease opens a new
+// one. Run returns once its watches have ended.
 func (e *Elector) Run(ctx context.Context) {
-	w := newLeaseWatch(e.cfg.Leases.Leases(e.cfg.Namespace), e.cfg.Namespace, e.cfg.Name)
-	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	defer stop() // after the release, which the holder's elector writes past ctx's end
-	go w.run(wctx)
+	var watches sync.WaitGroup
+	defer watches.Wait()
 	own := &ownWrite{clock: e.cfg.Clock}
 	for ctx.Err() == nil {
-		if e.standby(ctx, w, own) {
+		w := newLeaseWatch(e.cfg.Leases.Leases(e.cfg.Namespace), e.cfg.Namespace, e.cfg.Name)
+		wctx, stop := context.WithCancel(ctx)
+		watches.Go(func() { w.run(wctx) })
+		acquired := e.standby(ctx, w, own)
+		stop()
+		if acquired {
 			e.lead(ctx, own)
 		}
 	}

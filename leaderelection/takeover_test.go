@@ -36,6 +36,8 @@ type leases struct {
 	slowGet    atomic.Int64
 	slowList   atomic.Int64
 	listed     atomic.Bool
+	// watching is the number of watches opened and not yet stopped.
+	watching atomic.Int64
 	// renewed lists the renewTime of every successful write.
 	mu      sync.Mutex
 	renewed []time.Time
@@ -109,7 +111,20 @@ func (c *leaseClient) Watch(ctx context.Context, o metav1.ListOptions) (watch.In
 	if err != nil {
 		return nil, err
 	}
-	return watch.Filter(w, func(e watch.Event) (watch.Event, bool) { return e, !c.l.silent.Load() }), nil
+	c.l.watching.Add(1)
+	return &countedWatch{Interface: watch.Filter(w, func(e watch.Event) (watch.Event, bool) { return e, !c.l.silent.Load() }), open: &c.l.watching}, nil
+}
+
+// countedWatch counts itself closed at its first Stop.
+type countedWatch struct {
+	watch.Interface
+	open *atomic.Int64
+	once sync.Once
+}
+
+func (w *countedWatch) Stop() {
+	w.once.Do(func() { w.open.Add(-1) })
+	w.Interface.Stop()
 }
 
 // leaderAndStandby starts candidate a, and once it leads, candidate b
@@ -296,5 +311,24 @@ func TestHandoverSendsOnlyTheReleaseAndTheAcquiringWrite(t *testing.T) {
 	b.stop()
 	if !b.e.Released() {
 		t.Errorf("b did not release: %v", b.e.ReleaseErr())
+	}
+}
+
+// A holder keeps no watch of its Lease open (it reads nothing from it, and
+// the apiserver would send it every renewal); it opens one again to stand
+// by after losing the Lease.
+func TestHolderKeepsNoWatchOpen(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	api := &leases{LeasesGetter: env.Client.CoordinationV1()}
+	a := startWith(t, ns, "pod-a_uid-a", api)
+	kubetest.WaitFor(t, 10*time.Second, "a to hold the Lease", func() bool { return holding(a) })
+	kubetest.WaitFor(t, 5*time.Second, "a's watch to be stopped", func() bool { return api.watching.Load() == 0 })
+
+	takeLease(t, ns, "pod-x_uid-x") // a's renewals fail: it stands by again
+	kubetest.WaitFor(t, 3*renewDeadline, "a to watch the Lease again after losing it", func() bool { return !leading(a) && api.watching.Load() == 1 })
+	a.stop()
+	if n := api.watching.Load(); n != 0 {
+		t.Errorf("%d watches still open after Run returned", n)
 	}
 }
