@@ -146,7 +146,9 @@ func (e *Elector) Name() string { return e.cfg.Name }
 func (e *Elector) Run(ctx context.Context) {
 	var watches sync.WaitGroup
 	defer watches.Wait()
-	own := &ownWrite{clock: e.cfg.Clock}
+	// Real time, as client-go's elector's retries: the skipped writes are
+	// the ones client-go sends right after the acquisition, by its clock.
+	own := &ownWrite{clock: clock.RealClock{}}
 	for ctx.Err() == nil {
 		w := newLeaseWatch(e.cfg.Leases.Leases(e.cfg.Namespace), e.cfg.Namespace, e.cfg.Name)
 		wctx, stop := context.WithCancel(ctx)
