@@ -10,11 +10,13 @@ import (
 // tools/leaderelection v0.37 on a LeaseLock and this package's standby. A
 // watch is not rate-limited by client-go (rest.Request.Watch).
 const (
-	// startRequests: from the start to renewing as holder of a free
-	// Lease: the list of the standby's watch, its acquiring create or
-	// update, and the holder elector's first read and write (a new
-	// client-go elector has no observed record, so its first renewal is
-	// the slow path).
+	// startRequests: room for twice what the start of a free Lease
+	// sends, with a retry of each: the list of the standby's watch (none
+	// when client-go's informer streams its list through the watch) and
+	// the acquiring create or update. The holder's elector then sends
+	// nothing until its first renewal a retry period later: its first read
+	// is answered from the acquiring write and its first two writes are
+	// skipped (Elector.lead). A release is one write.
 	startRequests = 4
 	// renewRequests per retry period while held, with room for one
 	// failure in each: client-go renews with one write (its fast path)

@@ -139,28 +139,38 @@ func (e *Elector) Name() string { return e.cfg.Name }
 // with a short retry period over a client whose Gets wait on the watch, the
 // holder's with the configured timings. The holder's elector takes over the
 // Lease the standby's acquired, as client-go does for its own identity.
+// The watch lasts only as long as the standby phase: a holder reads
+// nothing from it, and each open watch is one more watcher the apiserver
+// sends every renewal to. A standby phase after a lost Lease opens a new
+// one. Run returns once its watches have ended.
 func (e *Elector) Run(ctx context.Context) {
-	w := newLeaseWatch(e.cfg.Leases.Leases(e.cfg.Namespace), e.cfg.Namespace, e.cfg.Name)
-	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	defer stop() // after the release, which the holder's elector writes past ctx's end
-	go w.run(wctx)
+	var watches sync.WaitGroup
+	defer watches.Wait()
+	// Real time, as client-go's elector's retries: the skipped writes are
+	// the ones client-go sends right after the acquisition, by its clock.
+	own := &ownWrite{clock: clock.RealClock{}}
 	for ctx.Err() == nil {
-		if e.standby(ctx, w) {
-			e.lead(ctx)
+		w := newLeaseWatch(e.cfg.Leases.Leases(e.cfg.Namespace), e.cfg.Namespace, e.cfg.Name)
+		wctx, stop := context.WithCancel(ctx)
+		watches.Go(func() { w.run(wctx) })
+		acquired := e.standby(ctx, w, own)
+		stop()
+		if acquired {
+			e.lead(ctx, own)
 		}
 	}
 }
 
 // standby runs client-go's elector on the watched Lease until it acquires
-// the Lease (true) or ctx ends (false).
-func (e *Elector) standby(ctx context.Context, w *leaseWatch) bool {
+// the Lease (true) or ctx ends (false). Its writes are recorded in own.
+func (e *Elector) standby(ctx context.Context, w *leaseWatch, own *ownWrite) bool {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	acquired := false
 	lock := &observedLock{
 		// Its Gets wait on the watch, unbounded; the reads and writes it
 		// sends to the API are bounded per request.
-		Interface: e.leaseLock(&watchedLeases{LeasesGetter: e.bounded(), watch: w, retryPeriod: e.cfg.RetryPeriod, writeTimeout: e.cfg.RenewDeadline, clock: e.cfg.Clock}),
+		Interface: e.leaseLock(&watchedLeases{LeasesGetter: ownLeases{LeasesGetter: e.bounded(), own: own}, watch: w, retryPeriod: e.cfg.RetryPeriod, writeTimeout: e.cfg.RenewDeadline, clock: e.cfg.Clock}),
 		e:         e,
 		restamp:   true,
 		// Stop before client-go's first renewal at the short retry period:
@@ -179,11 +189,21 @@ func (e *Elector) standby(ctx context.Context, w *leaseWatch) bool {
 // the standby phase has just acquired, until the Lease is lost or, once
 // held, ctx ends and it is released. If it does not hold the Lease before
 // the term the standby phase won runs out, it gives up.
-func (e *Elector) lead(ctx context.Context) {
+//
+// It sends no request for what it already knows. client-go's elector
+// starts with no observed record: it reads the Lease, writes it, and at
+// once writes it again as its first renewal. Here the read is answered
+// from the standby phase's acquiring write (own), and the two writes, sent
+// less than half a retry period after that one and changing nothing but
+// the renew time, are skipped (observedLock.Update): the term stays counted
+// from the write that was sent, and the first renewal sent is the one a
+// retry period later. Likewise the read of client-go's release is
+// answered from the last renewal, so a release is one write.
+func (e *Elector) lead(ctx context.Context, own *ownWrite) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	started := make(chan struct{})
-	lock := &observedLock{Interface: e.leaseLock(e.bounded()), e: e}
+	lock := &observedLock{Interface: e.leaseLock(ownLeases{LeasesGetter: e.bounded(), own: own, answer: true}), e: e, own: own, skipWithin: e.cfg.RetryPeriod / 2}
 	le, err := e.leaderElector(lock, e.cfg.RetryPeriod, true, func(context.Context) { close(started) })
 	if err != nil { // validated in New
 		panic(err)
@@ -353,6 +373,11 @@ type observedLock struct {
 	// time) to the time of the write: the standby's elector stamps it
 	// before its Get, which may have waited on the watch.
 	restamp bool
+	// own is the Run's last write; a write of this candidate's record less
+	// than skipWithin after own's, changing only the renew time, is not
+	// sent (see Elector.lead). Unset for the standby's lock.
+	own        *ownWrite
+	skipWithin time.Duration
 }
 
 func (l *observedLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
@@ -380,6 +405,10 @@ func (l *observedLock) Create(ctx context.Context, r rl.LeaderElectionRecord) er
 func (l *observedLock) Update(ctx context.Context, r rl.LeaderElectionRecord) error {
 	if r.HolderIdentity == "" {
 		return l.release(ctx, r)
+	}
+	if l.own != nil && r.HolderIdentity == l.e.cfg.Identity && l.own.recent(l.skipWithin, r.HolderIdentity, r.LeaderTransitions, r.LeaseDurationSeconds) {
+		// Not a write, so not a renewal: the term is not moved on.
+		return nil
 	}
 	start := l.e.cfg.Clock.Now()
 	if l.restamp {
@@ -473,5 +502,10 @@ func (l *observedLock) writeRelease(ctx context.Context, r rl.LeaderElectionReco
 		// %v, not %w: a wrapped conflict would make client-go retry again.
 		return fmt.Errorf("not released: %d release writes met conflicts; last: %v", maxReleaseWrites, last) //nolint:errorlint // see above
 	}
-	return l.Interface.Update(ctx, r)
+	if err := l.Interface.Update(ctx, r); err != nil {
+		// Wrapped with %w: client-go retries a conflict (apierrors.IsConflict
+		// looks through the wrapping).
+		return fmt.Errorf("not released: the release write failed: %w", err)
+	}
+	return nil
 }

@@ -125,6 +125,13 @@ func (c *candidate) stop() {
 	c.mu.Unlock()
 }
 
+// termsCopy is the terms so far, in order.
+func (c *candidate) termsCopy() []leaderelection.Term {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]leaderelection.Term(nil), c.terms...)
+}
+
 func getLease(t *testing.T, ns string) *coordinationv1.Lease {
 	t.Helper()
 	l, err := kubetest.Get(t).Client.CoordinationV1().Leases(ns).Get(context.Background(), leaseName, metav1.GetOptions{})

@@ -20,12 +20,13 @@ import (
 
 // meddled is a holder's Lease client that, while armed, has another client
 // write the Lease (add a label, as a tool would) right after each of the
-// holder's reads, so the holder's next write meets a real conflict (409) on
-// the apiserver.
+// holder's reads from the API, or after its writes of its record, so the
+// holder's next write meets a real conflict (409) on the apiserver.
 type meddled struct {
 	coordinationv1client.LeasesGetter
-	t     *testing.T
-	reads atomic.Int64 // reads still to be followed by a meddling write
+	t      *testing.T
+	reads  atomic.Int64 // reads still to be followed by a meddling write
+	writes atomic.Int64 // renewals still to be followed by one
 	// releases counts release writes (empty holder identity); conflicts
 	// those answered 409.
 	releases, conflicts atomic.Int64
@@ -50,6 +51,9 @@ func (c *meddledClient) Get(ctx context.Context, name string, o metav1.GetOption
 
 func (c *meddledClient) Update(ctx context.Context, lease *coordinationv1.Lease, o metav1.UpdateOptions) (*coordinationv1.Lease, error) {
 	out, err := c.LeaseInterface.Update(ctx, lease, o)
+	if err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "" && c.m.writes.Add(-1) >= 0 {
+		labelLease(c.m.t, out.Namespace)
+	}
 	if lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity == "" {
 		c.m.releases.Add(1)
 		if apierrors.IsConflict(err) {
@@ -81,10 +85,11 @@ func labelLease(t *testing.T, ns string) {
 	}
 }
 
-// A write by anyone else between the holder's read for its release and
-// its release write (a tool adding a label, a late renewal) makes the
-// write meet a conflict: the holder re-reads and releases while the Lease
-// still names it.
+// A write by anyone else between the holder's last renewal and its
+// release write (a tool adding a label, a late renewal) makes the write
+// meet a conflict: the release's read is answered from the renewal, so the
+// write carries the renewal's resourceVersion. The holder re-reads from the
+// API and releases while the Lease still names it.
 func TestReleaseAfterConflictIsWritten(t *testing.T) {
 	env := kubetest.Get(t)
 	ns := env.Namespace(t)
@@ -92,7 +97,10 @@ func TestReleaseAfterConflictIsWritten(t *testing.T) {
 	a := startWith(t, ns, "pod-a_uid-a", api)
 	kubetest.WaitFor(t, 10*time.Second, "a to hold the Lease", func() bool { return holding(a) })
 
-	api.reads.Store(1) // the release's read; renewals write without reading
+	// After every renewal from now, so whenever the release comes, the
+	// renewal before it was followed by another write.
+	api.writes.Store(1 << 30)
+	kubetest.WaitFor(t, 5*time.Second, "a renewal followed by another client's write", func() bool { return api.writes.Load() < 1<<30 })
 	a.stop()
 	if api.conflicts.Load() == 0 {
 		t.Fatalf("no release write met a conflict (%d release writes): the test did not put a write before it", api.releases.Load())
@@ -120,6 +128,8 @@ func TestReleaseGivesUpAfterAFewConflicts(t *testing.T) {
 	kubetest.WaitFor(t, 10*time.Second, "a to hold the Lease", func() bool { return holding(a) })
 
 	api.reads.Store(1 << 30)
+	api.writes.Store(1 << 30)
+	kubetest.WaitFor(t, 5*time.Second, "a renewal followed by another client's write", func() bool { return api.writes.Load() < 1<<30 })
 	a.stop()
 	if a.e.Released() {
 		t.Fatal("released although every release write met a conflict")

@@ -30,7 +30,11 @@ const wakePeriod = 10 * time.Millisecond
 // shows an event, Get reads the API once per retry period (jittered as
 // client-go's polling is), so a broken or stale watch degrades to polling;
 // a wait for the next poll ends as soon as the watch has listed or shown
-// that event, and Get answers from the watch.
+// that event, and Get answers from the watch. The first poll is due one
+// retry period after the first Get, not at once: a watch lists well within
+// that, so a candidate's start sends no read, only the watch (a fleet of
+// sidecars starting together would otherwise send a read per Lease on top
+// of its watches, in the same second).
 //
 // One watchedLeases serves one elector; its methods are called from that
 // elector's goroutine only.
@@ -81,6 +85,9 @@ func (l *watchedLeaseClient) Update(ctx context.Context, lease *coordinationv1.L
 }
 
 func (c *watchedLeases) get(ctx context.Context, api coordinationv1client.LeaseInterface, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error) {
+	if c.nextPoll.IsZero() {
+		c.nextPoll = c.clock.Now().Add(wait.Jitter(c.retryPeriod, leaderelection.JitterFactor))
+	}
 	for {
 		lease, synced, events, next := c.watch.current()
 		if c.poll && events > c.pollFrom {

@@ -22,8 +22,9 @@ import (
 type leases struct {
 	coordinationv1client.LeasesGetter
 	gets      atomic.Int64
-	forbidden bool        // list and watch refused, as without RBAC for them
-	silent    atomic.Bool // watch events dropped from now on
+	writes    atomic.Int64 // Creates and Updates sent, successful or not
+	forbidden bool         // list and watch refused, as without RBAC for them
+	silent    atomic.Bool  // watch events dropped from now on
 	// getsAtWrite is the Get count at the first successful write.
 	getsAtWrite atomic.Int64
 	wrote       atomic.Bool
@@ -35,6 +36,8 @@ type leases struct {
 	slowGet    atomic.Int64
 	slowList   atomic.Int64
 	listed     atomic.Bool
+	// watching is the number of watches opened and not yet stopped.
+	watching atomic.Int64
 	// renewed lists the renewTime of every successful write.
 	mu      sync.Mutex
 	renewed []time.Time
@@ -58,6 +61,7 @@ func (c *leaseClient) Get(ctx context.Context, name string, o metav1.GetOptions)
 }
 
 func (c *leaseClient) Create(ctx context.Context, lease *coordinationv1.Lease, o metav1.CreateOptions) (*coordinationv1.Lease, error) {
+	c.l.writes.Add(1)
 	out, err := c.LeaseInterface.Create(ctx, lease, o)
 	if err == nil {
 		c.l.mu.Lock()
@@ -68,6 +72,7 @@ func (c *leaseClient) Create(ctx context.Context, lease *coordinationv1.Lease, o
 }
 
 func (c *leaseClient) Update(ctx context.Context, lease *coordinationv1.Lease, o metav1.UpdateOptions) (*coordinationv1.Lease, error) {
+	c.l.writes.Add(1)
 	if c.l.failUpdate.Swap(false) {
 		return nil, apierrors.NewServerTimeout(coordinationv1.Resource("leases"), "update", 1)
 	}
@@ -106,7 +111,20 @@ func (c *leaseClient) Watch(ctx context.Context, o metav1.ListOptions) (watch.In
 	if err != nil {
 		return nil, err
 	}
-	return watch.Filter(w, func(e watch.Event) (watch.Event, bool) { return e, !c.l.silent.Load() }), nil
+	c.l.watching.Add(1)
+	return &countedWatch{Interface: watch.Filter(w, func(e watch.Event) (watch.Event, bool) { return e, !c.l.silent.Load() }), open: &c.l.watching}, nil
+}
+
+// countedWatch counts itself closed at its first Stop.
+type countedWatch struct {
+	watch.Interface
+	open *atomic.Int64
+	once sync.Once
+}
+
+func (w *countedWatch) Stop() {
+	w.once.Do(func() { w.open.Add(-1) })
+	w.Interface.Stop()
 }
 
 // leaderAndStandby starts candidate a, and once it leads, candidate b
@@ -206,19 +224,18 @@ func TestSlowRenewalDoesNotStretchTheTerm(t *testing.T) {
 	}
 }
 
-// A standby started just before a release reads the Lease from the API
-// (its watch has not listed yet) and then waits for its next poll, one
-// retry period away. The release during that wait must not be slept
-// through: the wait ends when the watch has listed, and the standby takes
-// the free Lease from the watch.
-func TestStandbyStartedJustBeforeReleaseWakesWhenItsWatchLists(t *testing.T) {
+// A standby started just before a release waits for its watch to list,
+// without reading the Lease from the API (its first poll is due a retry
+// period after it starts), and takes the Lease the list shows free: a
+// fleet of sidecars starting at once sends its watches and no reads.
+func TestStandbyStartedJustBeforeReleaseTakesItFromItsWatchsList(t *testing.T) {
 	env := kubetest.Get(t)
 	ns := env.Namespace(t)
 	a := start(t, ns, "pod-a_uid-a")
 	kubetest.WaitFor(t, 10*time.Second, "a to hold the Lease", func() bool { return holding(a) })
 
-	// b's list takes a second, so the release falls between b's first
-	// read and its watch's first list.
+	// b's list takes a second, so the release falls before its watch's
+	// first list.
 	const slowRetry = 10 * time.Second
 	api := &leases{LeasesGetter: env.Client.CoordinationV1()}
 	api.slowList.Store(int64(time.Second))
@@ -226,19 +243,92 @@ func TestStandbyStartedJustBeforeReleaseWakesWhenItsWatchLists(t *testing.T) {
 	cfg.Leases = api
 	cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 3*slowRetry, 2*slowRetry, slowRetry
 	b := startConfig(t, cfg)
-	kubetest.WaitFor(t, 5*time.Second, "b to read that a holds the Lease", func() bool { return b.e.Holder() == "pod-a_uid-a" })
 
 	a.stop()
 	if !a.e.Released() {
 		t.Fatalf("a did not release: %v", a.e.ReleaseErr())
 	}
 	if api.listed.Load() {
-		t.Fatal("b's watch listed before the release: the test did not put the release inside b's wait for its next poll")
+		t.Fatal("b's watch listed before the release: the test did not put the release before it")
 	}
-	// Without the wake b would sleep until its next poll, a retry period
-	// (10 s, jittered up to 22 s) after its first read.
-	kubetest.WaitFor(t, slowRetry/2, "b to take the released Lease before its next poll", func() bool { return leading(b) })
-	if n := api.getsAtWrite.Load(); n != 1 {
-		t.Errorf("b read the Lease from the API %d times before taking it; want 1 (its first read), then the watch", n)
+	// Its first poll is a retry period (10 s, jittered up to 22 s) away.
+	kubetest.WaitFor(t, slowRetry/2, "b to take the released Lease before its first poll", func() bool { return leading(b) })
+	if n := api.getsAtWrite.Load(); n != 0 {
+		t.Errorf("b read the Lease from the API %d times before taking it; want 0, its watch's list tells it", n)
+	}
+}
+
+// A handover sends what it must and no more: the holder's release is one
+// write (client-go's read before it is answered from the holder's last
+// renewal), and the standby, once its watch shows the Lease free, sends
+// its acquiring write and nothing else until its first renewal a retry
+// period later (client-go's holder elector would read the Lease and write
+// it twice more at once).
+func TestHandoverSendsOnlyTheReleaseAndTheAcquiringWrite(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	apiA := &leases{LeasesGetter: env.Client.CoordinationV1()}
+	a := startWith(t, ns, "pod-a_uid-a", apiA)
+	kubetest.WaitFor(t, 10*time.Second, "a to hold the Lease", func() bool { return holding(a) })
+	apiB := &leases{LeasesGetter: env.Client.CoordinationV1()}
+	b := startWith(t, ns, "pod-b_uid-b", apiB)
+	kubetest.WaitFor(t, 10*time.Second, "b to see a lead", func() bool { return b.e.Holder() == "pod-a_uid-a" })
+	kubetest.WaitFor(t, 10*time.Second, "b's watch to list", func() bool { return apiB.listed.Load() })
+
+	// a's renewals are writes only; count from one that has just ended.
+	renewals := len(a.termsCopy())
+	kubetest.WaitFor(t, 5*time.Second, "a renewal", func() bool { return len(a.termsCopy()) > renewals })
+	aGets, aWrites := apiA.gets.Load(), apiA.writes.Load()
+	bGets, bWrites := apiB.gets.Load(), apiB.writes.Load() // b may take the Lease before a's Run returns
+	a.stop()
+	if !a.e.Released() {
+		t.Fatalf("a did not release: %v", a.e.ReleaseErr())
+	}
+	if gets, writes := apiA.gets.Load()-aGets, apiA.writes.Load()-aWrites; gets != 0 || writes != 1 {
+		t.Errorf("a's release sent %d reads and %d writes; want 0 and 1", gets, writes)
+	}
+
+	kubetest.WaitFor(t, leaseDuration, "b to lead", func() bool { return leading(b) })
+	first := b.termsCopy()[0]
+	kubetest.WaitFor(t, 5*time.Second, "b's first renewal", func() bool { return len(b.termsCopy()) >= 2 })
+	if gets := apiB.gets.Load() - bGets; gets != 0 {
+		t.Errorf("b read the Lease from the API %d times between the release and its first renewal; want 0", gets)
+	}
+	if writes := apiB.writes.Load() - bWrites; writes != 2 {
+		t.Errorf("b sent %d writes between the release and its first renewal; want 2, the acquiring write and the renewal", writes)
+	}
+	apiB.mu.Lock()
+	renewed := append([]time.Time(nil), apiB.renewed...)
+	apiB.mu.Unlock()
+	if len(renewed) < 2 || renewed[1].Sub(renewed[0]) < retryPeriod/2 {
+		t.Errorf("b's records were stamped %v: want its renewal at least half a retry period (%s) after its acquiring write", renewed, retryPeriod/2)
+	}
+	// The term of the acquisition counts from the acquiring write alone.
+	if limit := renewed[0].Add(leaderelection.TermLength(leaseDuration, renewDeadline) + time.Microsecond); first.Until.After(limit) {
+		t.Errorf("b's first term ends %s, after its acquiring record's renewTime plus the term length (%s)", first.Until, limit)
+	}
+	// Still the holder's elector: a cancel releases.
+	b.stop()
+	if !b.e.Released() {
+		t.Errorf("b did not release: %v", b.e.ReleaseErr())
+	}
+}
+
+// A holder keeps no watch of its Lease open (it reads nothing from it, and
+// the apiserver would send it every renewal); it opens one again to stand
+// by after losing the Lease.
+func TestHolderKeepsNoWatchOpen(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	api := &leases{LeasesGetter: env.Client.CoordinationV1()}
+	a := startWith(t, ns, "pod-a_uid-a", api)
+	kubetest.WaitFor(t, 10*time.Second, "a to hold the Lease", func() bool { return holding(a) })
+	kubetest.WaitFor(t, 5*time.Second, "a's watch to be stopped", func() bool { return api.watching.Load() == 0 })
+
+	takeLease(t, ns, "pod-x_uid-x") // a's renewals fail: it stands by again
+	kubetest.WaitFor(t, 3*renewDeadline, "a to watch the Lease again after losing it", func() bool { return !leading(a) && api.watching.Load() == 1 })
+	a.stop()
+	if n := api.watching.Load(); n != 0 {
+		t.Errorf("%d watches still open after Run returned", n)
 	}
 }

@@ -154,6 +154,32 @@ type result struct {
 	handover   []time.Duration // release record stamped -> standby's app (or callback) told
 	acquire    []time.Duration // release record stamped -> standby's acquiring record stamped
 	missing    int             // handed-over Leases the standby did not take
+	// bySize is handover by the number of Leases of the sidecar released.
+	bySize map[int][]time.Duration
+	// load is the load average over one minute (/proc/loadavg) as the
+	// implementation's sidecars were started and once its handovers were done.
+	load [2]string
+}
+
+// loadAverage is the first field of /proc/loadavg: the load average over
+// the last minute, on this machine's 2 shared cores.
+func loadAverage() string {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(raw))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
+}
+
+func (r *result) addBySize(n int, d time.Duration) {
+	if r.bySize == nil {
+		r.bySize = map[int][]time.Duration{}
+	}
+	r.bySize[n] = append(r.bySize[n], d)
 }
 
 func run() error {
@@ -183,6 +209,7 @@ func run() error {
 		run  func(*kubetest.Env, string, []spec) (result, error)
 	}{{"handoff", runHandoff}, {"client-go", runClientGo}} {
 		ns := "scale-" + im.name
+		load0 := loadAverage()
 		if _, err := env.Client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 			return err
 		}
@@ -191,6 +218,7 @@ func run() error {
 			return fmt.Errorf("%s: %w", im.name, err)
 		}
 		r.name = im.name
+		r.load = [2]string{load0, loadAverage()}
 		results = append(results, r)
 	}
 	report(results, leases)
@@ -213,6 +241,9 @@ func report(results []result, leases int) {
 	for _, r := range results {
 		fmt.Printf("  %-10s Lease requests by verb over %s: %s; leaderships lost before counting (start-up): %d\n", r.name, *window, verbs(r.requests), r.lostBefore)
 	}
+	for _, r := range results {
+		fmt.Printf("  %-10s load average (1 min, 2 cores) at its start %s, after its handovers %s\n", r.name, r.load[0], r.load[1])
+	}
 	fmt.Println()
 	fmt.Printf("Handover under that load: every Lease of %d leader sidecars of %d Leases and of the one of %d, each sidecar's released at once (target: handoff p99 <= 50ms)\n", *handovers, *per, *big)
 	fmt.Println("  release written -> standby's acquiring write (the records' own stamps):")
@@ -226,6 +257,17 @@ func report(results []result, leases int) {
 			miss = fmt.Sprintf("; %d not taken by the standby", r.missing)
 		}
 		fmt.Printf("    %-10s %s%s\n", r.name, stats.Summary(r.handover), miss)
+	}
+	fmt.Println("  the same, by the number of Leases of the sidecar released:")
+	for _, r := range results {
+		sizes := make([]int, 0, len(r.bySize))
+		for n := range r.bySize {
+			sizes = append(sizes, n)
+		}
+		sort.Ints(sizes)
+		for _, n := range sizes {
+			fmt.Printf("    %-10s %3d at once: %s\n", r.name, n, stats.Summary(r.bySize[n]))
+		}
 	}
 	if len(results) == 2 && len(results[0].handover) > 0 {
 		p99 := float64(stats.Percentile(results[1].handover, 99)) / float64(max(1, stats.Percentile(results[0].handover, 99)))
@@ -511,6 +553,7 @@ func runHandoff(env *kubetest.Env, ns string, specs []spec) (result, error) {
 				if !released.IsZero() && took.After(released) && acquired.After(released) {
 					r.handover = append(r.handover, took.Sub(released))
 					r.acquire = append(r.acquire, acquired.Sub(released))
+					r.addBySize(len(s.leases), took.Sub(released))
 					break
 				}
 				if time.Now().After(deadline) {
@@ -794,6 +837,7 @@ func runClientGo(env *kubetest.Env, ns string, specs []spec) (result, error) {
 				if !released.IsZero() && took.After(released) && acquired.After(released) {
 					r.handover = append(r.handover, took.Sub(released))
 					r.acquire = append(r.acquire, acquired.Sub(released))
+					r.addBySize(len(hs.leases), took.Sub(released))
 					break
 				}
 				if time.Now().After(deadline) {
