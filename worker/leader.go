@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -81,6 +82,52 @@ func (a *Agent) BeginLeading(ctx context.Context, lease string) (context.Context
 	return wctx, t.lead, done, nil
 }
 
+// Leading returns the terms this worker leads now among the Leases names,
+// in the order of names; with no names, every Lease it leads, sorted by
+// name. For a shard set (the sidecar's setting shards) pass the shard
+// names: the app claims only work of the shards returned, each piece of
+// work under BeginLeading of its shard (so that a revoke of the shard, when
+// the sidecar sheds it or the pod leaves, waits for that work), and writes
+// its effects fenced by that shard's FencingToken. A term ends on revoke,
+// on a new fencing token, or at its Until; LeadershipChanged tells when.
+func (a *Agent) Leading(names ...string) []Leadership {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(names) == 0 {
+		for name := range a.leases {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+	}
+	var out []Leadership
+	for _, name := range names {
+		if t := a.leases[name]; a.liveLocked(t) {
+			out = append(out, t.lead)
+		}
+	}
+	return out
+}
+
+// LeadershipChanged returns a channel that is closed at the next change of
+// the Leases this worker leads: a term begun (a grant with a new fencing
+// token) or ended (revoked, replaced, or run out at its Until on the
+// Agent's clock). Renewals of a term do not count. Read Leading after it
+// is closed, and call LeadershipChanged again for the next change.
+func (a *Agent) LeadershipChanged() <-chan struct{} {
+	a.lmu.Lock()
+	defer a.lmu.Unlock()
+	return a.lchanged
+}
+
+// leadershipChanged closes the channel of LeadershipChanged and replaces
+// it. It takes only a.lmu: the timer of a term's Until calls it.
+func (a *Agent) leadershipChanged() {
+	a.lmu.Lock()
+	close(a.lchanged)
+	a.lchanged = make(chan struct{})
+	a.lmu.Unlock()
+}
+
 // sequenced records seq as the latest message about lease, and reports
 // false when a later one was already applied.
 func (a *Agent) sequenced(lease string, seq int64) bool {
@@ -103,11 +150,15 @@ func (a *Agent) grant(l Leadership) {
 		t.timer.Stop()
 		t = nil
 	}
+	if t == nil {
+		defer a.leadershipChanged()
+	}
 	left := l.Until.Sub(a.clock.Now())
 	if t == nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		t = &term{ctx: ctx, cancel: cancel, changed: make(chan struct{})}
-		t.timer = a.clock.AfterFunc(left, cancel) // must not take a.mu: a fake clock runs it in Step
+		// Must not take a.mu: a fake clock runs it in Step.
+		t.timer = a.clock.AfterFunc(left, func() { cancel(); a.leadershipChanged() })
 		a.leases[l.Lease] = t
 		a.log.Info("leading", "lease", l.Lease, "fencingToken", l.FencingToken, "until", l.Until)
 	} else {
@@ -128,7 +179,9 @@ func (a *Agent) revoke(ctx context.Context, lease string) error {
 		return nil
 	}
 	t.cancel()
-	t.timer.Stop()
+	if t.timer.Stop() {
+		defer a.leadershipChanged() // else the timer's end told it
+	}
 	for t.work > 0 {
 		changed := t.changed
 		a.mu.Unlock()
