@@ -391,20 +391,30 @@ func setLeases(s *Settings, v string) error {
 const maxShards = 1000
 
 func setShards(s *Settings, v string) error {
+	names, err := ParseShards(v)
+	s.Shards = names
+	return err
+}
+
+// ParseShards parses a shard set as the setting shards takes it: PREFIX{0..K}
+// for the Lease names PREFIX0 to PREFIXK, or comma-separated distinct Lease
+// names (DNS subdomains); at most 1000. "" is no shard set. The error says
+// what is wrong with v, without the setting's name.
+func ParseShards(v string) ([]string, error) {
 	v = strings.TrimSpace(v)
 	if open := strings.IndexByte(v, '{'); open >= 0 {
 		if !strings.HasSuffix(v, "}") {
-			return errors.New("a range is PREFIX{0..K}, at the end of the name")
+			return nil, errors.New("a range is PREFIX{0..K}, at the end of the name")
 		}
 		prefix, rng := v[:open], v[open+1:len(v)-1]
 		lo, hi, ok := strings.Cut(rng, "..")
 		first, err1 := strconv.Atoi(lo)
 		last, err2 := strconv.Atoi(hi)
 		if !ok || err1 != nil || err2 != nil || first != 0 || last < 0 {
-			return fmt.Errorf("range {%s} is not {0..K} with K a number from 0", rng)
+			return nil, fmt.Errorf("range {%s} is not {0..K} with K a number from 0", rng)
 		}
 		if last >= maxShards {
-			return fmt.Errorf("%d shards: at most %d", last+1, maxShards)
+			return nil, fmt.Errorf("%d shards: at most %d", last+1, maxShards)
 		}
 		names := make([]string, 0, last+1)
 		for i := 0; i <= last; i++ {
@@ -416,8 +426,7 @@ func setShards(s *Settings, v string) error {
 	if err == nil && len(names) > maxShards {
 		err = fmt.Errorf("%d shards: at most %d", len(names), maxShards)
 	}
-	s.Shards = names
-	return err
+	return names, err
 }
 
 func setShardPeers(s *Settings, v string) error {
