@@ -115,6 +115,28 @@ func (s *shardTerms) overlaps() []string {
 	return out
 }
 
+// longestGap is the longest time from the end of one pod's term over a
+// shard to the start of another pod's term over it: how long a moved shard
+// had no app leading it, as the apps saw it.
+func (s *shardTerms) longestGap() (time.Duration, string) {
+	s.mu.Lock()
+	terms := slices.Clone(s.terms)
+	s.mu.Unlock()
+	slices.SortFunc(terms, func(a, b shardTerm) int { return a.from.Compare(b.from) })
+	var longest time.Duration
+	var which string
+	last := map[string]shardTerm{}
+	for _, t := range terms {
+		if prev, ok := last[t.shard]; ok && prev.pod != t.pod {
+			if gap := t.from.Sub(prev.to); gap > longest {
+				longest, which = gap, fmt.Sprintf("%s from %s to %s", t.shard, prev.pod, t.pod)
+			}
+		}
+		last[t.shard] = t
+	}
+	return longest, which
+}
+
 // countingTransport counts the requests sent through it.
 type countingTransport struct {
 	rt http.RoundTripper
@@ -242,9 +264,19 @@ func TestShardsConvergeToTheFairShareAsPodsJoinAndLeave(t *testing.T) {
 		p, c := shardPod(t, ns, name, n, terms)
 		all, up, counts[name] = append(all, p), append(up, p), c
 	}
+	var last map[string]string
 	wait := func(what string) {
 		t.Helper()
 		kubetest.WaitFor(t, 20*time.Second, what, func() bool { return converged(t, ns, n, all, up) })
+		now := holders(t, ns, all)
+		moved := 0
+		for s, h := range now {
+			if last != nil && last[s] != h {
+				moved++
+			}
+		}
+		last = now
+		t.Logf("%s: %d shards moved, share %d", what, moved, shard.Share(n, len(up)))
 		for _, p := range up {
 			held := 0
 			for _, name := range holders(t, ns, all) {
@@ -313,6 +345,8 @@ func TestShardsConvergeToTheFairShareAsPodsJoinAndLeave(t *testing.T) {
 	if err := all[0].c.Ready(); err != nil {
 		t.Errorf("pod-a's readiness depends on its shards: %v", err)
 	}
+	gap, which := terms.longestGap()
+	t.Logf("longest time a moved shard had no app leading it: %s (%s)", gap.Round(time.Millisecond), which)
 }
 
 func mustGet(t *testing.T, ns, name string) *corev1.Pod {
