@@ -236,7 +236,9 @@ func (c *Coordinator) shed(l *lease, wasLeader bool) {
 			c.log.Info("revoke of a shed shard not acknowledged: released when the app's term ends", "shard", name, "error", err.Error())
 		}
 	}
-	l.granted = time.Time{}
+	// Zero once acknowledged; else the sequence, if it starts meanwhile, also
+	// waits for the end of the term the app was given.
+	l.granted = granted
 	l.mu.Unlock()
 	l.shed.Store(true)
 	if wait := granted.Sub(clk.Now()); !granted.IsZero() && wait > 0 {

@@ -29,8 +29,9 @@ import (
 
 // shardTerms records, from the app API's traffic of every pod, when each
 // pod's app led each shard: from the arrival of a grant with a new fencing
-// token (counted from before the app applied it) to the end of the revoke's
-// answer, or the Until of the last grant when that is earlier. Two pods
+// token (counted from before the app applied it) to the end of the answer
+// to an acknowledged revoke, or the Until of the last grant when that is
+// earlier. Two pods
 // leading one shard at once would show as overlapping terms.
 type shardTerms struct {
 	mu    sync.Mutex
@@ -82,14 +83,26 @@ func (s *shardTerms) wrap(p *pod) {
 			s.open[key].until = l.Until
 			s.mu.Unlock()
 		}
-		inner.ServeHTTP(w, r)
-		if !l.Leader {
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		inner.ServeHTTP(sw, r)
+		if !l.Leader && sw.code/100 == 2 { // an acknowledged revoke ends the term
 			s.mu.Lock()
 			s.closeLocked(key, time.Now())
 			s.mu.Unlock()
 		}
 	}))
 	p.app.Store(&h)
+}
+
+// statusWriter keeps the status code of the answer.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.code = code
+	w.ResponseWriter.WriteHeader(code)
 }
 
 // overlaps lists every two terms of different pods over one shard that
@@ -364,4 +377,42 @@ func counter(c prometheus.Counter) float64 {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// A shed whose revoke the app refuses releases the shard only once the
+// app's term has run out, and so does the sequence when the pod is deleted
+// during that wait: no shard is led by two apps at once.
+func TestUnacknowledgedShedReleasesOnlyAfterTheAppsTerm(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	const n = 4
+	terms := &shardTerms{open: map[string]*shardTerm{}}
+	a, _ := shardPod(t, ns, "pod-a", n, terms)
+	kubetest.WaitFor(t, 20*time.Second, "pod-a alone to lead all 4 shards", func() bool { return converged(t, ns, n, []*pod{a}, []*pod{a}) })
+	// pod-a's app answers every revoke with an error at once: its terms
+	// go on until their Until.
+	var refused atomic.Int64
+	inner := *a.app.Load()
+	h := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		var l protocol.Leadership
+		if r.Method == http.MethodPut && json.Unmarshal(body, &l) == nil && !l.Leader {
+			refused.Add(1)
+			http.Error(w, "leader work did not stop", http.StatusInternalServerError)
+			return
+		}
+		inner.ServeHTTP(w, r)
+	}))
+	a.app.Store(&h)
+	b, _ := shardPod(t, ns, "pod-b", n, terms)
+	kubetest.WaitFor(t, 10*time.Second, "pod-a to revoke a shard for pod-b", func() bool { return refused.Load() > 0 })
+	// Deleted while its sheds wait for the app's terms to end.
+	if err := env.Client.CoreV1().Pods(ns).Delete(context.Background(), a.name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kubetest.WaitFor(t, 20*time.Second, "pod-b alone to lead all 4 shards", func() bool { return converged(t, ns, n, []*pod{a, b}, []*pod{b}) })
+	if o := terms.overlaps(); len(o) > 0 {
+		t.Fatalf("shards led by two pods at once:\n%v", o)
+	}
 }
