@@ -313,6 +313,19 @@ func TestShardsConvergeToTheFairShareAsPodsJoinAndLeave(t *testing.T) {
 	join("pod-c")
 	wait("4 shards each on pod-a, pod-b and pod-c")
 
+	// /v1/status lists the shards each pod leads.
+	for _, p := range up {
+		led := 0
+		for _, ls := range p.c.Status().Leases {
+			if ls.Leader && ls.Kind == protocol.LeaseKindPartition {
+				led++
+			}
+		}
+		if led != 4 {
+			t.Errorf("%s's status shows %d shards led, want 4: %+v", p.name, led, p.c.Status().Leases)
+		}
+	}
+
 	// Steady state: the Lease requests of each pod over a few seconds.
 	before := map[string]int64{}
 	for name, c := range counts {
