@@ -2,11 +2,15 @@ package worker
 
 import (
 	"context"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"github.com/handoff-dev/handoff/protocol"
 )
 
 // Leadership is one term as leader of a Lease, as the sidecar told it.
@@ -103,6 +107,20 @@ func (a *Agent) Leading(names ...string) []Leadership {
 	for _, name := range names {
 		if t := a.leases[name]; a.liveLocked(t) {
 			out = append(out, t.lead)
+		}
+	}
+	return out
+}
+
+// ShardsFromEnv is the pod's shard set, the Lease names the injector put in
+// the worker container's environment variable HANDOFF_SHARDS
+// (protocol.ShardsEnv, comma-separated); none when it is unset or empty.
+// Pass them to Leading and BeginLeading.
+func ShardsFromEnv() []string {
+	var out []string
+	for _, n := range strings.Split(os.Getenv(protocol.ShardsEnv), ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
 		}
 	}
 	return out

@@ -88,3 +88,14 @@ func TestLeadingListsTheShardsLedAndLeadershipChangedTellsEachStartAndEnd(t *tes
 		t.Errorf("Leading(s-1) = %+v, want token 9", got)
 	}
 }
+
+func TestShardsFromEnv(t *testing.T) {
+	t.Setenv("HANDOFF_SHARDS", "s-0, s-1,,s-2")
+	if got := ShardsFromEnv(); !slices.Equal(got, []string{"s-0", "s-1", "s-2"}) {
+		t.Errorf("ShardsFromEnv() = %v, want s-0, s-1, s-2", got)
+	}
+	t.Setenv("HANDOFF_SHARDS", "")
+	if got := ShardsFromEnv(); len(got) != 0 {
+		t.Errorf("ShardsFromEnv() with none = %v", got)
+	}
+}

@@ -62,6 +62,7 @@ import (
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
+	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/worker"
 )
 
@@ -101,7 +102,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.visibilityTimeout, "visibility-timeout", 30*time.Second, "how long a claim hides a message from other workers")
 	fs.DurationVar(&o.pollInterval, "poll-interval", 200*time.Millisecond, "wait before claiming again when the queue is empty")
 	fs.StringVar(&o.lease, "lease", "", "name of the Lease whose leader runs the leader job (empty: no leader job)")
-	shards := fs.String("shards", "", "the pod's shard set, as handoff.dev/shards: PREFIX{0..K} or comma-separated Lease names; the worker claims only messages of the shards it leads (empty: messages of no shard, --concurrency loops)")
+	shards := fs.String("shards", "", "the pod's shard set, as handoff.dev/shards: PREFIX{0..K} or comma-separated Lease names; the worker claims only messages of the shards it leads (default $HANDOFF_SHARDS, set by the injector; empty: messages of no shard, --concurrency loops)")
 	fs.DurationVar(&o.leaderInterval, "leader-interval", time.Second, "how often the leader runs the leader job")
 	fs.BoolVar(&o.migrate, "migrate", true, "create the queue's tables at start if they do not exist")
 	fs.BoolVar(&o.withoutHandoff, "without-handoff", false, "baseline: hold --lease in this process with client-go leader election (lease duration 15s, renew deadline 10s, retry period 2s, not released at exit; API from $KUBECONFIG or in-cluster) instead of through the handoff sidecar")
@@ -111,6 +112,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if *shards == "" {
+		*shards = os.Getenv(protocol.ShardsEnv)
 	}
 	names, err := config.ParseShards(*shards)
 	if err != nil {
