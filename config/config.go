@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/handoff-dev/handoff/protocol"
@@ -61,6 +62,13 @@ type Settings struct {
 	// sequence revokes and releases them as soon as it starts, right after
 	// stop-claiming, instead of after the drain. IsRole tells them apart.
 	RoleLeases []string
+	// Shards are the Lease names of the pod's shard set, in PodNamespace:
+	// partition Leases shared out among the peers that are up (package
+	// shard; docs/shards.md), disjoint from Leases. Empty: no shard set.
+	Shards []string
+	// ShardPeers selects the pods that share the shard set (a label
+	// selector, in PodNamespace); required with Shards.
+	ShardPeers string
 	// LeaseDuration is how long a standby waits after the last observed
 	// renewal before it takes the Lease; RenewDeadline is how long the holder
 	// keeps retrying a renewal before it gives leadership up; RetryPeriod is
@@ -156,6 +164,12 @@ var Table = []Setting{
 	{Name: "role-leases", Form: "comma-separated names from leases, or empty", Annotation: true,
 		Usage: "Leases that guard a role (a scheduled or singleton job, whose leader work the worker can stop at once): revoked and released as soon as the shutdown starts, right after stop-claiming. Every other Lease guards a partition of the work (the worker's claims come from it) and is released after the drain; that is the default, as a partition released early would let a successor claim work this pod still does, while a role released late only costs time",
 		set:   setRoleLeases},
+	{Name: "shards", Form: "comma-separated Lease names (DNS subdomains), or PREFIX{0..K} for PREFIX0 to PREFIXK like orders-{0..11}, or empty", Annotation: true,
+		Usage: "the shard set: partition Leases shared out among the pods that shard-peers selects, each pod holding at most ceil(N/M) of the N for the M pods up and Ready; a shard shed or left is released only after the app stopped its work (docs/shards.md). Distinct from leases",
+		set:   setShards},
+	{Name: "shard-peers", Form: "a label selector, like app=orders, or empty", Annotation: true,
+		Usage: "label selector of the pods that share the shard set, in this pod's namespace (every revision of the workload: not pod-template-hash); required with shards",
+		set:   setShardPeers},
 	{Name: "lease-duration", Default: "15s", Form: "a duration of at least 2s and at most 1h, like 15s", Annotation: true,
 		Usage: "how long a standby waits after the last renewal it saw before taking the Lease",
 		set:   durationUpTo(func(s *Settings) *time.Duration { return &s.LeaseDuration }, 2*time.Second, protocol.MaxLeaseDuration)},
@@ -324,6 +338,19 @@ func (s *Settings) validate(invalid map[string]bool) []error {
 			}
 		}
 	}
+	if valid("leases", "shards") {
+		for _, n := range s.Shards {
+			if slices.Contains(s.Leases, n) {
+				bad("shards", fmt.Sprintf("%q is also one of leases: a Lease is either competed for by every pod or a shard", n))
+			}
+		}
+	}
+	if valid("shards", "shard-peers") && len(s.Shards) > 0 && s.ShardPeers == "" {
+		bad("shard-peers", "required when shards are set: it selects the pods that share them")
+	}
+	if valid("shards") && len(s.Shards) > 0 && (s.PodName == "" || s.PodUID == "") {
+		bad("pod-name", "pod-name and pod-uid are required when shards are set: they make the holder identity and the pod's place among its peers")
+	}
 	if valid("leases") && len(s.Leases) > 0 && (s.PodName == "" || s.PodUID == "") {
 		bad("pod-name", "pod-name and pod-uid are required when leases are set: they make the holder identity")
 	}
@@ -356,6 +383,65 @@ func setLeases(s *Settings, v string) error {
 	names, err := leaseNames(v)
 	s.Leases = names
 	return err
+}
+
+// maxShards bounds a shard set: the Lease client's budget holds at most
+// leaderelection.MaxClientQPS requests/s, and every pod watches each Lease
+// it may be assigned.
+const maxShards = 1000
+
+func setShards(s *Settings, v string) error {
+	names, err := ParseShards(v)
+	s.Shards = names
+	return err
+}
+
+// ParseShards parses a shard set as the setting shards takes it: PREFIX{0..K}
+// for the Lease names PREFIX0 to PREFIXK, or comma-separated distinct Lease
+// names (DNS subdomains); at most 1000. "" is no shard set. The error says
+// what is wrong with v, without the setting's name.
+func ParseShards(v string) ([]string, error) {
+	v = strings.TrimSpace(v)
+	if open := strings.IndexByte(v, '{'); open >= 0 {
+		if !strings.HasSuffix(v, "}") {
+			return nil, errors.New("a range is PREFIX{0..K}, at the end of the name")
+		}
+		prefix, rng := v[:open], v[open+1:len(v)-1]
+		lo, hi, ok := strings.Cut(rng, "..")
+		first, err1 := strconv.Atoi(lo)
+		last, err2 := strconv.Atoi(hi)
+		if !ok || err1 != nil || err2 != nil || first != 0 || last < 0 {
+			return nil, fmt.Errorf("range {%s} is not {0..K} with K a number from 0", rng)
+		}
+		if last >= maxShards {
+			return nil, fmt.Errorf("%d shards: at most %d", last+1, maxShards)
+		}
+		names := make([]string, 0, last+1)
+		for i := 0; i <= last; i++ {
+			names = append(names, prefix+strconv.Itoa(i))
+		}
+		v = strings.Join(names, ",")
+	}
+	names, err := leaseNames(v)
+	if err == nil && len(names) > maxShards {
+		err = fmt.Errorf("%d shards: at most %d", len(names), maxShards)
+	}
+	return names, err
+}
+
+func setShardPeers(s *Settings, v string) error {
+	v = strings.TrimSpace(v)
+	if v != "" {
+		sel, err := labels.Parse(v)
+		if err != nil {
+			return fmt.Errorf("not a label selector: %w", err)
+		}
+		if sel.Empty() {
+			return errors.New("selects every pod")
+		}
+	}
+	s.ShardPeers = v
+	return nil
 }
 
 func setRoleLeases(s *Settings, v string) error {

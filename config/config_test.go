@@ -47,6 +47,15 @@ func TestBadValuesNameSettingOriginAndForm(t *testing.T) {
 		{map[string]string{"app-url": "http://127.0.0.1:7452#"}, []string{"app-url", "no user, query or fragment"}},
 		{map[string]string{"app-url": "http://127.0.0.1:7452/a//b"}, []string{"app-url", `path "/a//b" is not clean`}},
 		{map[string]string{"leases": "a"}, []string{"pod-name", "pod-uid are required"}},
+		{map[string]string{"shards": "orders-{1..3}"}, []string{"shards", "{1..3}", "not {0..K}", "PREFIX{0..K}"}},
+		{map[string]string{"shards": "orders-{0..x}"}, []string{"shards", "not {0..K}"}},
+		{map[string]string{"shards": "orders-{0..3}-x"}, []string{"shards", "at the end of the name"}},
+		{map[string]string{"shards": "Orders-{0..3}"}, []string{"shards", `"Orders-0" is not a DNS subdomain`}},
+		{map[string]string{"shards": "o-{0..1000}"}, []string{"shards", "1001 shards: at most 1000"}},
+		{map[string]string{"shards": "a,b", "pod-name": "p", "pod-uid": "u"}, []string{"shard-peers", "required when shards are set"}},
+		{map[string]string{"shards": "a,b", "leases": "b", "shard-peers": "app=x", "pod-name": "p", "pod-uid": "u"}, []string{"shards", `"b" is also one of leases`}},
+		{map[string]string{"shards": "a", "shard-peers": "app=x"}, []string{"pod-name", "required when shards are set"}},
+		{map[string]string{"shard-peers": "app==x==y"}, []string{"shard-peers", "not a label selector", "like app=orders"}},
 		{map[string]string{"worker-container": "Worker_1"}, []string{"worker-container", `"Worker_1"`, "not a container name", "DNS label"}},
 	} {
 		_, err := config.Load(config.Map(tc.values, "annotation"))
@@ -101,6 +110,26 @@ func TestRoleLeasesAreRolesTheRestPartitions(t *testing.T) {
 	d, _ := config.Load()
 	if d == nil || len(d.RoleLeases) != 0 {
 		t.Errorf("default role-leases = %v, want none: every Lease a partition", d)
+	}
+}
+
+func TestShardSetByRangeOrList(t *testing.T) {
+	for v, want := range map[string]string{
+		"orders-{0..3}": "orders-0,orders-1,orders-2,orders-3",
+		"orders-{0..0}": "orders-0",
+		"eu, us":        "eu,us",
+		"":              "",
+	} {
+		s, err := config.Load(config.Map(map[string]string{"shards": v, "shard-peers": "app=orders", "pod-name": "p", "pod-uid": "u"}, "annotation"))
+		if err != nil {
+			t.Fatalf("shards %q: %v", v, err)
+		}
+		if got := strings.Join(s.Shards, ","); got != want {
+			t.Errorf("shards %q = %q, want %q", v, got, want)
+		}
+		if s.ShardPeers != "app=orders" {
+			t.Errorf("shard-peers = %q", s.ShardPeers)
+		}
 	}
 }
 

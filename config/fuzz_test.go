@@ -216,6 +216,7 @@ func render(s *config.Settings) map[string]string {
 	return map[string]string{
 		"pod-name": s.PodName, "pod-namespace": s.PodNamespace, "pod-uid": s.PodUID, "worker-container": s.WorkerContainer,
 		"leases": strings.Join(s.Leases, ","), "role-leases": strings.Join(s.RoleLeases, ","),
+		"shards": strings.Join(s.Shards, ","), "shard-peers": s.ShardPeers,
 		"lease-duration": s.LeaseDuration.String(), "renew-deadline": s.RenewDeadline.String(), "retry-period": s.RetryPeriod.String(),
 		"grace-period": s.GracePeriod.String(), "deadline-margin": s.DeadlineMargin.String(), "handback-reserve": s.HandbackReserve.String(),
 		"fallback":     string(s.Fallback),

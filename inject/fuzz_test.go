@@ -44,6 +44,7 @@ func FuzzPod(f *testing.F) {
 	f.Add("true", "deadline-margin", "20s", "handback-reserve", "10s", "", "", int64(30), uint8(0))
 	f.Add("true", "app-url", "http://localhost:80", "metrics-addr", ":80", "control-addr", "127.0.0.1:0", int64(30), uint8(0))
 	f.Add("true", "app-url", "http://127.0.0.1:7452/", "metrics-addr", "[::]:9090", "", "", int64(9223372036), uint8(2))
+	f.Add("true", "shards", "orders-{0..11}", "shard-peers", "app=orders", "leases", "orders-leader", int64(30), uint8(0))
 	f.Add("true", "", "", "", "", "", "", int64(10000000000), uint8(0))
 	f.Add("true", "", "", "", "", "", "", int64(18446744080), uint8(0))
 	f.Fuzz(func(t *testing.T, injectValue, k1, v1, k2, v2, k3, v3 string, grace int64, hook uint8) {
@@ -199,6 +200,9 @@ func checkInjected(t *testing.T, annotations map[string]string, meta *metav1.Obj
 	fromAnnotations.TokenFile = protocol.TokenFile
 	if workerEnv[protocol.LeaseDurationEnv] != fromEnv.LeaseDuration.String() {
 		t.Errorf("%q: the worker's %s is %q, the sidecar's lease duration %s", annotations, protocol.LeaseDurationEnv, workerEnv[protocol.LeaseDurationEnv], fromEnv.LeaseDuration)
+	}
+	if workerEnv[protocol.ShardsEnv] != strings.Join(fromEnv.Shards, ",") {
+		t.Errorf("%q: the worker's %s is %q, the sidecar's shards %q", annotations, protocol.ShardsEnv, workerEnv[protocol.ShardsEnv], fromEnv.Shards)
 	}
 	if !reflect.DeepEqual(fromEnv, fromAnnotations) {
 		t.Errorf("%q: the sidecar reads %+v, the annotations say %+v", annotations, fromEnv, fromAnnotations)

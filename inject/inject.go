@@ -454,6 +454,10 @@ func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
 	w.Env = append(w.Env,
 		corev1.EnvVar{Name: protocol.TokenFileEnv, Value: protocol.TokenFile},
 		corev1.EnvVar{Name: protocol.LeaseDurationEnv, Value: p.settings.LeaseDuration.String()})
+	if len(p.settings.Shards) > 0 {
+		// The shard set, so the app knows which shards to try to lead.
+		w.Env = append(w.Env, corev1.EnvVar{Name: protocol.ShardsEnv, Value: strings.Join(p.settings.Shards, ",")})
+	}
 	if w.Lifecycle == nil {
 		w.Lifecycle = &corev1.Lifecycle{}
 	}

@@ -119,6 +119,11 @@ const (
 	// in the worker container: the app then refuses a grant valid for
 	// longer than that, rather than MaxLeaseDuration.
 	LeaseDurationEnv = "HANDOFF_LEASE_DURATION"
+	// ShardsEnv names the environment variable with the pod's shard set
+	// (its handoff.dev/shards, expanded: the Lease names, comma-separated),
+	// which the injector sets in the worker container when there is one;
+	// worker.ShardsFromEnv reads it.
+	ShardsEnv = "HANDOFF_SHARDS"
 	// MaxSequenceAhead is how far a Leadership sequence may be ahead of the
 	// app's own clock (Unix nanoseconds). The sidecar's sequence is its send
 	// time on the same node's clock, so a genuine one is never ahead by

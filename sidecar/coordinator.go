@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,17 +76,21 @@ type Options struct {
 
 // Coordinator runs one pod's elections and its shutdown sequences.
 type Coordinator struct {
-	s         *config.Settings
-	log       logr.Logger
-	token     string
-	app       *AppClient
-	leaseAPI  coordinationv1client.LeasesGetter
-	pods      *prestop.PodWatch // nil when the pod is unknown
-	events    record.EventRecorder
-	pod       *corev1.ObjectReference
-	metrics   *Metrics
-	budget    leaderelection.Budget
-	clock     clock.WithTicker
+	s        *config.Settings
+	log      logr.Logger
+	token    string
+	app      *AppClient
+	leaseAPI coordinationv1client.LeasesGetter
+	pods     *prestop.PodWatch // nil when the pod is unknown
+	events   record.EventRecorder
+	pod      *corev1.ObjectReference
+	metrics  *Metrics
+	budget   leaderelection.Budget
+	clock    clock.WithTicker
+	// peers watches the pods that share the shard set; nil without one.
+	peers *peerWatch
+	// shardWake asks the current round's shard loop to plan again.
+	shardWake chan struct{}
 	base      context.Context // ends with Start's context
 	endBase   context.CancelFunc
 	runs      sync.WaitGroup // election goroutines and pushers of every round
@@ -104,6 +109,8 @@ type Coordinator struct {
 type round struct {
 	n      int
 	leases []*lease
+	// shards are the round's shard elections; nil without a shard set.
+	shards *shardSet
 	armed  bool // elections started; c.mu
 	// signalled: SIGTERM to the sidecar joined or started the sequence, so
 	// the sidecar is exiting and the round is not re-armed; c.mu.
@@ -132,6 +139,12 @@ type lease struct {
 	cancel     context.CancelFunc // ends the election; releases if held
 	stopped    chan struct{}      // closed when the election has ended
 	wake       chan struct{}      // asks the pusher to tell the app
+	// shedding: a shard election being ended while the pod runs (it is
+	// no longer assigned to this pod); round.shards.mu.
+	shedding bool
+	// shed: the shard's election is being ended while the pod runs, so
+	// its end is no loss.
+	shed atomic.Bool
 	// leaving is the round's shutdown: closed when its sequence starts.
 	// From then on no new term is granted to the app, only renewals of the
 	// one it was granted before.
@@ -184,6 +197,13 @@ func New(o Options) (*Coordinator, error) {
 	if o.Pods != nil && s.PodName != "" {
 		c.pods = prestop.NewPodWatch(o.Pods, s.PodNamespace, s.PodName)
 	}
+	if len(s.Shards) > 0 {
+		if o.Pods == nil {
+			return nil, errors.New("sidecar: a shard set needs the Pods client, to watch its peers (setting shard-peers)")
+		}
+		c.peers = newPeerWatch(o.Pods, s.PodNamespace, s.ShardPeers)
+		c.shardWake = make(chan struct{}, 1)
+	}
 	c.base, c.endBase = context.WithCancel(context.Background())
 	r, err := c.newRound()
 	if err != nil {
@@ -198,23 +218,57 @@ func (c *Coordinator) newRound() (*round, error) {
 	c.rounds++
 	r := &round{n: c.rounds, shutdown: make(chan struct{}), done: make(chan struct{})}
 	for _, name := range c.s.Leases {
-		l := &lease{stopped: make(chan struct{}), wake: make(chan struct{}, 1), leaving: r.shutdown, kind: protocol.LeaseKindPartition}
+		kind := protocol.LeaseKindPartition
 		if c.s.IsRole(name) {
-			l.kind = protocol.LeaseKindRole
+			kind = protocol.LeaseKindRole
 		}
-		l.ctx, l.cancel = context.WithCancel(c.base)
-		e, err := leaderelection.New(leaderelection.Config{
-			Leases: c.leaseAPI, Namespace: c.s.PodNamespace, Name: name, Identity: c.s.Identity(),
-			LeaseDuration: c.s.LeaseDuration, RenewDeadline: c.s.RenewDeadline, RetryPeriod: c.s.RetryPeriod,
-			Logger: c.log.WithValues("lease", name),
-		}, c.callbacks(r, name, l))
+		l, err := c.newLease(r, name, kind)
 		if err != nil {
 			return nil, err
 		}
-		l.elector = e
 		r.leases = append(r.leases, l)
 	}
+	if c.peers != nil {
+		r.shards = &shardSet{active: map[string]*lease{}}
+		if len(c.s.Shards) > 0 {
+			// The timings are checked once here, not at each shard's start.
+			if _, err := c.newLease(r, c.s.Shards[0], protocol.LeaseKindPartition); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return r, nil
+}
+
+// newLease makes the election of one Lease in round r; it runs nothing.
+func (c *Coordinator) newLease(r *round, name string, kind protocol.LeaseKind) (*lease, error) {
+	l := &lease{stopped: make(chan struct{}), wake: make(chan struct{}, 1), leaving: r.shutdown, kind: kind}
+	l.ctx, l.cancel = context.WithCancel(c.base)
+	e, err := leaderelection.New(leaderelection.Config{
+		Leases: c.leaseAPI, Namespace: c.s.PodNamespace, Name: name, Identity: c.s.Identity(),
+		LeaseDuration: c.s.LeaseDuration, RenewDeadline: c.s.RenewDeadline, RetryPeriod: c.s.RetryPeriod,
+		Logger: c.log.WithValues("lease", name),
+	}, c.callbacks(r, name, l))
+	if err != nil {
+		l.cancel()
+		return nil, err
+	}
+	l.elector = e
+	return l, nil
+}
+
+// runLease runs l's election and its pushes to the app.
+func (c *Coordinator) runLease(l *lease) {
+	c.runs.Add(2)
+	go func() {
+		defer c.runs.Done()
+		defer close(l.stopped)
+		l.elector.Run(l.ctx)
+	}()
+	go func() {
+		defer c.runs.Done()
+		c.pushLeadership(l)
+	}()
 }
 
 // Start runs the elections and the leadership pushes to the app until ctx
@@ -230,6 +284,9 @@ func (c *Coordinator) Start(ctx context.Context) {
 		if c.pods != nil {
 			c.pods.OnDeletion(c.onDeletion)
 			go c.pods.Run(c.base)
+		}
+		if c.peers != nil {
+			go c.peers.informer.RunWithContext(c.base)
 		}
 		c.reportBudget()
 		c.arm(r)
@@ -280,15 +337,13 @@ func (c *Coordinator) arm(r *round) bool {
 		c.phase = PhaseRunning
 	}
 	for _, l := range r.leases {
-		c.runs.Add(2)
+		c.runLease(l)
+	}
+	if r.shards != nil {
+		c.runs.Add(1)
 		go func() {
 			defer c.runs.Done()
-			defer close(l.stopped)
-			l.elector.Run(l.ctx)
-		}()
-		go func() {
-			defer c.runs.Done()
-			c.pushLeadership(l)
+			c.runShards(r)
 		}()
 	}
 	c.metrics.Coordinating.Set(1)
@@ -312,7 +367,7 @@ func (c *Coordinator) Abandon() {
 	c.mu.Lock()
 	r := c.cur
 	c.mu.Unlock()
-	for _, l := range r.leases {
+	for _, l := range append(slices.Clone(r.leases), r.activeShards()...) {
 		l.elector.WithholdRelease()
 	}
 }
@@ -347,7 +402,7 @@ func (c *Coordinator) Status() protocol.Status {
 	r := c.cur
 	st.Report = c.last
 	c.mu.Unlock()
-	for _, l := range r.leases {
+	for _, l := range append(slices.Clone(r.leases), r.activeShards()...) {
 		ls := protocol.LeaseStatus{Lease: l.elector.Name(), Kind: l.kind, HolderIdentity: l.elector.Holder()}
 		if at, ok := l.releasedAt.Load().(time.Time); ok {
 			ls.ReleasedAt = at
@@ -370,6 +425,9 @@ func (c *Coordinator) callbacks(r *round, name string, l *lease) leaderelection.
 				c.metrics.Acquisitions.WithLabelValues(name).Inc()
 				c.log.Info("lease acquired", "lease", name, "fencingToken", t.FencingToken, "round", r.n)
 				c.event(corev1.EventTypeNormal, ReasonLeaseAcquired, "Lease %s acquired by %s, fencing token %d", name, c.s.Identity(), t.FencingToken)
+				if c.shardWake != nil {
+					poke(c.shardWake)
+				}
 			}
 			poke(l.wake)
 		},
@@ -381,9 +439,12 @@ func (c *Coordinator) callbacks(r *round, name string, l *lease) leaderelection.
 				// compete for it again: the election ends here, before
 				// the elector's loop could run another standby phase.
 				l.cancel()
-			} else if c.base.Err() == nil {
+			} else if c.base.Err() == nil && !l.shed.Load() {
 				c.log.Info("lease lost", "lease", name)
 				c.event(corev1.EventTypeWarning, ReasonLeaseLost, "Lease %s lost: not renewed within the renew deadline %s", name, c.s.RenewDeadline)
+			}
+			if c.shardWake != nil {
+				poke(c.shardWake)
 			}
 			poke(l.wake)
 		},
@@ -496,7 +557,7 @@ func (c *Coordinator) rearm(r *round) {
 // releaseLeftovers frees every configured Lease that still names this pod
 // (leaderelection.ReleaseLeftover), each request bounded as the elector's.
 func (c *Coordinator) releaseLeftovers() {
-	for _, name := range c.s.Leases {
+	for _, name := range append(slices.Clone(c.s.Leases), c.s.Shards...) {
 		ctx, cancel := context.WithTimeout(c.base, 2*leaderelection.RequestTimeout(c.s.RenewDeadline))
 		released, err := leaderelection.ReleaseLeftover(ctx, c.leaseAPI, c.s.PodNamespace, name, c.s.Identity(), leaderelection.RequestTimeout(c.s.RenewDeadline))
 		cancel()

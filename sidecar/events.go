@@ -22,4 +22,7 @@ const (
 	// cannot keep every configured Lease renewed within its renew deadline
 	// (leaderelection.ClientBudget): some will be lost.
 	ReasonLeaseBudgetExceeded = "LeaseBudgetExceeded"
+	// ReasonShardShed: a shard this pod held was revoked and released while
+	// it runs, as the shard set's assignment gave it to another pod.
+	ReasonShardShed = "ShardShed"
 )

@@ -24,6 +24,12 @@ type Metrics struct {
 	// renew deadline; below handoff_leases_configured, Leases will be lost)
 	// and handoff_lease_client_qps (requests per second).
 	LeasesConfigured, LeaseCapacity, LeaseClientQPS prometheus.Gauge
+	// ShardShare is handoff_shard_share: this pod's fair share of the
+	// shard set, ceil(N/M) for the M peers up (0 while it is not one).
+	ShardShare prometheus.Gauge
+	// ShardsShed is handoff_shards_shed_total: shards this pod held and
+	// released while running, as they were assigned to another pod.
+	ShardsShed prometheus.Counter
 }
 
 // NewMetrics registers the metrics with reg.
@@ -75,7 +81,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.LeaseClientQPS = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "handoff_lease_client_qps", Help: "The Lease client's rate budget, requests per second.",
 	})
-	reg.MustRegister(m.Leader, m.Acquisitions, m.Releases, m.Shutdowns, m.StepSeconds, m.ClaimsReturned, m.ClaimsLeft, m.ClaimsUnstarted, m.AppRequests,
+	m.ShardShare = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "handoff_shard_share", Help: "This pod's fair share of the shard set, ceil(N/M) for the M peers up; 0 while it is not one of them.",
+	})
+	m.ShardsShed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "handoff_shards_shed_total", Help: "Shards this pod held and released while running, because they were assigned to another pod.",
+	})
+	reg.MustRegister(m.ShardShare, m.ShardsShed, m.Leader, m.Acquisitions, m.Releases, m.Shutdowns, m.StepSeconds, m.ClaimsReturned, m.ClaimsLeft, m.ClaimsUnstarted, m.AppRequests,
 		m.Coordinating, m.Rearms, m.LeasesConfigured, m.LeaseCapacity, m.LeaseClientQPS)
 	return m
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -149,7 +150,7 @@ func (c *Coordinator) restart() bool {
 		return false
 	}
 	r.restarting = true
-	for _, l := range r.leases {
+	for _, l := range append(slices.Clone(r.leases), r.activeShards()...) {
 		l.elector.WithholdRelease()
 	}
 	return true
@@ -161,7 +162,10 @@ type sequence struct {
 	c   *Coordinator
 	r   *round
 	rep *protocol.Report
-	b   budgets
+	// leases are the round's Leases and then the shards it competes for,
+	// holds or sheds, taken when the sequence starts.
+	leases []*lease
+	b      budgets
 	// instance is the app process that answered the sequence
 	// (DrainStatus.Instance), "" if none said.
 	instance string
@@ -173,6 +177,8 @@ type sequence struct {
 func (c *Coordinator) runSequence(r *round, trigger protocol.Trigger, at time.Time) {
 	q := &sequence{c: c, r: r, rep: &protocol.Report{Trigger: trigger, Started: at}}
 	q.step(StepTriggered, string(trigger))
+	// The shard set's loop has stopped with the trigger: its elections join the round's.
+	q.leases = append(slices.Clone(r.leases), c.shardLeases(r)...)
 
 	// A pod that is leaving takes no Lease it does not hold.
 	q.stopStandbys()
@@ -408,7 +414,7 @@ func (q *sequence) handleClaims(stop stopResult) {
 // stopStandbys ends the elections this pod does not lead and never told the
 // app it led: a pod that is leaving must not take a Lease.
 func (q *sequence) stopStandbys() {
-	for _, l := range q.r.leases {
+	for _, l := range q.leases {
 		l.mu.Lock()
 		if _, leader := l.elector.Term(); !leader && l.granted.IsZero() {
 			l.revoked = true
@@ -427,11 +433,11 @@ func (q *sequence) stopStandbys() {
 func (q *sequence) releaseLeases(kind protocol.LeaseKind) *sync.WaitGroup {
 	q.mu.Lock()
 	if q.rep.Leases == nil {
-		q.rep.Leases = make([]protocol.LeaseRelease, len(q.r.leases))
+		q.rep.Leases = make([]protocol.LeaseRelease, len(q.leases))
 	}
 	q.mu.Unlock()
 	var wg sync.WaitGroup
-	for i, l := range q.r.leases {
+	for i, l := range q.leases {
 		if l.kind != kind {
 			continue
 		}

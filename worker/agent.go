@@ -191,6 +191,11 @@ type Agent struct {
 	cancelWork context.CancelCauseFunc
 	leases     map[string]*term
 	sequences  map[string]int64 // the last Leadership.Sequence applied, by Lease
+
+	// lmu guards lchanged, closed and replaced at each change of the terms
+	// (LeadershipChanged); apart from mu, as a term's timer closes it.
+	lmu      sync.Mutex
+	lchanged chan struct{}
 }
 
 // New returns an Agent that has not been asked to stop. It reads the pod's
@@ -232,6 +237,7 @@ func New(opts Options) (*Agent, error) {
 		cancelWork: cancel,
 		leases:     map[string]*term{},
 		sequences:  map[string]int64{},
+		lchanged:   make(chan struct{}),
 	}, nil
 }
 

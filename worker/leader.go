@@ -2,10 +2,15 @@ package worker
 
 import (
 	"context"
+	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"github.com/handoff-dev/handoff/protocol"
 )
 
 // Leadership is one term as leader of a Lease, as the sidecar told it.
@@ -81,6 +86,66 @@ func (a *Agent) BeginLeading(ctx context.Context, lease string) (context.Context
 	return wctx, t.lead, done, nil
 }
 
+// Leading returns the terms this worker leads now among the Leases names,
+// in the order of names; with no names, every Lease it leads, sorted by
+// name. For a shard set (the sidecar's setting shards) pass the shard
+// names: the app claims only work of the shards returned, each piece of
+// work under BeginLeading of its shard (so that a revoke of the shard, when
+// the sidecar sheds it or the pod leaves, waits for that work), and writes
+// its effects fenced by that shard's FencingToken. A term ends on revoke,
+// on a new fencing token, or at its Until; LeadershipChanged tells when.
+func (a *Agent) Leading(names ...string) []Leadership {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(names) == 0 {
+		for name := range a.leases {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+	}
+	var out []Leadership
+	for _, name := range names {
+		if t := a.leases[name]; a.liveLocked(t) {
+			out = append(out, t.lead)
+		}
+	}
+	return out
+}
+
+// ShardsFromEnv is the pod's shard set, the Lease names the injector put in
+// the worker container's environment variable HANDOFF_SHARDS
+// (protocol.ShardsEnv, comma-separated); none when it is unset or empty.
+// Pass them to Leading and BeginLeading.
+func ShardsFromEnv() []string {
+	var out []string
+	for _, n := range strings.Split(os.Getenv(protocol.ShardsEnv), ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// LeadershipChanged returns a channel that is closed at the next change of
+// the Leases this worker leads: a term begun (a grant with a new fencing
+// token) or ended (revoked, replaced, or run out at its Until on the
+// Agent's clock). Renewals of a term do not count. Read Leading after it
+// is closed, and call LeadershipChanged again for the next change.
+func (a *Agent) LeadershipChanged() <-chan struct{} {
+	a.lmu.Lock()
+	defer a.lmu.Unlock()
+	return a.lchanged
+}
+
+// leadershipChanged closes the channel of LeadershipChanged and replaces
+// it. It takes only a.lmu: the timer of a term's Until calls it.
+func (a *Agent) leadershipChanged() {
+	a.lmu.Lock()
+	close(a.lchanged)
+	a.lchanged = make(chan struct{})
+	a.lmu.Unlock()
+}
+
 // sequenced records seq as the latest message about lease, and reports
 // false when a later one was already applied.
 func (a *Agent) sequenced(lease string, seq int64) bool {
@@ -103,11 +168,15 @@ func (a *Agent) grant(l Leadership) {
 		t.timer.Stop()
 		t = nil
 	}
+	if t == nil {
+		defer a.leadershipChanged()
+	}
 	left := l.Until.Sub(a.clock.Now())
 	if t == nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		t = &term{ctx: ctx, cancel: cancel, changed: make(chan struct{})}
-		t.timer = a.clock.AfterFunc(left, cancel) // must not take a.mu: a fake clock runs it in Step
+		// Must not take a.mu: a fake clock runs it in Step.
+		t.timer = a.clock.AfterFunc(left, func() { cancel(); a.leadershipChanged() })
 		a.leases[l.Lease] = t
 		a.log.Info("leading", "lease", l.Lease, "fencingToken", l.FencingToken, "until", l.Until)
 	} else {
@@ -128,7 +197,9 @@ func (a *Agent) revoke(ctx context.Context, lease string) error {
 		return nil
 	}
 	t.cancel()
-	t.timer.Stop()
+	if t.timer.Stop() {
+		defer a.leadershipChanged() // else the timer's end told it
+	}
 	for t.work > 0 {
 		changed := t.changed
 		a.mu.Unlock()

@@ -81,7 +81,8 @@ func runSidecar(s *config.Settings) error {
 	if err != nil {
 		return err
 	}
-	budget := leaderelection.ClientBudget(len(s.Leases), s.RetryPeriod)
+	// A pod alone holds every shard of its shard set.
+	budget := leaderelection.ClientBudget(len(s.Leases)+len(s.Shards), s.RetryPeriod)
 	leaseClient, err := kubernetes.NewForConfig(leaseConfig(rc, budget))
 	if err != nil {
 		return err

@@ -18,6 +18,13 @@
 //     once instead of after the visibility timeout.
 //   - With --lease, the leader of that Lease runs a fenced leader job every
 //     --leader-interval, passing its fencing token to PostgreSQL.
+//   - With --shards (the pod's handoff.dev/shards), it claims only messages
+//     of the shards it leads: one claim loop per shard, each claiming while
+//     BeginLeading of its shard holds (queue.ClaimShard), completing fenced
+//     by that shard's token (queue.CompleteFenced), and, when the sidecar
+//     revokes the shard (shed to another pod, or the pod leaving), handing
+//     back what it has not started and finishing what it has before the
+//     revoke is acknowledged and the Lease freed. --concurrency is unused.
 //   - With --without-handoff it runs as a worker without the sidecar does,
 //     for baselines: it holds --lease itself with client-go's leader
 //     election and, on a signal, just exits, leaving its claims to their
@@ -53,7 +60,9 @@ import (
 	"go.uber.org/zap/zapcore"
 	"k8s.io/klog/v2"
 
+	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
+	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/worker"
 )
 
@@ -72,6 +81,7 @@ type options struct {
 	visibilityTimeout time.Duration
 	pollInterval      time.Duration
 	lease             string
+	shards            []string
 	leaderInterval    time.Duration
 	migrate           bool
 	withoutHandoff    bool
@@ -92,6 +102,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.visibilityTimeout, "visibility-timeout", 30*time.Second, "how long a claim hides a message from other workers")
 	fs.DurationVar(&o.pollInterval, "poll-interval", 200*time.Millisecond, "wait before claiming again when the queue is empty")
 	fs.StringVar(&o.lease, "lease", "", "name of the Lease whose leader runs the leader job (empty: no leader job)")
+	shards := fs.String("shards", "", "the pod's shard set, as handoff.dev/shards: PREFIX{0..K} or comma-separated Lease names; the worker claims only messages of the shards it leads (default $HANDOFF_SHARDS, set by the injector; empty: messages of no shard, --concurrency loops)")
 	fs.DurationVar(&o.leaderInterval, "leader-interval", time.Second, "how often the leader runs the leader job")
 	fs.BoolVar(&o.migrate, "migrate", true, "create the queue's tables at start if they do not exist")
 	fs.BoolVar(&o.withoutHandoff, "without-handoff", false, "baseline: hold --lease in this process with client-go leader election (lease duration 15s, renew deadline 10s, retry period 2s, not released at exit; API from $KUBECONFIG or in-cluster) instead of through the handoff sidecar")
@@ -102,6 +113,14 @@ func parseFlags(args []string) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	if *shards == "" {
+		*shards = os.Getenv(protocol.ShardsEnv)
+	}
+	names, err := config.ParseShards(*shards)
+	if err != nil {
+		return o, fmt.Errorf("--shards %q: %w; want PREFIX{0..K} like orders-{0..11}, or comma-separated Lease names", *shards, err)
+	}
+	o.shards = names
 
 	if o.databaseURL == "" {
 		o.databaseURL = os.Getenv("DATABASE_URL")
@@ -203,10 +222,10 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 	if err != nil {
 		return fmt.Errorf("--database-url: %w", err)
 	}
-	// A connection per claim loop, one for the leader job, one for
+	// A connection per claim loop (per shard with --shards), one for the leader job, one for
 	// HandBack and one for ReturnClaims, so handing back never waits for a
 	// connection.
-	cfg.MaxConns = max(cfg.MaxConns, int32(opts.concurrency+3))
+	cfg.MaxConns = max(cfg.MaxConns, int32(max(opts.concurrency, len(opts.shards))+3))
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -252,9 +271,7 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 	defer cancel()
 
 	var loops sync.WaitGroup
-	for range opts.concurrency {
-		loops.Go(func() { a.claimLoop(ctx) })
-	}
+	a.startLoops(ctx, &loops)
 	if opts.lease != "" {
 		loops.Go(func() { a.leaderLoop(ctx) })
 	}
@@ -262,7 +279,7 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 		loops.Go(func() { elector.run(ctx) })
 	}
 	log.Info("started", "concurrency", opts.concurrency, "batch", opts.batch, "visibilityTimeout", opts.visibilityTimeout,
-		"handoffAddr", opts.handoffAddr, "lease", opts.lease, "withoutHandoff", opts.withoutHandoff)
+		"handoffAddr", opts.handoffAddr, "lease", opts.lease, "shards", len(opts.shards), "withoutHandoff", opts.withoutHandoff)
 
 	select {
 	case <-ctx.Done():
@@ -279,6 +296,20 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 	case <-time.After(exitGrace):
 	}
 	return err
+}
+
+// startLoops starts the claim loops: --concurrency of them for the messages
+// of no shard, or, with --shards, one per shard.
+func (a *app) startLoops(ctx context.Context, loops *sync.WaitGroup) {
+	if len(a.opts.shards) > 0 {
+		for _, shard := range a.opts.shards {
+			loops.Go(func() { a.shardLoop(ctx, shard) })
+		}
+		return
+	}
+	for range a.opts.concurrency {
+		loops.Go(func() { a.claimLoop(ctx) })
+	}
 }
 
 // newApp returns the worker on pool, with its Agent; its loops are not
@@ -373,6 +404,154 @@ func (a *app) renew(ctx context.Context, c *queue.Claimed) bool {
 	return ok
 }
 
+// shardLoop works shard while this worker leads it, until claiming stops
+// or ctx ends: at each term (BeginLeading), claimShard; between terms it
+// waits for a change of leadership.
+func (a *app) shardLoop(ctx context.Context, shard string) {
+	for ctx.Err() == nil {
+		changed := a.agent.LeadershipChanged()
+		lctx, lead, done, err := a.agent.BeginLeading(ctx, shard)
+		if err != nil { // worker.ErrNotLeader
+			select {
+			case <-changed:
+			case <-a.agent.Stopping():
+				return
+			case <-ctx.Done():
+			}
+			continue
+		}
+		a.log.Info("leading shard", "shard", shard, "token", lead.FencingToken)
+		stopped := a.claimShard(ctx, lctx, shard, lead.FencingToken)
+		// The revoke's acknowledgement waits for this: the Lease is freed
+		// only once this shard's claims are finished or handed back.
+		done()
+		a.log.Info("shard work stopped", "shard", shard, "token", lead.FencingToken)
+		if stopped {
+			return
+		}
+	}
+}
+
+// claimShard claims and works messages of shard, with token, until lctx
+// ends (the term's end: revoked, lost, run out) or claiming stops (then it
+// returns true). Messages of a batch not started when the term ends are
+// handed back at once; started ones are finished (the term's end does not
+// cancel them), which the revoke waits for. The receive and the claim
+// statement run with ctx, not lctx: a claim's context derives from the
+// receive's, and a statement cut off by the term's end might commit a
+// claim this worker never learns of.
+func (a *app) claimShard(ctx, lctx context.Context, shard string, token int64) (stopped bool) {
+	for lctx.Err() == nil {
+		r, err := a.agent.Receive(ctx)
+		if err != nil { // worker.ErrStopping, or ctx ended
+			return errors.Is(err, worker.ErrStopping)
+		}
+		// The wait between polls ends at stop-claiming or the term's end.
+		wctx, cancel := context.WithCancel(r.Context())
+		stop := context.AfterFunc(lctx, cancel)
+		var batch []*queue.Claimed
+		for wctx.Err() == nil && batch == nil {
+			cs, err := queue.ClaimShard(ctx, a.pool, a.opts.workerID, shard, a.opts.visibilityTimeout, a.opts.batch)
+			if err != nil && ctx.Err() == nil {
+				a.log.Error(err, "claim failed", "shard", shard)
+			}
+			if len(cs) > 0 {
+				batch = cs
+				break
+			}
+			wait(wctx, a.opts.pollInterval)
+		}
+		stop()
+		cancel()
+		claims := make([]*worker.Claim, len(batch))
+		for i, c := range batch {
+			claims[i] = r.HoldUnstarted(c)
+			a.log.Info("claimed", "id", c.ID, "dedupKey", c.DedupKey, "shard", shard, "token", token, "deliveries", c.Deliveries)
+		}
+		r.End()
+		for i, claim := range claims {
+			if lctx.Err() != nil { // the term ended: the rest goes back now
+				a.handBackUnstarted(claims[i:])
+				break
+			}
+			if claim.Start() != nil { // worker.ErrHandedBack: handBack has it
+				continue
+			}
+			if i > 0 && !a.renew(ctx, batch[i]) { // waited past its visibility timeout: maybe another's now
+				claim.Done()
+				continue
+			}
+			a.processFenced(claim.Context(), batch[i], token)
+			claim.Done()
+		}
+	}
+	return false
+}
+
+// handBackUnstarted hands back the claims of a shard whose term ended,
+// those stop-claiming did not take already, and ends them.
+func (a *app) handBackUnstarted(claims []*worker.Claim) {
+	var mine []*worker.Claim
+	for _, c := range claims {
+		if c.Start() == nil { // not taken by stop-claiming: ours to hand back
+			mine = append(mine, c)
+		}
+	}
+	if len(mine) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = a.handBack(ctx, mine) // logged; else their visibility timeout brings them back
+		cancel()
+	}
+	for _, c := range mine {
+		c.Done()
+	}
+}
+
+// work does c's work (it waits c.WorkMillis) and reports whether it was
+// done: false when ctx ended first, or the claim was found lost. While it
+// works, it renews the claim every third of the visibility timeout
+// (queue.Renew), so that work longer than the timeout is not delivered to
+// another worker meanwhile; a claim found lost (claimed again, after a
+// renewal came too late) ends the work undone.
+func (a *app) work(ctx context.Context, c *queue.Claimed) bool {
+	work := time.NewTimer(time.Duration(c.WorkMillis) * time.Millisecond)
+	defer work.Stop()
+	keep := time.NewTicker(a.opts.visibilityTimeout / 3)
+	defer keep.Stop()
+	for {
+		select {
+		case <-work.C:
+			return true
+		case <-keep.C:
+			if !a.renew(ctx, c) {
+				return false
+			}
+		case <-ctx.Done():
+			a.log.Info("work canceled", "id", c.ID)
+			return false
+		}
+	}
+}
+
+// processFenced is process for a message of a shard, completed fenced by
+// the shard's token.
+func (a *app) processFenced(ctx context.Context, c *queue.Claimed, token int64) {
+	if !a.work(ctx, c) {
+		return
+	}
+	applied, err := queue.CompleteFenced(ctx, a.pool, a.opts.workerID, c, token)
+	switch {
+	case errors.Is(err, queue.ErrStaleFencingToken):
+		a.log.Info("completion refused: stale fencing token", "id", c.ID, "shard", c.Shard, "token", token)
+	case err != nil:
+		a.log.Error(err, "complete failed", "id", c.ID)
+	case applied:
+		a.log.Info("applied", "id", c.ID, "dedupKey", c.DedupKey, "shard", c.Shard, "token", token)
+	default:
+		a.log.Info("duplicate", "id", c.ID, "dedupKey", c.DedupKey)
+	}
+}
+
 // receive polls the queue every --poll-interval until it claims up to
 // --batch messages, and returns them, or until r ends (stop-claiming, or
 // ctx), and returns nil.
@@ -397,28 +576,9 @@ func (a *app) receive(ctx context.Context, r *worker.Receive) []*queue.Claimed {
 // process works on c and completes it. If ctx ends first (the sidecar's
 // cancel fallback, or a signal) it leaves c claimed: the sidecar returns it
 // with ReturnClaims, or its visibility timeout does.
-//
-// While it works, it renews the claim every third of the visibility
-// timeout (queue.Renew), so that work longer than the timeout is not
-// delivered to another worker meanwhile; a claim found lost (claimed
-// again, after a renewal came too late) ends the work undone.
 func (a *app) process(ctx context.Context, c *queue.Claimed) {
-	work := time.NewTimer(time.Duration(c.WorkMillis) * time.Millisecond)
-	defer work.Stop()
-	keep := time.NewTicker(a.opts.visibilityTimeout / 3)
-	defer keep.Stop()
-	for done := false; !done; {
-		select {
-		case <-work.C:
-			done = true
-		case <-keep.C:
-			if !a.renew(ctx, c) {
-				return
-			}
-		case <-ctx.Done():
-			a.log.Info("work canceled", "id", c.ID)
-			return
-		}
+	if !a.work(ctx, c) {
+		return
 	}
 	applied, err := queue.Complete(ctx, a.pool, a.opts.workerID, c)
 	switch {

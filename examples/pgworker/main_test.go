@@ -51,7 +51,6 @@ func startWorkerWith(t *testing.T, pool *pgxpool.Pool, opts options) *testWorker
 		t.Fatal(err)
 	}
 	opts.handoffTokenFile = token
-	concurrency := opts.concurrency
 	a, err := newApp(opts, logr.Discard(), pool)
 	if err != nil {
 		t.Fatal(err)
@@ -61,9 +60,7 @@ func startWorkerWith(t *testing.T, pool *pgxpool.Pool, opts options) *testWorker
 	w.sidecar = sidecar.NewAppClient(srv.URL, testToken)
 	ctx, cancel := context.WithCancel(context.Background())
 	var loops sync.WaitGroup
-	for range concurrency {
-		loops.Go(func() { w.claimLoop(ctx) })
-	}
+	w.startLoops(ctx, &loops)
 	go func() { loops.Wait(); close(w.ended) }()
 	t.Cleanup(func() { cancel(); <-w.ended; srv.Close() })
 	return w

@@ -27,3 +27,17 @@ app.kubernetes.io/component: webhook
 {{- define "handoff.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
+
+{{/*
+The Lease names one rbac.sidecarBindings entry may hold: its leases, then its
+shard set's prefix0 … prefix(count-1), as JSON (a list).
+*/}}
+{{- define "handoff.bindingLeases" -}}
+{{- $names := .leases | default list }}
+{{- with .shards }}
+{{- range $i := until (int .count) }}
+{{- $names = append $names (printf "%s%d" $.shards.prefix $i) }}
+{{- end }}
+{{- end }}
+{{- toJson $names }}
+{{- end }}

@@ -56,6 +56,9 @@ CREATE TABLE IF NOT EXISTS handoff_queue (
 	claimed_at  timestamptz,
 	deliveries  int NOT NULL DEFAULT 0
 );
+-- The shard of a message (a shard Lease's name); NULL: not sharded.
+ALTER TABLE handoff_queue ADD COLUMN IF NOT EXISTS shard text;
+CREATE INDEX IF NOT EXISTS handoff_queue_shard ON handoff_queue (shard, id);
 CREATE TABLE IF NOT EXISTS handoff_enqueued (
 	dedup_key text PRIMARY KEY,
 	amount    bigint NOT NULL
@@ -117,6 +120,10 @@ type Message struct {
 	Amount int64
 	// WorkMillis is how long, in milliseconds, the work takes.
 	WorkMillis int
+	// Shard is the message's shard key: the name of the shard Lease whose
+	// holder works it (ClaimShard); "" for a message of no shard, which
+	// only Claim and ClaimBatch claim.
+	Shard string
 }
 
 // Claimed is a message claimed by a worker.
@@ -138,13 +145,14 @@ func Enqueue(ctx context.Context, pool *pgxpool.Pool, msgs []Message) error {
 	keys := make([]string, len(msgs))
 	amounts := make([]int64, len(msgs))
 	works := make([]int32, len(msgs))
+	shards := make([]string, len(msgs))
 	for i, m := range msgs {
-		keys[i], amounts[i], works[i] = m.DedupKey, m.Amount, int32(m.WorkMillis)
+		keys[i], amounts[i], works[i], shards[i] = m.DedupKey, m.Amount, int32(m.WorkMillis), m.Shard
 	}
 	_, err := pool.Exec(ctx, `
 WITH input AS (
-	SELECT DISTINCT ON (dedup_key) dedup_key, amount, work_ms, n
-	FROM unnest($1::text[], $2::bigint[], $3::int[]) WITH ORDINALITY AS t(dedup_key, amount, work_ms, n)
+	SELECT DISTINCT ON (dedup_key) dedup_key, amount, work_ms, NULLIF(shard, '') AS shard, n
+	FROM unnest($1::text[], $2::bigint[], $3::int[], $4::text[]) WITH ORDINALITY AS t(dedup_key, amount, work_ms, shard, n)
 	ORDER BY dedup_key, n
 ), fresh AS (
 	INSERT INTO handoff_enqueued (dedup_key, amount)
@@ -152,9 +160,9 @@ WITH input AS (
 	ON CONFLICT (dedup_key) DO NOTHING
 	RETURNING dedup_key
 )
-INSERT INTO handoff_queue (dedup_key, amount, work_ms)
-SELECT i.dedup_key, i.amount, i.work_ms FROM input i JOIN fresh USING (dedup_key)
-ORDER BY i.n`, keys, amounts, works)
+INSERT INTO handoff_queue (dedup_key, amount, work_ms, shard)
+SELECT i.dedup_key, i.amount, i.work_ms, i.shard FROM input i JOIN fresh USING (dedup_key)
+ORDER BY i.n`, keys, amounts, works, shards)
 	if err != nil {
 		return fmt.Errorf("queue: enqueue %d messages: %w", len(msgs), err)
 	}
@@ -180,6 +188,22 @@ func Claim(ctx context.Context, pool *pgxpool.Pool, worker string, visibility ti
 // those it has not started when it stops (HandBack) rather than let them
 // wait out the timeout.
 func ClaimBatch(ctx context.Context, pool *pgxpool.Pool, worker string, visibility time.Duration, n int) ([]*Claimed, error) {
+	return claim(ctx, pool, worker, "", visibility, n)
+}
+
+// ClaimShard claims up to n (1 or more) of the oldest visible messages of
+// shard for worker, as ClaimBatch does for the messages of no shard. Call it
+// only while leading shard (worker.Agent.BeginLeading of that shard Lease),
+// and complete with CompleteFenced and that term's fencing token.
+func ClaimShard(ctx context.Context, pool *pgxpool.Pool, worker, shard string, visibility time.Duration, n int) ([]*Claimed, error) {
+	if shard == "" {
+		return nil, errors.New("queue: claim of a shard: want a shard name")
+	}
+	return claim(ctx, pool, worker, shard, visibility, n)
+}
+
+// claim claims up to n messages of shard ("": of no shard).
+func claim(ctx context.Context, pool *pgxpool.Pool, worker, shard string, visibility time.Duration, n int) ([]*Claimed, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("queue: claim a batch of %d: want 1 or more", n)
 	}
@@ -191,24 +215,24 @@ WITH c AS (
 		deliveries = deliveries + 1
 	WHERE id IN (
 		SELECT id FROM handoff_queue
-		WHERE visible_at <= now()
+		WHERE visible_at <= now() AND shard IS NOT DISTINCT FROM NULLIF($4, '')
 		ORDER BY id
 		FOR UPDATE SKIP LOCKED
 		LIMIT $3
 	)
-	RETURNING id, dedup_key, amount, work_ms, deliveries, visible_at
+	RETURNING id, dedup_key, amount, work_ms, coalesce(shard, ''), deliveries, visible_at
 ), d AS (
 	INSERT INTO handoff_deliveries (message_id, worker, outcome)
 	SELECT id, $1, 'claimed' FROM c
 )
-SELECT id, dedup_key, amount, work_ms, deliveries, visible_at FROM c ORDER BY id`,
-		worker, visibility.Microseconds(), n)
+SELECT * FROM c ORDER BY id`,
+		worker, visibility.Microseconds(), n, shard)
 	if err != nil {
 		return nil, fmt.Errorf("queue: claim: %w", err)
 	}
 	cs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*Claimed, error) {
 		var c Claimed
-		err := row.Scan(&c.ID, &c.DedupKey, &c.Amount, &c.WorkMillis, &c.Deliveries, &c.VisibleAt)
+		err := row.Scan(&c.ID, &c.DedupKey, &c.Amount, &c.WorkMillis, &c.Shard, &c.Deliveries, &c.VisibleAt)
 		return &c, err
 	})
 	if err != nil {
@@ -278,7 +302,52 @@ SELECT count(*) FROM r`, worker, ids, deliveries).Scan(&n)
 // is written or finds it gone: a hand-back at the drain deadline never
 // makes a message visible again while its completion commits.
 func Complete(ctx context.Context, pool *pgxpool.Pool, worker string, c *Claimed) (applied bool, err error) {
+	return complete(ctx, pool, worker, c, nil)
+}
+
+// CompleteFenced is Complete for a message of a shard, fenced by token, the
+// fencing token of the term in which worker leads c.Shard: in the same
+// transaction it raises the shard's highest seen token to token, and if a
+// higher one was seen already (a later holder of the shard has completed
+// one of its messages) it writes nothing and returns ErrStaleFencingToken.
+// An equal token (the same term) passes.
+func CompleteFenced(ctx context.Context, pool *pgxpool.Pool, worker string, c *Claimed, token int64) (applied bool, err error) {
+	if c.Shard == "" {
+		return false, fmt.Errorf("queue: fenced completion of message %d: it has no shard", c.ID)
+	}
+	applied, err = complete(ctx, pool, worker, c, func(tx pgx.Tx) error {
+		return fence(ctx, tx, c.Shard, token)
+	})
+	if errors.Is(err, ErrStaleFencingToken) {
+		return false, fmt.Errorf("completion of message %d of shard %s by %s with token %d: %w", c.ID, c.Shard, worker, token, ErrStaleFencingToken)
+	}
+	return applied, err
+}
+
+// fence raises the highest token seen for lease to token in tx, or returns
+// ErrStaleFencingToken when a higher one was seen.
+func fence(ctx context.Context, tx pgx.Tx, lease string, token int64) error {
+	var seen int64
+	err := tx.QueryRow(ctx, `
+INSERT INTO handoff_fence (lease, token) VALUES ($1, $2)
+ON CONFLICT (lease) DO UPDATE SET token = EXCLUDED.token
+WHERE handoff_fence.token <= EXCLUDED.token
+RETURNING token`, lease, token).Scan(&seen)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrStaleFencingToken
+	}
+	return err
+}
+
+// complete is Complete with fenced, if not nil, run first in the
+// transaction: its error rolls the completion back.
+func complete(ctx context.Context, pool *pgxpool.Pool, worker string, c *Claimed, fenced func(pgx.Tx) error) (applied bool, err error) {
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if fenced != nil {
+			if err := fenced(tx); err != nil {
+				return err
+			}
+		}
 		if _, err := tx.Exec(ctx, `SELECT 1 FROM handoff_queue WHERE id = $1 FOR UPDATE`, c.ID); err != nil {
 			return err
 		}
@@ -302,6 +371,9 @@ ON CONFLICT (dedup_key) DO NOTHING`, c.DedupKey, c.ID, worker)
 		_, err = tx.Exec(ctx, `INSERT INTO handoff_deliveries (message_id, worker, outcome) VALUES ($1, $2, $3)`, c.ID, worker, outcome)
 		return err
 	})
+	if errors.Is(err, ErrStaleFencingToken) {
+		return false, err
+	}
 	if err != nil {
 		return false, fmt.Errorf("queue: complete message %d: %w", c.ID, err)
 	}
@@ -336,19 +408,10 @@ SELECT count(*) FROM r`, worker).Scan(&n)
 // and returns ErrStaleFencingToken. An equal token (the same term) passes.
 func RunLeaderJob(ctx context.Context, pool *pgxpool.Pool, lease string, token int64, holder string) error {
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var seen int64
-		err := tx.QueryRow(ctx, `
-INSERT INTO handoff_fence (lease, token) VALUES ($1, $2)
-ON CONFLICT (lease) DO UPDATE SET token = EXCLUDED.token
-WHERE handoff_fence.token <= EXCLUDED.token
-RETURNING token`, lease, token).Scan(&seen)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrStaleFencingToken
-		}
-		if err != nil {
+		if err := fence(ctx, tx, lease, token); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO handoff_leader_runs (lease, token, holder) VALUES ($1, $2, $3)`, lease, token, holder)
+		_, err := tx.Exec(ctx, `INSERT INTO handoff_leader_runs (lease, token, holder) VALUES ($1, $2, $3)`, lease, token, holder)
 		return err
 	})
 	if errors.Is(err, ErrStaleFencingToken) {

@@ -1,0 +1,259 @@
+package sidecar
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/handoff-dev/handoff/leaderelection"
+	"github.com/handoff-dev/handoff/protocol"
+	"github.com/handoff-dev/handoff/shard"
+)
+
+// peerWatch lists and watches the pods that share the shard set (the
+// shard-peers label selector, in the pod's namespace): one list, then one
+// watch, re-established by client-go's reflector.
+type peerWatch struct {
+	informer cache.SharedIndexInformer
+	changed  chan struct{} // poked at every event
+}
+
+func newPeerWatch(pods corev1client.PodsGetter, namespace, selector string) *peerWatch {
+	api := pods.Pods(namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = selector
+			return api.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = selector
+			return api.Watch(ctx, o)
+		},
+	}
+	w := &peerWatch{
+		informer: cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{}),
+		changed:  make(chan struct{}, 1),
+	}
+	// Registered before Run, so it cannot fail.
+	_, _ = w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { poke(w.changed) },
+		UpdateFunc: func(any, any) { poke(w.changed) },
+		DeleteFunc: func(any) { poke(w.changed) },
+	})
+	return w
+}
+
+// up returns the names of the peers that are up, sorted, and false until
+// the first list has completed. A peer is up when it is not being deleted,
+// its phase is Running and its Ready condition is True (docs/shards.md).
+func (w *peerWatch) up() ([]string, bool) {
+	if !w.informer.HasSynced() {
+		return nil, false
+	}
+	var names []string
+	for _, obj := range w.informer.GetStore().List() {
+		if p, ok := obj.(*corev1.Pod); ok && PeerUp(p) {
+			names = append(names, p.Name)
+		}
+	}
+	slices.Sort(names)
+	return names, true
+}
+
+// PeerUp reports whether pod counts among the M pods a shard set is shared
+// by: not being deleted, phase Running, condition Ready True.
+func PeerUp(pod *corev1.Pod) bool {
+	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// shardSet is one round's elections of the shard set: the shards this pod
+// competes for, holds, or is shedding. Its loop runs from the round's arm
+// to its sequence; the sequence then releases what it holds, as it does
+// every partition Lease, after the drain.
+type shardSet struct {
+	mu     sync.Mutex
+	active map[string]*lease // shard → its election, running or being shed
+	closed bool              // the sequence took the set: no election starts
+}
+
+// shardLeases closes r's shard set and returns its elections, in the order
+// of the shard set: the sequence releases them with the round's Leases.
+func (c *Coordinator) shardLeases(r *round) []*lease {
+	if r.shards == nil {
+		return nil
+	}
+	r.shards.mu.Lock()
+	defer r.shards.mu.Unlock()
+	r.shards.closed = true
+	var out []*lease
+	for _, name := range c.s.Shards {
+		if l := r.shards.active[name]; l != nil {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// activeShards is a snapshot of r's shard elections, for the status.
+func (r *round) activeShards() []*lease {
+	if r.shards == nil {
+		return nil
+	}
+	r.shards.mu.Lock()
+	defer r.shards.mu.Unlock()
+	out := make([]*lease, 0, len(r.shards.active))
+	for _, l := range r.shards.active {
+		out = append(out, l)
+	}
+	slices.SortFunc(out, func(a, b *lease) int { return cmpString(a.elector.Name(), b.elector.Name()) })
+	return out
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// runShards keeps r's shard elections to this pod's plan (shard.PlanFor)
+// until r's sequence starts or Start's context ends: it competes for the
+// shards assigned to it and sheds the ones it holds that are not. It plans
+// again at every change of the peers, of a shard's leadership, and at least
+// every retry period.
+func (c *Coordinator) runShards(r *round) {
+	tick := c.clock.NewTicker(c.s.RetryPeriod)
+	defer tick.Stop()
+	for {
+		c.planShards(r)
+		select {
+		case <-r.shutdown:
+			return
+		case <-c.base.Done():
+			return
+		case <-c.peers.changed:
+		case <-c.shardWake:
+		case <-tick.C():
+		}
+	}
+}
+
+// planShards starts the elections of the shards assigned to this pod and
+// stops (sheds, if held) those of the shards that are not.
+func (c *Coordinator) planShards(r *round) {
+	peers, synced := c.peers.up()
+	if !synced {
+		return
+	}
+	set := r.shards
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	if set.closed || isClosed(r.shutdown) {
+		return
+	}
+	var held []string
+	for name, l := range set.active {
+		if _, leader := l.elector.Term(); leader {
+			held = append(held, name)
+		}
+	}
+	plan := shard.PlanFor(c.s.PodName, c.s.Shards, peers, held)
+	c.metrics.ShardShare.Set(float64(plan.Share))
+	for _, name := range plan.Assigned {
+		if set.active[name] != nil {
+			continue
+		}
+		l, err := c.newLease(r, name, protocol.LeaseKindPartition)
+		if err != nil { // the timings were validated in New
+			c.log.Error(err, "shard election not started", "shard", name)
+			continue
+		}
+		set.active[name] = l
+		c.runLease(l)
+	}
+	for name, l := range set.active {
+		if slices.Contains(plan.Assigned, name) || l.shedding {
+			continue
+		}
+		l.shedding = true
+		_, leader := l.elector.Term()
+		if leader {
+			c.log.Info("shedding a shard not assigned to this pod", "shard", name, "share", plan.Share, "peers", len(peers))
+		}
+		c.runs.Add(1)
+		go func() {
+			defer c.runs.Done()
+			c.shed(l, leader)
+			set.mu.Lock()
+			if set.active[name] == l {
+				delete(set.active, name)
+			}
+			set.mu.Unlock()
+			poke(c.shardWake)
+		}()
+	}
+}
+
+// shed ends one shard's election while the pod runs, the way the shutdown
+// sequence ends a partition's: no new term reaches the app; a term it was
+// granted is revoked, and the Lease is released once the app has
+// acknowledged (its work of that shard has stopped) or, without an
+// acknowledgement, once the term it was granted has run out; then the
+// election ends. A standby that never led just stops competing.
+func (c *Coordinator) shed(l *lease, wasLeader bool) {
+	name := l.elector.Name()
+	clk := c.clock
+	l.mu.Lock()
+	l.revoked = true
+	granted := l.granted
+	if !granted.IsZero() && clk.Now().Before(granted) {
+		ctx, cancel := context.WithTimeout(context.Background(), granted.Sub(clk.Now()))
+		err := c.app.SetLeadership(ctx, protocol.Leadership{Lease: name, Leader: false, Sequence: l.nextSequence()})
+		cancel()
+		c.metrics.appResult("revoke", err)
+		if err == nil || IsAppGone(err) {
+			granted = time.Time{}
+		} else {
+			c.log.Info("revoke of a shed shard not acknowledged: released when the app's term ends", "shard", name, "error", err.Error())
+		}
+	}
+	// Zero once acknowledged; else the sequence, if it starts meanwhile, also
+	// waits for the end of the term the app was given.
+	l.granted = granted
+	l.mu.Unlock()
+	l.shed.Store(true)
+	if wait := granted.Sub(clk.Now()); !granted.IsZero() && wait > 0 {
+		// At most a term: TermLength, under the renew deadline.
+		clk.Sleep(wait)
+	}
+	l.cancel()
+	select {
+	case <-l.stopped:
+	case <-clk.After(2 * leaderelection.RequestTimeout(c.s.RenewDeadline)):
+		c.log.Info("shed shard's election did not end in time", "shard", name)
+	}
+	if wasLeader {
+		c.metrics.ShardsShed.Inc()
+		c.log.Info("shard shed", "shard", name, "released", l.elector.Released())
+		c.event(corev1.EventTypeNormal, ReasonShardShed, "Shard %s shed (released=%t): assigned to another pod", name, l.elector.Released())
+	}
+}

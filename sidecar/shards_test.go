@@ -1,0 +1,431 @@
+package sidecar_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/leaderelection"
+	"github.com/handoff-dev/handoff/protocol"
+	"github.com/handoff-dev/handoff/shard"
+	"github.com/handoff-dev/handoff/worker"
+)
+
+// shardTerms records, from the app API's traffic of every pod, when each
+// pod's app led each shard: from the arrival of a grant with a new fencing
+// token (counted from before the app applied it) to the end of the answer
+// to an acknowledged revoke, or the Until of the last grant when that is
+// earlier. Two pods
+// leading one shard at once would show as overlapping terms.
+type shardTerms struct {
+	mu    sync.Mutex
+	open  map[string]*shardTerm // pod/shard → its open term
+	terms []shardTerm
+}
+
+type shardTerm struct {
+	pod, shard string
+	token      int64
+	from, to   time.Time
+	until      time.Time
+}
+
+func (s *shardTerms) closeLocked(key string, at time.Time) {
+	t := s.open[key]
+	if t == nil {
+		return
+	}
+	delete(s.open, key)
+	t.to = at
+	if t.until.Before(at) {
+		t.to = t.until
+	}
+	s.terms = append(s.terms, *t)
+}
+
+// wrap records p's shard terms around its app handler.
+func (s *shardTerms) wrap(p *pod) {
+	inner := *p.app.Load()
+	h := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var l protocol.Leadership
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if r.Method != http.MethodPut || json.Unmarshal(body, &l) != nil {
+			inner.ServeHTTP(w, r)
+			return
+		}
+		key := p.name + "/" + l.Lease
+		if l.Leader {
+			now := time.Now()
+			s.mu.Lock()
+			if t := s.open[key]; t != nil && t.token != l.FencingToken {
+				s.closeLocked(key, now)
+			}
+			if s.open[key] == nil {
+				s.open[key] = &shardTerm{pod: p.name, shard: l.Lease, token: l.FencingToken, from: now}
+			}
+			s.open[key].until = l.Until
+			s.mu.Unlock()
+		}
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		inner.ServeHTTP(sw, r)
+		if !l.Leader && sw.code/100 == 2 { // an acknowledged revoke ends the term
+			s.mu.Lock()
+			s.closeLocked(key, time.Now())
+			s.mu.Unlock()
+		}
+	}))
+	p.app.Store(&h)
+}
+
+// statusWriter keeps the status code of the answer.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.code = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// overlaps lists every two terms of different pods over one shard that
+// overlap in time, closing the open ones now.
+func (s *shardTerms) overlaps() []string {
+	s.mu.Lock()
+	now := time.Now()
+	for key := range s.open {
+		s.closeLocked(key, now)
+	}
+	terms := slices.Clone(s.terms)
+	s.mu.Unlock()
+	var out []string
+	for i, a := range terms {
+		for _, b := range terms[i+1:] {
+			if a.shard == b.shard && a.pod != b.pod && a.from.Before(b.to) && b.from.Before(a.to) {
+				out = append(out, fmt.Sprintf("%s led by %s (token %d, %s to %s) and %s (token %d, %s to %s)",
+					a.shard, a.pod, a.token, a.from.Format("15:04:05.000"), a.to.Format("15:04:05.000"),
+					b.pod, b.token, b.from.Format("15:04:05.000"), b.to.Format("15:04:05.000")))
+			}
+		}
+	}
+	return out
+}
+
+// longestGap is the longest time from the end of one pod's term over a
+// shard to the start of another pod's term over it: how long a moved shard
+// had no app leading it, as the apps saw it.
+func (s *shardTerms) longestGap() (time.Duration, string) {
+	s.mu.Lock()
+	terms := slices.Clone(s.terms)
+	s.mu.Unlock()
+	slices.SortFunc(terms, func(a, b shardTerm) int { return a.from.Compare(b.from) })
+	var longest time.Duration
+	var which string
+	last := map[string]shardTerm{}
+	for _, t := range terms {
+		if prev, ok := last[t.shard]; ok && prev.pod != t.pod {
+			if gap := t.from.Sub(prev.to); gap > longest {
+				longest, which = gap, fmt.Sprintf("%s from %s to %s", t.shard, prev.pod, t.pod)
+			}
+		}
+		last[t.shard] = t
+	}
+	return longest, which
+}
+
+// countingTransport counts the requests sent through it.
+type countingTransport struct {
+	rt http.RoundTripper
+	n  *atomic.Int64
+}
+
+func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return c.rt.RoundTrip(r)
+}
+
+// shardPod creates a Pod object labelled as a peer of the shard set, Running
+// and Ready, and starts its sidecar with a Lease client that counts its
+// requests.
+func shardPod(t *testing.T, ns, name string, shards int, terms *shardTerms) (*pod, *atomic.Int64) {
+	t.Helper()
+	env := kubetest.Get(t)
+	grace := int64(30)
+	obj, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": "shards"}},
+		Spec: corev1.PodSpec{NodeName: "node-1", TerminationGracePeriodSeconds: &grace,
+			Containers: []corev1.Container{{Name: "worker", Image: "worker"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setReady(t, obj, true)
+	retry := 250 * time.Millisecond
+	budget := leaderelection.ClientBudget(shards, retry)
+	rc := rest.CopyConfig(env.Config)
+	rc.QPS, rc.Burst = budget.QPS, budget.Burst
+	n := &atomic.Int64{}
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt: rt, n: n} })
+	leases := kubernetes.NewForConfigOrDie(rc).CoordinationV1()
+	p := startPod(t, obj, map[string]string{
+		"leases": "", "shards": fmt.Sprintf("s-{0..%d}", shards-1), "shard-peers": "app=shards",
+		"retry-period": retry.String(),
+	}, worker.Options{}, leases)
+	terms.wrap(p)
+	return p, n
+}
+
+// setReady sets the pod's phase Running and its Ready condition, as the
+// kubelet would.
+func setReady(t *testing.T, obj *corev1.Pod, ready bool) {
+	t.Helper()
+	pods := kubetest.Get(t).Client.CoreV1().Pods(obj.Namespace)
+	cur, err := pods.Get(context.Background(), obj.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	cur.Status.Phase = corev1.PodRunning
+	cur.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status, LastTransitionTime: metav1.Now()}}
+	if _, err := pods.UpdateStatus(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// holders maps each shard Lease of ns to its holder's pod name ("" when free).
+func holders(t *testing.T, ns string, pods []*pod) map[string]string {
+	t.Helper()
+	list, err := kubetest.Get(t).Client.CoordinationV1().Leases(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byIdentity := map[string]string{}
+	for _, p := range pods {
+		byIdentity[p.settings.Identity()] = p.name
+	}
+	out := map[string]string{}
+	for _, l := range list.Items {
+		h := ""
+		if l.Spec.HolderIdentity != nil {
+			h = byIdentity[*l.Spec.HolderIdentity]
+		}
+		out[l.Name] = h
+	}
+	return out
+}
+
+// converged reports whether every one of the n shards is held, each pod of
+// up holds exactly what shard.Assign gives it, and every app leads what its
+// pod holds.
+func converged(t *testing.T, ns string, n int, all, up []*pod) bool {
+	h := holders(t, ns, all)
+	shards := make([]string, n)
+	for i := range shards {
+		shards[i] = fmt.Sprintf("s-%d", i)
+	}
+	var names []string
+	for _, p := range up {
+		names = append(names, p.name)
+	}
+	want := shard.Assign(shards, names)
+	for _, s := range shards {
+		if h[s] != want[s] {
+			return false
+		}
+		for _, p := range up {
+			if _, leads := p.agent.Leader(s); leads != (want[s] == p.name) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// TestShardsConvergeToTheFairShareAsPodsJoinAndLeave: 12 shards, pods
+// joining one by one and one leaving (its deletion starts its sequence):
+// after each change the Leases and the apps' leadership converge to the
+// assignment for the pods up, at most ceil(N/M) each, and no shard is led
+// by two apps at any moment.
+func TestShardsConvergeToTheFairShareAsPodsJoinAndLeave(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	const n = 12
+	terms := &shardTerms{open: map[string]*shardTerm{}}
+	var all, up []*pod
+	counts := map[string]*atomic.Int64{}
+	join := func(name string) {
+		p, c := shardPod(t, ns, name, n, terms)
+		all, up, counts[name] = append(all, p), append(up, p), c
+	}
+	var last map[string]string
+	wait := func(what string) {
+		t.Helper()
+		kubetest.WaitFor(t, 20*time.Second, what, func() bool { return converged(t, ns, n, all, up) })
+		now := holders(t, ns, all)
+		moved := 0
+		for s, h := range now {
+			if last != nil && last[s] != h {
+				moved++
+			}
+		}
+		last = now
+		t.Logf("%s: %d shards moved, share %d", what, moved, shard.Share(n, len(up)))
+		for _, p := range up {
+			held := 0
+			for _, name := range holders(t, ns, all) {
+				if name == p.name {
+					held++
+				}
+			}
+			if share := shard.Share(n, len(up)); held > share {
+				t.Errorf("%s holds %d shards, over ceil(%d/%d) = %d", p.name, held, n, len(up), share)
+			}
+		}
+		if o := terms.overlaps(); len(o) > 0 {
+			t.Fatalf("after %s, shards led by two pods at once:\n%v", what, o)
+		}
+	}
+
+	join("pod-a")
+	wait("pod-a alone to hold all 12 shards")
+	join("pod-b")
+	wait("6 shards each on pod-a and pod-b")
+	join("pod-c")
+	wait("4 shards each on pod-a, pod-b and pod-c")
+
+	// /v1/status lists the shards each pod leads.
+	for _, p := range up {
+		led := 0
+		for _, ls := range p.c.Status().Leases {
+			if ls.Leader && ls.Kind == protocol.LeaseKindPartition {
+				led++
+			}
+		}
+		if led != 4 {
+			t.Errorf("%s's status shows %d shards led, want 4: %+v", p.name, led, p.c.Status().Leases)
+		}
+	}
+
+	// Steady state: the Lease requests of each pod over a few seconds.
+	before := map[string]int64{}
+	for name, c := range counts {
+		before[name] = c.Load()
+	}
+	start := time.Now()
+	time.Sleep(3 * time.Second)
+	took := time.Since(start)
+	for _, p := range up {
+		perMin := float64(counts[p.name].Load()-before[p.name]) / took.Minutes()
+		// 4 held shards renewed every 250 ms: 960 a minute, plus little.
+		t.Logf("%s: %.0f Lease requests per minute holding 4 shards at retry period 250ms (%.1f per shard per retry period)",
+			p.name, perMin, perMin/4/(time.Minute.Seconds()/0.25))
+		if perMin > 1.5*4*240 {
+			t.Errorf("%s sent %.0f Lease requests a minute holding 4 shards; want about 960", p.name, perMin)
+		}
+	}
+
+	// pod-b leaves: its deletion starts its sequence, which releases its
+	// shards after the drain; the others take them.
+	b := up[1]
+	if err := env.Client.CoreV1().Pods(ns).Delete(context.Background(), b.name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	up = []*pod{up[0], up[2]}
+	wait("6 shards each on pod-a and pod-c after pod-b left")
+	select {
+	case <-b.c.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("pod-b's sequence did not end")
+	}
+	if rep := b.c.Status().Report; rep == nil || len(rep.Errors) > 0 {
+		t.Errorf("pod-b's report: %+v", rep)
+	}
+
+	// pod-a stops being Ready: it sheds everything to pod-c.
+	setReady(t, mustGet(t, ns, "pod-a"), false)
+	up = []*pod{up[1]}
+	wait("pod-c alone to hold all 12 shards once pod-a is not Ready")
+	if got := counter(all[0].metrics.ShardsShed); got < 6 {
+		t.Errorf("pod-a's handoff_shards_shed_total = %v, want at least the 6 it held", got)
+	}
+	if err := all[0].c.Ready(); err != nil {
+		t.Errorf("pod-a's readiness depends on its shards: %v", err)
+	}
+	gap, which := terms.longestGap()
+	t.Logf("longest time a moved shard had no app leading it: %s (%s)", gap.Round(time.Millisecond), which)
+}
+
+func mustGet(t *testing.T, ns, name string) *corev1.Pod {
+	t.Helper()
+	p, err := kubetest.Get(t).Client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func counter(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// A shed whose revoke the app refuses releases the shard only once the
+// app's term has run out, and so does the sequence when the pod is deleted
+// during that wait: no shard is led by two apps at once.
+func TestUnacknowledgedShedReleasesOnlyAfterTheAppsTerm(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	const n = 4
+	terms := &shardTerms{open: map[string]*shardTerm{}}
+	a, _ := shardPod(t, ns, "pod-a", n, terms)
+	kubetest.WaitFor(t, 20*time.Second, "pod-a alone to lead all 4 shards", func() bool { return converged(t, ns, n, []*pod{a}, []*pod{a}) })
+	// pod-a's app answers every revoke with an error at once: its terms
+	// go on until their Until.
+	var refused atomic.Int64
+	inner := *a.app.Load()
+	h := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		var l protocol.Leadership
+		if r.Method == http.MethodPut && json.Unmarshal(body, &l) == nil && !l.Leader {
+			refused.Add(1)
+			http.Error(w, "leader work did not stop", http.StatusInternalServerError)
+			return
+		}
+		inner.ServeHTTP(w, r)
+	}))
+	a.app.Store(&h)
+	b, _ := shardPod(t, ns, "pod-b", n, terms)
+	kubetest.WaitFor(t, 10*time.Second, "pod-a to revoke a shard for pod-b", func() bool { return refused.Load() > 0 })
+	// Deleted while its sheds wait for the app's terms to end.
+	if err := env.Client.CoreV1().Pods(ns).Delete(context.Background(), a.name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kubetest.WaitFor(t, 20*time.Second, "pod-b alone to lead all 4 shards", func() bool { return converged(t, ns, n, []*pod{a, b}, []*pod{b}) })
+	if o := terms.overlaps(); len(o) > 0 {
+		t.Fatalf("shards led by two pods at once:\n%v", o)
+	}
+}
