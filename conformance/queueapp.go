@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/handoff-dev/handoff/worker"
@@ -164,4 +166,27 @@ func (q *QueueApp) finishLocked() {
 		close(q.release)
 	}
 	q.release = make(chan struct{})
+}
+
+// TestQueueApp is a Go test of app: it serves app on a loopback httptest
+// server, runs every case against it with the pod's token token (within 3
+// minutes), stops the last worker, logs the report, and fails t unless
+// every case passed.
+func TestQueueApp(t testing.TB, app *QueueApp, token string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	srv := httptest.NewServer(app)
+	defer srv.Close()
+	rep := Run(ctx, Target{URL: srv.URL, Token: token, Fixture: app, Leader: app.Leader(), Client: srv.Client(), Logf: t.Logf})
+	if app.Agent() != nil {
+		_ = app.Finish(ctx)
+		if err := app.Stop(ctx); err != nil {
+			t.Errorf("stopping the last worker: %v", err)
+		}
+	}
+	if rep.Count(Pass) != len(Cases()) {
+		t.Fatalf("%d of %d cases passed:\n%s", rep.Count(Pass), len(Cases()), rep)
+	}
+	t.Logf("\n%s", rep)
 }

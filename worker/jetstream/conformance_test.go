@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -57,27 +56,5 @@ func TestConformance(t *testing.T) {
 		},
 		Publish: func(_ context.Context, bodies ...string) error { q.publish(bodies...); return nil },
 	}
-	runConformance(t, app)
-}
-
-// runConformance runs the suite against app, served by httptest, and
-// fails t unless every case passed; it stops app's worker at the end.
-func runConformance(t *testing.T, app *conformance.QueueApp) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	srv := httptest.NewServer(app)
-	defer srv.Close()
-	rep := conformance.Run(ctx, conformance.Target{
-		URL: srv.URL, Token: conformanceToken, Fixture: app, Leader: app.Leader(), Client: srv.Client(), Logf: t.Logf,
-	})
-	if err := app.Finish(ctx); err == nil && app.Agent() != nil {
-		if err := app.Stop(ctx); err != nil {
-			t.Errorf("stopping the last worker: %v", err)
-		}
-	}
-	if rep.Count(conformance.Pass) != len(conformance.Cases()) {
-		t.Fatalf("%d of %d cases passed:\n%s", rep.Count(conformance.Pass), len(conformance.Cases()), rep)
-	}
-	t.Logf("\n%s", rep)
+	conformance.TestQueueApp(t, app, conformanceToken)
 }

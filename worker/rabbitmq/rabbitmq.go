@@ -87,6 +87,9 @@ type Adapter struct {
 	mu      sync.Mutex
 	ch      *amqp.Channel
 	unacked map[uint64]struct{} // delivery tags not yet acked or nacked
+	// canceledNacks counts the nacks of deliveries whose handler ended
+	// because of the "cancel" fallback, since the last returnClaims.
+	canceledNacks int
 	// cancel cancels the consumer, once (basic.cancel, waiting for
 	// cancel-ok); set by Run.
 	cancel func()
@@ -262,8 +265,17 @@ func (a *Adapter) work(c *worker.Claim, d amqp.Delivery, handle func(context.Con
 	defer c.Done()
 	if err := handle(c.Context(), d); err != nil {
 		a.log.Info("handler failed; delivery requeued", "deliveryTag", d.DeliveryTag, "error", err.Error())
-		if _, err := a.settle(d.DeliveryTag, false); err != nil {
+		canceled := errors.Is(context.Cause(c.Context()), worker.ErrCanceled)
+		nacked, err := a.settle(d.DeliveryTag, false)
+		if err != nil {
 			a.log.Error(err, "basic.nack failed", "deliveryTag", d.DeliveryTag)
+		}
+		if nacked && err == nil && canceled {
+			// Handed back because of the cancel fallback: the next
+			// return counts it (docs/protocol.md, "returned").
+			a.mu.Lock()
+			a.canceledNacks++
+			a.mu.Unlock()
 		}
 		return
 	}
@@ -313,7 +325,9 @@ func (a *Adapter) handBack(_ context.Context, claims []*worker.Claim) error {
 }
 
 // returnClaims is the Agent's ReturnClaims: it nacks with requeue every
-// delivery not yet acknowledged.
+// delivery not yet acknowledged, and returns how many it nacked plus how
+// many deliveries whose handler ended because of the "cancel" fallback
+// were nacked since the last call.
 func (a *Adapter) returnClaims(context.Context) (int, error) {
 	a.mu.Lock()
 	tags := make([]uint64, 0, len(a.unacked))
@@ -331,5 +345,9 @@ func (a *Adapter) returnClaims(context.Context) (int, error) {
 			n++
 		}
 	}
+	a.mu.Lock()
+	n += a.canceledNacks
+	a.canceledNacks = 0
+	a.mu.Unlock()
 	return n, nil
 }
