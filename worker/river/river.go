@@ -105,6 +105,10 @@ type Adapter struct {
 	// has stopped claiming hands back, so it fetches none of them again.
 	handedBack map[int64]struct{}
 	leaving    bool // Run's context has ended
+	// canceledSnoozes counts the jobs whose work ended because of the
+	// "cancel" fallback and was snoozed (available again at once), since
+	// the last returnClaims.
+	canceledSnoozes int
 }
 
 // job is one job fetched by this client: its claim until River's
@@ -256,7 +260,8 @@ FOR UPDATE`, job.ID, job.Attempt, attemptedAt(job), a.client.ID()).Scan(&one)
 // returnClaims is Options.ReturnClaims: it hands back every job whose work
 // has not returned (see the package doc), waits until River's completer
 // has written the jobs whose work has returned, and says how many jobs it
-// made available.
+// made available, counting those whose work ended because of the "cancel"
+// fallback and was snoozed since the last call.
 func (a *Adapter) returnClaims(ctx context.Context) (int, error) {
 	a.mu.Lock()
 	var back, wait []*job
@@ -287,6 +292,10 @@ func (a *Adapter) returnClaims(ctx context.Context) (int, error) {
 			return n, errors.Join(err, fmt.Errorf("handoff river: results of worked jobs not written by River's completer: %w", ctx.Err()))
 		}
 	}
+	a.mu.Lock()
+	n += a.canceledSnoozes
+	a.canceledSnoozes = 0
+	a.mu.Unlock()
 	return n, err
 }
 
@@ -488,6 +497,13 @@ func (m *middleware) Work(ctx context.Context, row *rivertype.JobRow, doInner fu
 	if err != nil && wctx.Err() != nil {
 		cause := context.Cause(wctx)
 		if errors.Is(cause, worker.ErrCanceled) || errors.Is(cause, errHandedBack) || errors.Is(cause, errLeaving) {
+			if errors.Is(cause, worker.ErrCanceled) {
+				// Handed back because of the cancel fallback: the next
+				// return counts it (docs/protocol.md, "returned").
+				a.mu.Lock()
+				a.canceledSnoozes++
+				a.mu.Unlock()
+			}
 			return riverqueue.JobSnooze(0)
 		}
 	}
