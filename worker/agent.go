@@ -315,12 +315,18 @@ func (a *Agent) Unstarted() int {
 // taken (Claim.Start refuses them with ErrHandedBack) and handed back at
 // once through Options.HandBack, in a goroutine, so StopClaiming does not
 // wait for the queue. Idempotent.
-func (a *Agent) StopClaiming() {
+func (a *Agent) StopClaiming() { a.stopClaiming() }
+
+// stopClaiming is StopClaiming, and returns the drain status at the moment
+// claiming stopped: the first call's, before the unstarted claims are taken
+// to hand back, so its in-flight and unstarted counts are what the app held
+// when told to stop (the answer to stop-claiming); a later call's, now.
+func (a *Agent) stopClaiming() protocol.DrainStatus {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	select {
 	case <-a.stopping:
-		return
+		return a.drainStatusLocked()
 	default:
 	}
 	close(a.stopping)
@@ -328,6 +334,7 @@ func (a *Agent) StopClaiming() {
 		r.cancel(ErrStopping)
 	}
 	a.log.Info("stop claiming", "inFlight", a.held, "unstarted", a.unstarted, "receiving", len(a.receives))
+	st := a.drainStatusLocked()
 	var unstarted []*Claim
 	for c := range a.claims {
 		if c.state == claimUnstarted {
@@ -335,6 +342,7 @@ func (a *Agent) StopClaiming() {
 		}
 	}
 	a.takeLocked(unstarted)
+	return st
 }
 
 // takeLocked takes claims, unstarted, to hand back through
@@ -437,6 +445,11 @@ func (a *Agent) Return(ctx context.Context, cancel bool, cancelWait time.Duratio
 func (a *Agent) drainStatus() protocol.DrainStatus {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.drainStatusLocked()
+}
+
+// drainStatusLocked is drainStatus; a.mu must be held.
+func (a *Agent) drainStatusLocked() protocol.DrainStatus {
 	stopping := false
 	select {
 	case <-a.stopping:

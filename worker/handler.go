@@ -73,8 +73,7 @@ func (a *Agent) Handler() http.Handler {
 func (a *Agent) mux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+protocol.StopClaimingPath, func(w http.ResponseWriter, _ *http.Request) {
-		a.StopClaiming()
-		writeJSON(w, http.StatusOK, a.drainStatus())
+		writeJSON(w, http.StatusOK, a.stopClaiming())
 	})
 	mux.HandleFunc("GET "+protocol.DrainPath, func(w http.ResponseWriter, r *http.Request) {
 		wait, err := waitParam(r)
