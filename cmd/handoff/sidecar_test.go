@@ -40,7 +40,7 @@ func TestHTTP2HealthCheck(t *testing.T) {
 		preset        map[string]string
 		want          map[string]string
 	}{
-		{10 * time.Second, nil, map[string]string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "2", "HTTP2_PING_TIMEOUT_SECONDS": "2"}},
+		{10 * time.Second, nil, map[string]string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "2", "HTTP2_PING_TIMEOUT_SECONDS": "5"}},
 		{3 * time.Second, nil, map[string]string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "1", "HTTP2_PING_TIMEOUT_SECONDS": "1"}},
 		{30 * time.Second, map[string]string{"HTTP2_PING_TIMEOUT_SECONDS": "9"},
 			map[string]string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "6", "HTTP2_PING_TIMEOUT_SECONDS": "9"}},
