@@ -19,7 +19,7 @@ KUBE_NEWEST := KUBE_VERSION=v1.37.2 ETCD_VERSION=v3.7.3
 # The packages whose tests talk to the apiserver, run again on the newest.
 API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
 
-.PHONY: all build image deploy demo test integration e2e e2e-newest e2e-assets rollout-figures queue-figures queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
+.PHONY: all build image deploy demo test integration e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
 
 all: build
 
@@ -95,6 +95,11 @@ e2e-newest: tools
 # The rollout figures, handoff beside the baseline, from one e2e run.
 rollout-figures: e2e-assets
 	bash e2e/rollout-figures.sh
+
+# The shard figures (docs/shards.md) from one e2e run: a rollout restart of
+# 3 replicas over 12 shard Leases under load.
+shard-figures: e2e-assets
+	bash e2e/shard-figures.sh
 
 # The soak: SOAK_RUNS rollout restarts in a row under load on a real kubelet,
 # with what each lost, applied twice or overlapped, and its handover time.

@@ -62,8 +62,9 @@ var workerLeases = []string{
 	"orders-leader", "plain-leader", // TestRolloutRestart
 	"delete-grace-6-leader", "legacy-leader", "never-drains-leader", // TestDeadlineHandsBackUnfinishedClaims
 	"sigkill-leader", "crash-leader", "twice-leader", "sigterm-leader", "stateful-leader", "evict-leader", // faults_test.go
-	"alive-leader", // TestLivenessKillHandsOverAndRearms
-	"soak-leader",  // TestSoak
+	"alive-leader",  // TestLivenessKillHandsOverAndRearms
+	"soak-leader",   // TestSoak
+	"shards-leader", // TestShardRollout, beside its shard set shardLeases
 }
 
 var cluster struct {
@@ -281,7 +282,8 @@ func (s *setup) chart() error {
 	if err != nil {
 		return err
 	}
-	bindings, err := json.Marshal([]map[string]any{{"namespace": namespace, "serviceAccount": serviceAccount, "leases": workerLeases}})
+	bindings, err := json.Marshal([]map[string]any{{"namespace": namespace, "serviceAccount": serviceAccount, "leases": workerLeases,
+		"shards": map[string]any{"prefix": shardPrefix, "count": shardCount}}})
 	if err != nil {
 		return err
 	}
