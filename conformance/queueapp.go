@@ -21,30 +21,31 @@ import (
 // worked and handed back by the worker as in production. Serve it (it is an
 // http.Handler: the current worker's Agent) and pass it as Target.Fixture.
 //
-// Restart stops the worker Start started last (Stop) and starts a fresh one
+// Restart stops the worker Start made last (Stop) and starts a fresh one
 // on an empty queue; Hold publishes n messages whose work runs, ignoring
 // cancellation, until Finish; HoldCancelable publishes n whose work ends at
 // the cancel fallback with an error, unacknowledged, which the worker must
 // hand back at its next return. Hold returns once the worker's Agent counts
 // them started (in flight, not unstarted), bounded by ctx.
 type QueueApp struct {
-	// Start starts a fresh worker on an empty queue (a new stream, queue
-	// or consumer group) and returns its Agent. The worker's handler must
+	// Start makes a fresh worker on an empty queue (a new stream, queue
+	// or consumer group) and returns its Agent and its Run, which QueueApp
+	// runs in a goroutine of its own until the next Restart or Stop
+	// cancels its context; Run must then return. The worker's handler must
 	// call work with each message's body and return work's error: nil
 	// acknowledges the message, an error leaves it to the worker to hand
 	// back. Required.
-	Start func(ctx context.Context, work func(ctx context.Context, body string) error) (*worker.Agent, error)
-	// Stop stops the worker Start started last and returns once it has
-	// stopped (its Run returned). Required.
-	Stop func(ctx context.Context) error
+	Start func(ctx context.Context, work func(ctx context.Context, body string) error) (*worker.Agent, func(context.Context) error, error)
 	// Publish puts messages with the bodies into the current worker's
 	// queue. Required.
 	Publish func(ctx context.Context, bodies ...string) error
 
 	mu      sync.Mutex
 	agent   *worker.Agent
-	release chan struct{} // closed by Finish (or Restart): held work ends
-	n       int           // messages published, for unique bodies
+	stop    context.CancelFunc // ends the current worker's Run
+	done    chan error         // its result
+	release chan struct{}      // closed by Finish (or Restart): held work ends
+	n       int                // messages published, for unique bodies
 }
 
 // cancelablePrefix marks the bodies of HoldCancelable's messages.
@@ -73,26 +74,48 @@ func (q *QueueApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // Restart implements Fixture.
 func (q *QueueApp) Restart(ctx context.Context) error {
-	if q.Start == nil || q.Stop == nil || q.Publish == nil {
-		return errors.New("conformance: QueueApp needs Start, Stop and Publish")
+	if q.Start == nil || q.Publish == nil {
+		return errors.New("conformance: QueueApp needs Start and Publish")
 	}
-	q.mu.Lock()
-	started := q.agent != nil
-	q.finishLocked()
-	q.mu.Unlock()
-	if started {
-		if err := q.Stop(ctx); err != nil {
-			return fmt.Errorf("stop the worker: %w", err)
-		}
+	if err := q.Stop(ctx); err != nil {
+		return fmt.Errorf("stop the worker: %w", err)
 	}
-	a, err := q.Start(ctx, q.work)
+	a, run, err := q.Start(ctx, q.work)
 	if err != nil {
 		return fmt.Errorf("start a worker: %w", err)
 	}
+	rctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(rctx) }()
 	q.mu.Lock()
-	q.agent = a
+	q.agent, q.stop, q.done = a, stop, done
 	q.mu.Unlock()
 	return nil
+}
+
+// Stop ends the work under way and stops the current worker: it cancels
+// its Run's context and waits, bounded by ctx, for Run to return; an error
+// of Run other than the context's is returned. Without a worker it does
+// nothing.
+func (q *QueueApp) Stop(ctx context.Context) error {
+	q.mu.Lock()
+	stop, done := q.stop, q.done
+	q.stop, q.done = nil, nil
+	q.finishLocked()
+	q.mu.Unlock()
+	if stop == nil {
+		return nil
+	}
+	stop()
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("Run: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // work is the message handler QueueApp gives Start.
@@ -179,11 +202,8 @@ func TestQueueApp(t testing.TB, app *QueueApp, token string) {
 	srv := httptest.NewServer(app)
 	defer srv.Close()
 	rep := Run(ctx, Target{URL: srv.URL, Token: token, Fixture: app, Leader: app.Leader(), Client: srv.Client(), Logf: t.Logf})
-	if app.Agent() != nil {
-		_ = app.Finish(ctx)
-		if err := app.Stop(ctx); err != nil {
-			t.Errorf("stopping the last worker: %v", err)
-		}
+	if err := app.Stop(ctx); err != nil {
+		t.Errorf("stopping the last worker: %v", err)
 	}
 	if rep.Count(Pass) != len(Cases()) {
 		t.Fatalf("%d of %d cases passed:\n%s", rep.Count(Pass), len(Cases()), rep)

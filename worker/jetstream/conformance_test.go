@@ -2,8 +2,6 @@ package jetstream_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -21,38 +19,18 @@ const conformanceToken = "0123456789abcdef0123456789abcdef0123456789abcdef012345
 // claims real messages on a real nats-server: each fresh worker has its own
 // stream and durable consumer.
 func TestConformance(t *testing.T) {
-	var (
-		q    *queue
-		stop context.CancelFunc
-		done chan error
-	)
+	var q *queue
 	app := &conformance.QueueApp{
-		Start: func(_ context.Context, work func(context.Context, string) error) (*worker.Agent, error) {
+		Start: func(_ context.Context, work func(context.Context, string) error) (*worker.Agent, func(context.Context) error, error) {
 			q = newQueue(t, time.Hour)
 			nc, c := q.consumer()
 			w, err := jetstream.New(worker.Options{Token: conformanceToken}, nc, c, jetstream.Config{Concurrency: 8})
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
-			var ctx context.Context
-			ctx, stop = context.WithCancel(context.Background())
-			done = make(chan error, 1)
-			go func() {
-				done <- w.Run(ctx, func(ctx context.Context, m js.Msg) error { return work(ctx, string(m.Data())) })
-			}()
-			return w.Agent(), nil
-		},
-		Stop: func(ctx context.Context) error {
-			stop()
-			select {
-			case err := <-done:
-				if err != nil && !errors.Is(err, context.Canceled) {
-					return fmt.Errorf("Run: %w", err)
-				}
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			return w.Agent(), func(ctx context.Context) error {
+				return w.Run(ctx, func(ctx context.Context, m js.Msg) error { return work(ctx, string(m.Data())) })
+			}, nil
 		},
 		Publish: func(_ context.Context, bodies ...string) error { q.publish(bodies...); return nil },
 	}

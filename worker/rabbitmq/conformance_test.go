@@ -2,8 +2,6 @@ package rabbitmq_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -22,37 +20,17 @@ const conformanceToken = "0123456789abcdef0123456789abcdef0123456789abcdef012345
 // consumes its own queue.
 func TestConformance(t *testing.T) {
 	conn := rabbittest.Conn(t)
-	var (
-		queue string
-		stop  context.CancelFunc
-		done  chan error
-	)
+	var queue string
 	app := &conformance.QueueApp{
-		Start: func(_ context.Context, work func(context.Context, string) error) (*worker.Agent, error) {
+		Start: func(_ context.Context, work func(context.Context, string) error) (*worker.Agent, func(context.Context) error, error) {
 			queue = rabbittest.Queue(t, conn)
 			a, err := rabbitmq.New(worker.Options{Token: conformanceToken}, conn, rabbitmq.Config{Queue: queue, Concurrency: 8})
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
-			var ctx context.Context
-			ctx, stop = context.WithCancel(context.Background())
-			done = make(chan error, 1)
-			go func() {
-				done <- a.Run(ctx, func(ctx context.Context, d amqp.Delivery) error { return work(ctx, string(d.Body)) })
-			}()
-			return a.Agent(), nil
-		},
-		Stop: func(ctx context.Context) error {
-			stop()
-			select {
-			case err := <-done:
-				if err != nil && !errors.Is(err, context.Canceled) {
-					return fmt.Errorf("Run: %w", err)
-				}
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			return a.Agent(), func(ctx context.Context) error {
+				return a.Run(ctx, func(ctx context.Context, d amqp.Delivery) error { return work(ctx, string(d.Body)) })
+			}, nil
 		},
 		Publish: func(_ context.Context, bodies ...string) error { publish(t, conn, queue, bodies...); return nil },
 	}

@@ -2,7 +2,6 @@ package redisstreams_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 
@@ -22,38 +21,18 @@ const conformanceToken = "0123456789abcdef0123456789abcdef0123456789abcdef012345
 // own stream through its own consumer group.
 func TestConformance(t *testing.T) {
 	rdb := redistest.Client(t)
-	var (
-		stream string
-		stop   context.CancelFunc
-		done   chan error
-	)
+	var stream string
 	app := &conformance.QueueApp{
-		Start: func(_ context.Context, work func(context.Context, string) error) (*worker.Agent, error) {
+		Start: func(_ context.Context, work func(context.Context, string) error) (*worker.Agent, func(context.Context) error, error) {
 			stream = redistest.Key(t)
 			a, err := redisstreams.New(worker.Options{Token: conformanceToken}, rdb,
 				redisstreams.Config{Stream: stream, Group: group, Consumer: "c", Batch: 1, Concurrency: 8})
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
-			var ctx context.Context
-			ctx, stop = context.WithCancel(context.Background())
-			done = make(chan error, 1)
-			go func() {
-				done <- a.Run(ctx, func(ctx context.Context, m redis.XMessage) error { return work(ctx, fmt.Sprint(m.Values["body"])) })
-			}()
-			return a.Agent(), nil
-		},
-		Stop: func(ctx context.Context) error {
-			stop()
-			select {
-			case err := <-done:
-				if err != nil && !errors.Is(err, context.Canceled) {
-					return fmt.Errorf("Run: %w", err)
-				}
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			return a.Agent(), func(ctx context.Context) error {
+				return a.Run(ctx, func(ctx context.Context, m redis.XMessage) error { return work(ctx, fmt.Sprint(m.Values["body"])) })
+			}, nil
 		},
 		Publish: func(ctx context.Context, bodies ...string) error {
 			for _, b := range bodies {

@@ -2,8 +2,6 @@ package river_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -40,13 +38,9 @@ func (w *bodyWorker) Work(ctx context.Context, j *riverqueue.Job[bodyArgs]) erro
 // claims real River jobs on a real PostgreSQL: each fresh worker has a
 // database of its own.
 func TestConformance(t *testing.T) {
-	var (
-		e    *env
-		stop context.CancelFunc
-		done chan error
-	)
+	var e *env
 	app := &conformance.QueueApp{
-		Start: func(_ context.Context, work func(context.Context, string) error) (*worker.Agent, error) {
+		Start: func(_ context.Context, work func(context.Context, string) error) (*worker.Agent, func(context.Context) error, error) {
 			e = newEnv(t)
 			workers := riverqueue.NewWorkers()
 			riverqueue.AddWorker(workers, &bodyWorker{work: work})
@@ -56,25 +50,9 @@ func TestConformance(t *testing.T) {
 				FetchPollInterval: 5 * time.Second, // inserts are seen by River's notification
 			}, worker.Options{Token: conformanceToken})
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
-			var ctx context.Context
-			ctx, stop = context.WithCancel(context.Background())
-			done = make(chan error, 1)
-			go func() { done <- a.Run(ctx) }()
-			return a.Agent(), nil
-		},
-		Stop: func(ctx context.Context) error {
-			stop()
-			select {
-			case err := <-done:
-				if err != nil && !errors.Is(err, context.Canceled) {
-					return fmt.Errorf("Run: %w", err)
-				}
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			return a.Agent(), a.Run, nil
 		},
 		Publish: func(ctx context.Context, bodies ...string) error {
 			c, err := riverqueue.NewClient[pgx.Tx](riverpgxv5.New(e.pool), &riverqueue.Config{}) // insert only
