@@ -23,7 +23,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,6 +35,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/handoff-dev/handoff/internal/servertest"
 )
 
 // EnvURL names the environment variable with the URL of a running
@@ -187,7 +188,7 @@ func startOnce(bin string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := servertest.FreePort()
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -275,7 +276,7 @@ func binary() (string, error) {
 	if b := os.Getenv(EnvServer); b != "" {
 		return b, nil
 	}
-	script, err := script()
+	script, err := servertest.Script("nats-server.sh")
 	if err != nil {
 		return "", err
 	}
@@ -289,34 +290,4 @@ func binary() (string, error) {
 		return "", fmt.Errorf("%s: %w\n%s", script, err, stderr.Bytes())
 	}
 	return strings.TrimSpace(string(out)), nil
-}
-
-// script returns the path of hack/nats-server.sh, found by walking up from
-// the working directory (the package under test) to the module root.
-func script() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "hack", "nats-server.sh"), nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory, so no hack/nats-server.sh")
-		}
-		dir = parent
-	}
-}
-
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort() (int, error) {
-	var lc net.ListenConfig
-	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

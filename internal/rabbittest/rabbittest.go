@@ -16,23 +16,15 @@
 package rabbittest
 
 import (
-	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/handoff-dev/handoff/internal/servertest"
 )
 
 // EnvURL names the environment variable with the URL of an existing
@@ -43,59 +35,18 @@ const EnvURL = "HANDOFF_TEST_RABBITMQ_URL"
 const startTimeout = 10 * time.Minute
 
 // server is the one server of this test binary.
-var server struct {
-	mu      sync.Mutex
-	running bool // Run is running the tests
-	started bool // a start was attempted; addr and err hold its outcome
-	url     string
-	err     error
-	stop    func()
-}
+var server = &servertest.Shared{Name: "RabbitMQ", Env: EnvURL, Start: StartServer}
 
 // Run runs the tests of m and then stops the node URL started, if any.
 // Call it from TestMain.
-func Run(m *testing.M) {
-	server.mu.Lock()
-	server.running = true
-	server.mu.Unlock()
-	defer func() {
-		server.mu.Lock()
-		defer server.mu.Unlock()
-		server.running = false
-		if server.stop != nil {
-			server.stop()
-			server.stop = nil
-		}
-	}()
-	m.Run()
-}
+func Run(m *testing.M) { server.Run(m) }
 
 // URL returns the AMQP URL of the node, starting it on first use. If no
 // node can be had it fails t (it does not skip): a test that needs
 // RabbitMQ must not pass silently without it.
 func URL(t testing.TB) string {
 	t.Helper()
-	server.mu.Lock()
-	defer server.mu.Unlock()
-	if !server.started {
-		server.started = true
-		switch {
-		case os.Getenv(EnvURL) != "":
-			server.url = os.Getenv(EnvURL)
-		case !server.running:
-			// Without Run nobody would stop the server.
-			server.err = errors.New("call rabbittest.Run(m) from TestMain, so the RabbitMQ node is stopped when the tests end (or set " + EnvURL + ")")
-		default:
-			server.url, server.stop, server.err = StartServer()
-			if server.err != nil {
-				server.err = fmt.Errorf("cannot start RabbitMQ (set %s to use a running server): %w", EnvURL, server.err)
-			}
-		}
-	}
-	if server.err != nil {
-		t.Fatalf("rabbittest: %v", server.err)
-	}
-	return server.url
+	return server.Get(t)
 }
 
 // Conn returns a new connection to the node (URL), closed when t ends.
@@ -141,74 +92,5 @@ func Queue(t testing.TB, conn *amqp.Connection) string {
 // removes the directory. The script's watchdog stops the node should this
 // process die first. For commands (benchmarks) as well as tests.
 func StartServer() (url string, stop func(), err error) {
-	script, err := script()
-	if err != nil {
-		return "", nil, err
-	}
-	// Another process may take the free port first; try a few times.
-	for attempt := 1; ; attempt++ {
-		dir, err := os.MkdirTemp("", "handoff-rabbittest-")
-		if err != nil {
-			return "", nil, err
-		}
-		stop := func() {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if out, err := exec.CommandContext(ctx, "bash", script, "stop", dir).CombinedOutput(); err != nil {
-				fmt.Fprintf(os.Stderr, "rabbittest: stop RabbitMQ in %s: %v\n%s", dir, err, out)
-				return // keep the directory and its log
-			}
-			_ = os.RemoveAll(dir)
-		}
-		// The node listens on port and port+1 (Erlang distribution).
-		port, err := freePort()
-		if err != nil {
-			_ = os.RemoveAll(dir)
-			return "", nil, err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-		cmd := exec.CommandContext(ctx, "bash", script, "start", dir, strconv.Itoa(port))
-		cmd.Env = append(os.Environ(), "HANDOFF_RABBITMQ_WATCH_PID="+strconv.Itoa(os.Getpid()))
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		cancel()
-		if err == nil {
-			return strings.TrimSpace(string(out)), stop, nil
-		}
-		stop()
-		if attempt == 3 {
-			return "", nil, fmt.Errorf("%s start %s %d: %w\n%s", script, dir, port, err, stderr.Bytes())
-		}
-	}
-}
-
-// script returns the path of hack/rabbitmq.sh, found by walking up from the
-// working directory to the module root.
-func script() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "hack", "rabbitmq.sh"), nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory, so no hack/rabbitmq.sh")
-		}
-		dir = parent
-	}
-}
-
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort() (int, error) {
-	var lc net.ListenConfig
-	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return servertest.StartScript("rabbitmq.sh", "HANDOFF_RABBITMQ_WATCH_PID", startTimeout)
 }

@@ -16,23 +16,15 @@
 package redistest
 
 import (
-	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/handoff-dev/handoff/internal/servertest"
 )
 
 // EnvAddr names the environment variable with the host:port of an existing
@@ -43,59 +35,18 @@ const EnvAddr = "HANDOFF_TEST_REDIS_ADDR"
 const startTimeout = 10 * time.Minute
 
 // server is the one server of this test binary.
-var server struct {
-	mu      sync.Mutex
-	running bool // Run is running the tests
-	started bool // a start was attempted; addr and err hold its outcome
-	addr    string
-	err     error
-	stop    func()
-}
+var server = &servertest.Shared{Name: "Redis", Env: EnvAddr, Start: StartServer}
 
 // Run runs the tests of m and then stops the server Client started, if
 // any. Call it from TestMain.
-func Run(m *testing.M) {
-	server.mu.Lock()
-	server.running = true
-	server.mu.Unlock()
-	defer func() {
-		server.mu.Lock()
-		defer server.mu.Unlock()
-		server.running = false
-		if server.stop != nil {
-			server.stop()
-			server.stop = nil
-		}
-	}()
-	m.Run()
-}
+func Run(m *testing.M) { server.Run(m) }
 
 // Addr returns the host:port of the server, starting it on first use. If
 // no server can be had it fails t (it does not skip): a test that needs
 // Redis must not pass silently without it.
 func Addr(t testing.TB) string {
 	t.Helper()
-	server.mu.Lock()
-	defer server.mu.Unlock()
-	if !server.started {
-		server.started = true
-		switch {
-		case os.Getenv(EnvAddr) != "":
-			server.addr = os.Getenv(EnvAddr)
-		case !server.running:
-			// Without Run nobody would stop the server.
-			server.err = errors.New("call redistest.Run(m) from TestMain, so the Redis server is stopped when the tests end (or set " + EnvAddr + ")")
-		default:
-			server.addr, server.stop, server.err = StartServer()
-			if server.err != nil {
-				server.err = fmt.Errorf("cannot start Redis (set %s to use a running server): %w", EnvAddr, server.err)
-			}
-		}
-	}
-	if server.err != nil {
-		t.Fatalf("redistest: %v", server.err)
-	}
-	return server.addr
+	return server.Get(t)
 }
 
 // Client returns a client of the server (Addr), closed when t ends.
@@ -120,73 +71,5 @@ func Key(t testing.TB) string {
 // and removes the directory. The script's watchdog stops the server should
 // this process die first. For commands (benchmarks) as well as tests.
 func StartServer() (addr string, stop func(), err error) {
-	script, err := script()
-	if err != nil {
-		return "", nil, err
-	}
-	// Another process may take the free port first; try a few times.
-	for attempt := 1; ; attempt++ {
-		dir, err := os.MkdirTemp("", "handoff-redistest-")
-		if err != nil {
-			return "", nil, err
-		}
-		stop := func() {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if out, err := exec.CommandContext(ctx, "bash", script, "stop", dir).CombinedOutput(); err != nil {
-				fmt.Fprintf(os.Stderr, "redistest: stop Redis in %s: %v\n%s", dir, err, out)
-				return // keep the directory and its log
-			}
-			_ = os.RemoveAll(dir)
-		}
-		port, err := freePort()
-		if err != nil {
-			_ = os.RemoveAll(dir)
-			return "", nil, err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-		cmd := exec.CommandContext(ctx, "bash", script, "start", dir, strconv.Itoa(port))
-		cmd.Env = append(os.Environ(), "HANDOFF_REDIS_WATCH_PID="+strconv.Itoa(os.Getpid()))
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		cancel()
-		if err == nil {
-			return strings.TrimSpace(string(out)), stop, nil
-		}
-		stop()
-		if attempt == 3 {
-			return "", nil, fmt.Errorf("%s start %s %d: %w\n%s", script, dir, port, err, stderr.Bytes())
-		}
-	}
-}
-
-// script returns the path of hack/redis.sh, found by walking up from the
-// working directory to the module root.
-func script() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "hack", "redis.sh"), nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory, so no hack/redis.sh")
-		}
-		dir = parent
-	}
-}
-
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort() (int, error) {
-	var lc net.ListenConfig
-	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return servertest.StartScript("redis.sh", "HANDOFF_REDIS_WATCH_PID", startTimeout)
 }
