@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -164,6 +166,22 @@ func TestRiverWorkerHandover(t *testing.T) {
 	t.Logf("%s with %d long jobs gone %s after the delete (grace period %ds)", victim, len(handedBack), gone.Round(time.Millisecond), grace)
 	if gone > (grace+2)*time.Second {
 		t.Errorf("pod took %s to go, more than its %ds grace period (and 2s for the kubelet's bookkeeping)", gone, grace)
+	}
+
+	// The hand back was the sidecar's fallback at the deadline (not only the
+	// worker's own stop on SIGTERM, which also makes its jobs available).
+	events, err := cluster.kube.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + victim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	for _, e := range events.Items {
+		seen = append(seen, e.Reason+": "+e.Message)
+	}
+	if m := returnedCount.FindStringSubmatch(strings.Join(seen, "\n")); m == nil {
+		t.Errorf("no count of returned claims among the pod's Events:\n%s", strings.Join(seen, "\n"))
+	} else if n, _ := strconv.Atoi(m[1]); n != len(handedBack) {
+		t.Errorf("the Event says %d claims returned; the pod ran %d long jobs", n, len(handedBack))
 	}
 
 	// Every job completed, each applied exactly once.
