@@ -27,6 +27,7 @@ build:
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/handoff ./cmd/handoff
 	CGO_ENABLED=0 go build -tags sidecaronly -trimpath -ldflags "$(LDFLAGS)" -o bin/handoff-sidecar ./cmd/handoff
 	CGO_ENABLED=0 go build -trimpath -o bin/pgworker ./examples/pgworker
+	CGO_ENABLED=0 go build -trimpath -o bin/riverworker ./examples/riverworker
 
 # The container image, written as a tarball without a container engine.
 image: build

@@ -79,9 +79,9 @@ var cluster struct {
 
 // images are the images under test, as the pods name them.
 var images = struct {
-	handoffRepo, tag, pgworker string
-	pullPolicy                 corev1.PullPolicy
-}{"handoff.local/handoff", "e2e", "handoff.local/pgworker:e2e", corev1.PullNever}
+	handoffRepo, tag, pgworker, riverworker string
+	pullPolicy                              corev1.PullPolicy
+}{"handoff.local/handoff", "e2e", "handoff.local/pgworker:e2e", "handoff.local/riverworker:e2e", corev1.PullNever}
 
 func TestMain(m *testing.M) {
 	var c cleanups
@@ -208,12 +208,13 @@ func (s *setup) cluster() error {
 	return nil
 }
 
-// images writes the handoff and pgworker images without a container
+// images writes the handoff, pgworker and riverworker images without a container
 // engine and loads them into the nodes.
 func (s *setup) images() error {
 	for _, img := range []struct{ name, pkg, ref string }{
 		{"handoff", "./cmd/handoff", images.handoffRepo + ":" + images.tag},
 		{"pgworker", "./examples/pgworker", images.pgworker},
+		{"riverworker", "./examples/riverworker", images.riverworker},
 	} {
 		bin := filepath.Join(s.dir, img.name)
 		tar := bin + ".tar"

@@ -186,12 +186,35 @@ func run(ctx context.Context, log logr.Logger, opts options, wopts worker.Option
 	return errors.Join(runErr, <-served)
 }
 
-// migrate runs River's migrations and creates riverworker_applied.
-func migrate(ctx context.Context, pool *pgxpool.Pool) error {
+// migrateLock is the key of the advisory lock migrate holds: replicas that
+// start together migrate one at a time (rivermigrate takes no lock itself,
+// and two concurrent CREATE TABLEs of River's tables fail).
+const migrateLock = 0x72697665 // "rive"
+
+// migrate runs River's migrations and creates riverworker_applied under
+// migrateLock, held by a connection of its own (River's migrations run
+// each in its own transaction: one of them adds an enum value a later one
+// uses): idempotent, and safe for replicas starting at once (the later
+// ones find the versions applied and do nothing).
+func migrate(ctx context.Context, pool *pgxpool.Pool) (err error) {
 	m, err := rivermigrate.New(riverpgxv5.New(pool), nil)
 	if err != nil {
 		return err
 	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, migrateLock); err != nil {
+		return fmt.Errorf("lock for River's migrations: %w", err)
+	}
+	defer func() {
+		if _, uerr := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, migrateLock); uerr != nil {
+			conn.Conn().Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing the session ends its lock
+			err = errors.Join(err, fmt.Errorf("unlock River's migrations: %w", uerr))
+		}
+	}()
 	if _, err := m.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
 		return fmt.Errorf("migrate River's tables: %w", err)
 	}

@@ -88,3 +88,37 @@ func TestRunAppliesJobs(t *testing.T) {
 		t.Fatal("run did not return within 30s of its context's end")
 	}
 }
+
+// TestMigrateConcurrently runs the start-up migration of several replicas
+// at once on a fresh database, then once more: each succeeds (River's
+// migrations applied once, riverworker_applied created once).
+func TestMigrateConcurrently(t *testing.T) {
+	url := pgtest.Start(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	errs := make(chan error, 4)
+	for range cap(errs) {
+		// A pool each, as each replica has.
+		replica, err := pgxpool.New(context.Background(), url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer replica.Close()
+		go func() { errs <- migrate(context.Background(), replica) }()
+	}
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent migrate: %v", err)
+		}
+	}
+	if err := migrate(context.Background(), pool); err != nil {
+		t.Errorf("migrate again: %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM river_job`).Scan(&n); err != nil {
+		t.Errorf("River's tables after migrate: %v", err)
+	}
+}
