@@ -130,6 +130,12 @@ func TestShardRollout(t *testing.T) {
 	rec.checkHolders(t, name, end)
 	run.moves, run.longestFree, run.freeShard = rec.movesAndGaps(t, rolloutAt, end)
 	run.mostHeld, run.mostHeldPod, run.worstExcess = rec.mostHeld, rec.mostHeldPod, rec.worst
+	// The rollout never has fewer than shardReplicas pods up (a new pod is
+	// Ready before an old one goes), and a pod takes no more than its
+	// share, even while it sheds: none holds more than ceil(N/replicas).
+	if fair := (shardCount + shardReplicas - 1) / shardReplicas; run.mostHeld > fair {
+		t.Errorf("pod %s held %d shards at once, over ceil(%d/%d) = %d", run.mostHeldPod, run.mostHeld, shardCount, shardReplicas, fair)
+	}
 	run.overlaps, run.open, run.intervals = checkShardWork(t, name)
 	if run.overlaps > 0 || run.open > 0 {
 		t.Errorf("messages of one shard worked by two pods at once: %d overlapping claim intervals of different pods, %d claims never completed nor handed back",

@@ -157,8 +157,9 @@ func (c *Coordinator) runShards(r *round) {
 	}
 }
 
-// planShards starts the elections of the shards assigned to this pod and
-// stops (sheds, if held) those of the shards that are not.
+// planShards stops (sheds, if held) the elections of the shards not
+// assigned to this pod, then starts those of the shards assigned to it, as
+// many as its share leaves room for beside the elections it has.
 func (c *Coordinator) planShards(r *round) {
 	peers, synced := c.peers.up()
 	if !synced {
@@ -178,18 +179,6 @@ func (c *Coordinator) planShards(r *round) {
 	}
 	plan := shard.PlanFor(c.s.PodName, c.s.Shards, peers, held)
 	c.metrics.ShardShare.Set(float64(plan.Share))
-	for _, name := range plan.Assigned {
-		if set.active[name] != nil {
-			continue
-		}
-		l, err := c.newLease(r, name, protocol.LeaseKindPartition)
-		if err != nil { // the timings were validated in New
-			c.log.Error(err, "shard election not started", "shard", name)
-			continue
-		}
-		set.active[name] = l
-		c.runLease(l)
-	}
 	for name, l := range set.active {
 		if slices.Contains(plan.Assigned, name) || l.shedding {
 			continue
@@ -210,6 +199,26 @@ func (c *Coordinator) planShards(r *round) {
 			set.mu.Unlock()
 			poke(c.shardWake)
 		}()
+	}
+	// Then take, up to the share: the elections under way count, the
+	// shards being shed too until they are released (their end wakes this
+	// loop), so this pod never competes for more than its share.
+	room := plan.Share - len(set.active)
+	for _, name := range plan.Assigned {
+		if set.active[name] != nil {
+			continue
+		}
+		if room <= 0 {
+			break
+		}
+		l, err := c.newLease(r, name, protocol.LeaseKindPartition)
+		if err != nil { // the timings were validated in New
+			c.log.Error(err, "shard election not started", "shard", name)
+			continue
+		}
+		set.active[name] = l
+		c.runLease(l)
+		room--
 	}
 }
 
