@@ -181,6 +181,12 @@ podLogsDir: $RUN/kubelet/logs
 readOnlyPort: 0
 serializeImagePulls: false
 evictionHard: {memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%"}
+# No image garbage collection: the images are imported, never pulled
+# (PullNever; the sandbox's pause too), so one collected is gone for the
+# run. On a disk over 85% full the kubelet collected the pause image of a
+# CI run halfway and every later pod failed to start. 100 turns it off.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
 EOF
 start kubelet "$BIN/kubelet" --config "$RUN/kubelet/config.yaml" --kubeconfig "$KUBECONFIG" \
   --root-dir "$RUN/kubelet/root" --hostname-override 127.0.0.1
