@@ -261,6 +261,12 @@ func (d *demo) replace(ctx context.Context, old, newName string, handoff bool) (
 		say("replacing %s (Lease holder) without handoff: the pod's processes just exit (no preStop, no release)", old)
 	}
 	r.t0 = time.Now()
+	if !handoff {
+		// A pod without handoff has no sidecar to see its deletion: this
+		// one's is gone first, or its watch of the Pod would start the
+		// sequence at the deletion and release the Lease.
+		d.terminate(p, p.sidecar, r.t0, syscall.SIGKILL)
+	}
 	if err := d.kube.Client.CoreV1().Pods(namespace).Delete(ctx, old, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
 		return nil, err
 	}
@@ -275,8 +281,7 @@ func (d *demo) replace(ctx context.Context, old, newName string, handoff bool) (
 		d.terminate(p, p.worker, killAt, syscall.SIGTERM)
 		d.terminate(p, p.sidecar, killAt.Add(2*time.Second), syscall.SIGTERM)
 	} else {
-		d.terminate(p, p.worker, killAt, syscall.SIGTERM)
-		d.terminate(p, p.sidecar, killAt, syscall.SIGKILL)
+		d.terminate(p, p.worker, killAt, syscall.SIGTERM) // no preStop: SIGTERM at once
 	}
 	zero := int64(0)
 	_ = d.kube.Client.CoreV1().Pods(namespace).Delete(ctx, old, metav1.DeleteOptions{GracePeriodSeconds: &zero})
