@@ -19,10 +19,15 @@ const conformanceToken = "0123456789abcdef0123456789abcdef0123456789abcdef012345
 // claims real deliveries on a real RabbitMQ node: each fresh worker
 // consumes its own queue.
 func TestConformance(t *testing.T) {
-	conn := rabbittest.Conn(t)
-	var queue string
+	var (
+		conn  *amqp.Connection
+		queue string
+	)
 	app := &conformance.QueueApp{
 		Start: func(_ context.Context, work func(context.Context, string) error) (*worker.Agent, func(context.Context) error, error) {
+			// Each worker on a connection of its own, as a worker process has:
+			// channels of the worker stopped before must not share it.
+			conn = rabbittest.Conn(t)
 			queue = rabbittest.Queue(t, conn)
 			a, err := rabbitmq.New(worker.Options{Token: conformanceToken}, conn, rabbitmq.Config{Queue: queue, Concurrency: 8})
 			if err != nil {
