@@ -122,8 +122,8 @@ var ErrSidecarRestart = errors.New("SIGTERM to the sidecar in a pod that stays: 
 func (c *Coordinator) Signal(ctx context.Context) (*protocol.Report, error) {
 	// The deadline counts from the signal, not from the end of this read.
 	at := c.clock.Now()
-	if c.idle() {
-		if term := c.termination(c.clock.Now()); term.PodRead && !term.Leaving && c.restart() {
+	if r := c.idleRound(); r != nil {
+		if term := c.termination(c.clock.Now()); term.PodRead && !term.Leaving && c.restart(r) {
 			c.log.Info("SIGTERM in a pod that stays: the worker goes on, Leases kept for the next sidecar process")
 			c.event(corev1.EventTypeNormal, ReasonSidecarRestart,
 				"Sidecar stopped in a pod that stays: the worker goes on; its Leases are kept for the next sidecar process")
@@ -133,20 +133,25 @@ func (c *Coordinator) Signal(ctx context.Context) (*protocol.Report, error) {
 	return c.shutdownAt(ctx, TriggerSignal, at)
 }
 
-// idle reports whether no sequence runs or is over in the current round.
-func (c *Coordinator) idle() bool {
+// idleRound is the current round if no sequence runs or is over in it,
+// else nil.
+func (c *Coordinator) idleRound() *round {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return (c.phase == PhaseRunning || c.phase == PhaseRearming) && !isClosed(c.cur.shutdown)
+	if (c.phase == PhaseRunning || c.phase == PhaseRearming) && !isClosed(c.cur.shutdown) {
+		return c.cur
+	}
+	return nil
 }
 
-// restart marks the current round restarting and withholds its releases,
-// unless a sequence has started in it since idle said otherwise.
-func (c *Coordinator) restart() bool {
+// restart marks round r restarting and withholds its releases, unless a
+// sequence has started in it since idleRound returned it, or it is no
+// longer the current round (a sequence ran and re-armed meanwhile: then
+// Signal joins the sequence, as it would have joined that one).
+func (c *Coordinator) restart(r *round) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r := c.cur
-	if isClosed(r.shutdown) {
+	if c.cur != r || isClosed(r.shutdown) {
 		return false
 	}
 	r.restarting = true
