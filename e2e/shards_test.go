@@ -134,7 +134,9 @@ func TestShardRollout(t *testing.T) {
 	// Ready before an old one goes), and a pod takes no more than its
 	// share, even while it sheds: none holds more than ceil(N/replicas).
 	if fair := (shardCount + shardReplicas - 1) / shardReplicas; run.mostHeld > fair {
-		t.Errorf("pod %s held %d shards at once, over ceil(%d/%d) = %d", run.mostHeldPod, run.mostHeld, shardCount, shardReplicas, fair)
+		t.Errorf("pod %s held %d shards at once (%v at %s), over ceil(%d/%d) = %d", run.mostHeldPod, run.mostHeld, rec.mostHeldOf,
+			rec.mostHeldAt.Format("15:04:05.000"), shardCount, shardReplicas, fair)
+		rec.logAround(t, rec.mostHeldPod, rec.mostHeldAt)
 	}
 	run.overlaps, run.open, run.intervals = checkShardWork(t, name)
 	if run.overlaps > 0 || run.open > 0 {
@@ -199,6 +201,8 @@ type shardRecorder struct {
 	// the M pods up at that observation.
 	mostHeld    int
 	mostHeldPod string
+	mostHeldAt  time.Time
+	mostHeldOf  []string // the shard Leases naming mostHeldPod then
 	worst       shareSeen
 }
 
@@ -308,7 +312,13 @@ func (r *shardRecorder) observeLocked(now time.Time) {
 	}
 	for pod, n := range held {
 		if n > r.mostHeld {
-			r.mostHeld, r.mostHeldPod = n, pod
+			r.mostHeld, r.mostHeldPod, r.mostHeldAt, r.mostHeldOf = n, pod, now, nil
+			for s, h := range r.current {
+				if podOf(h) == pod {
+					r.mostHeldOf = append(r.mostHeldOf, s)
+				}
+			}
+			slices.Sort(r.mostHeldOf)
 		}
 		if !r.up[pod] || up == 0 {
 			continue // a pod being deleted holds its shards until its drain ends
@@ -331,6 +341,30 @@ func (r *shardRecorder) stop(time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.measuring = false
+}
+
+// logAround logs, for a failure, what the recorder saw in the 20 seconds
+// before at: the pods' states, the writes of the shard Leases pod held, and
+// pod's Events (they outlive the pod).
+func (r *shardRecorder) logAround(t *testing.T, pod string, at time.Time) {
+	t.Helper()
+	r.mu.Lock()
+	for _, p := range r.pods {
+		t.Logf("pod %s: terminating %s, gone %s, up now %t", p.name, p.terminating.Format("15:04:05.000"), p.gone.Format("15:04:05.000"), r.up[p.name])
+	}
+	for _, s := range r.mostHeldOf {
+		for _, h := range r.holders[s] {
+			if h.at.After(at.Add(-20*time.Second)) && !h.at.After(at.Add(time.Second)) {
+				t.Logf("%s %s: holder %q renewed %s", h.at.Format("15:04:05.000"), s, h.holder, h.renewed.Format("15:04:05.000"))
+			}
+		}
+	}
+	r.mu.Unlock()
+	all, _ := podEvents(t, pod)
+	slices.SortFunc(all, func(a, b corev1.Event) int { return a.LastTimestamp.Compare(b.LastTimestamp.Time) })
+	for _, e := range all {
+		t.Logf("event %s ×%d %s: %s", e.LastTimestamp.Format("15:04:05"), e.Count, e.Reason, e.Message)
+	}
 }
 
 // writes is how many writes of the shard Leases the informer has seen.

@@ -25,4 +25,8 @@ const (
 	// ReasonShardShed: a shard this pod held was revoked and released while
 	// it runs, as the shard set's assignment gave it to another pod.
 	ReasonShardShed = "ShardShed"
+	// ReasonShardShedSlow: a shed shard's election had not ended (its
+	// release not done) twice the request timeout after its shed; the shard
+	// counts against the pod's share until it has.
+	ReasonShardShedSlow = "ShardShedSlow"
 )

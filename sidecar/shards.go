@@ -255,14 +255,38 @@ func (c *Coordinator) shed(l *lease, wasLeader bool) {
 		clk.Sleep(wait)
 	}
 	l.cancel()
+	// The shard counts against this pod's share (it stays in the set's
+	// active elections) until its Lease no longer names this pod: so the
+	// pod never holds more than its share, even while a slow release is
+	// under way. The election ends within its release's bound (a few
+	// writes, each within leaderelection.RequestTimeout); past twice that,
+	// it is reported, and still waited for.
+	slow := clk.NewTimer(2 * leaderelection.RequestTimeout(c.s.RenewDeadline))
+	defer slow.Stop()
 	select {
 	case <-l.stopped:
-	case <-clk.After(2 * leaderelection.RequestTimeout(c.s.RenewDeadline)):
-		c.log.Info("shed shard's election did not end in time", "shard", name)
+	case <-slow.C():
+		c.log.Info("shed shard's election did not end in time: it counts against the share until it does", "shard", name)
+		c.event(corev1.EventTypeWarning, ReasonShardShedSlow, "Shard %s: its election did not end within %s of its shed", name, 2*leaderelection.RequestTimeout(c.s.RenewDeadline))
+		select {
+		case <-l.stopped:
+		case <-c.base.Done():
+			return
+		}
 	}
-	if wasLeader {
-		c.metrics.ShardsShed.Inc()
-		c.log.Info("shard shed", "shard", name, "released", l.elector.Released())
-		c.event(corev1.EventTypeNormal, ReasonShardShed, "Shard %s shed (released=%t): assigned to another pod", name, l.elector.Released())
+	if !wasLeader {
+		return
+	}
+	released := l.elector.Released()
+	c.metrics.ShardsShed.Inc()
+	c.log.Info("shard shed", "shard", name, "released", released)
+	c.event(corev1.EventTypeNormal, ReasonShardShed, "Shard %s shed (released=%t): assigned to another pod", name, released)
+	if !released {
+		// The Lease names this pod until it expires, a lease duration
+		// after its last renewal at the latest; it counts until then.
+		select {
+		case <-clk.After(c.s.LeaseDuration):
+		case <-c.base.Done():
+		}
 	}
 }
