@@ -10,7 +10,10 @@
 // sidecar, its Go heap and stacks from its own /metrics (one uncompressed
 // scrape), and its RSS after -scrapes more scrapes asked as Prometheus asks
 // them (Accept-Encoding: gzip), the state of a monitored sidecar. Then the
-// target line: sidecar RSS <= floor + 2 MiB, idle.
+// target line: sidecar RSS <= floor + 2 MiB, idle. A second floor, the same
+// program built with -tags metrics, also serves prometheus/client_golang's
+// default registry: the line after the target splits the sidecar's excess
+// into that library's share and the rest.
 //
 // Usage: go run ./bench/footprint --handoff bin/handoff [-settle 15s]
 // [-variant label=path ...] (more sidecar binaries, measured alike)
@@ -47,12 +50,13 @@ import (
 var flags = flag.NewFlagSet(os.Args[0], flag.ExitOnError)
 
 var (
-	handoff  = flags.String("handoff", "bin/handoff", "the handoff binary (make build)")
-	floorBin = flags.String("floor", "", "the floor program; empty builds ./bench/footprint/floor as make build builds bin/handoff")
-	settle   = flags.Duration("settle", 15*time.Second, "idle time, leading, before measuring (at least 10s)")
-	samples  = flags.Int("samples", 5, "readings 1 s apart; the median of each figure is printed")
-	scrapes  = flags.Int("scrapes", 3, "scrapes of each sidecar's /metrics with Accept-Encoding: gzip, 1 s apart, before the last RSS reading")
-	variants multi
+	handoff         = flags.String("handoff", "bin/handoff", "the handoff binary (make build)")
+	floorBin        = flags.String("floor", "", "the floor program; empty builds ./bench/footprint/floor as make build builds bin/handoff")
+	floorMetricsBin = flags.String("floor-metrics", "", "the floor program built with -tags metrics; empty builds it")
+	settle          = flags.Duration("settle", 15*time.Second, "idle time, leading, before measuring (at least 10s)")
+	samples         = flags.Int("samples", 5, "readings 1 s apart; the median of each figure is printed")
+	scrapes         = flags.Int("scrapes", 3, "scrapes of each sidecar's /metrics with Accept-Encoding: gzip, 1 s apart, before the last RSS reading")
+	variants        multi
 )
 
 func init() {
@@ -108,11 +112,20 @@ func run() error {
 		}
 		defer func() { _ = os.RemoveAll(dir) }()
 		floor = filepath.Join(dir, "floor")
-		build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", floor, "./bench/footprint/floor")
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			return fmt.Errorf("building the floor program: %w", err)
+		if err := buildFloor(floor); err != nil {
+			return err
+		}
+	}
+	floorMetrics := *floorMetricsBin
+	if floorMetrics == "" {
+		dir, err := os.MkdirTemp("", "handoff-footprint-")
+		if err != nil {
+			return err
+		}
+		defer func() { _ = os.RemoveAll(dir) }()
+		floorMetrics = filepath.Join(dir, "floor-metrics")
+		if err := buildFloor(floorMetrics, "-tags", "metrics"); err != nil {
+			return err
 		}
 	}
 
@@ -149,11 +162,13 @@ func run() error {
 			p.stop()
 		}
 	}()
-	fp, err := startFloor(env, floor)
-	if err != nil {
-		return err
+	for _, f := range []struct{ label, path, lease string }{{"client-go floor", floor, "floor"}, {"+ client_golang", floorMetrics, "floor-metrics"}} {
+		fp, err := startFloor(env, f.label, f.path, f.lease)
+		if err != nil {
+			return err
+		}
+		procs = append(procs, fp)
 	}
-	procs = append(procs, fp)
 	for i, s := range sidecars {
 		p, err := startSidecar(env, app, fmt.Sprintf("footprint-%d", i), s.label, s.path, s.env)
 		if err != nil {
@@ -244,12 +259,14 @@ func run() error {
 		}
 		fmt.Printf("  %-16s %6.1f %6.1f %6.1f %6.1f %6.1f %8s %7s %8s\n", p.label, m["Rss"], m["Pss"], m["Anonymous"], m["Rss"]-m["Anonymous"], m["VmHWM"], heap, stacks, after)
 	}
-	floorRSS, sideRSS := med[0]["Rss"], med[1]["Rss"]
+	floorRSS, metricsRSS, sideRSS := med[0]["Rss"], med[1]["Rss"], med[2]["Rss"]
 	verdict := "PASS"
 	if sideRSS > floorRSS+target {
 		verdict = "FAIL"
 	}
 	fmt.Printf("sidecar RSS <= floor + %.0f MiB: %s (%.1f vs %.1f MiB)\n", target, verdict, sideRSS, floorRSS)
+	fmt.Printf("  of the sidecar's %+.1f MiB: prometheus/client_golang alone %+.1f (the floor serving its default registry), the rest %+.1f\n",
+		sideRSS-floorRSS, metricsRSS-floorRSS, sideRSS-metricsRSS)
 	return nil
 }
 
@@ -306,13 +323,26 @@ func startSidecar(env *kubetest.Env, app, name, label, path string, extra []stri
 	return p, p.waitHeld(env, name, name)
 }
 
-func startFloor(env *kubetest.Env, path string) (*proc, error) {
-	cmd := exec.Command(path, "-kubeconfig", env.Kubeconfig, "-namespace", namespace, "-lease", "floor", "-identity", "floor")
-	p, err := start("client-go floor", cmd)
+// buildFloor builds ./bench/footprint/floor to out as make build builds
+// bin/handoff, with the extra go build flags.
+func buildFloor(out string, extra ...string) error {
+	args := append([]string{"build", "-trimpath", "-ldflags", "-s -w", "-o", out}, extra...)
+	build := exec.Command("go", append(args, "./bench/footprint/floor")...)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("building the floor program %s: %w", out, err)
+	}
+	return nil
+}
+
+func startFloor(env *kubetest.Env, label, path, lease string) (*proc, error) {
+	cmd := exec.Command(path, "-kubeconfig", env.Kubeconfig, "-namespace", namespace, "-lease", lease, "-identity", lease)
+	p, err := start(label, cmd)
 	if err != nil {
 		return nil, err
 	}
-	return p, p.waitHeld(env, "floor", "floor")
+	return p, p.waitHeld(env, lease, lease)
 }
 
 func start(label string, cmd *exec.Cmd) (*proc, error) {

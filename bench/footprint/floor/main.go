@@ -3,7 +3,8 @@
 // clientset and runs one client-go leader elector with a LeaseLock at the
 // sidecar's default timings (lease duration 15s, renew deadline 10s, retry
 // period 2s), releasing on SIGTERM. Nothing else: no metrics, no Events,
-// klog's default logger.
+// klog's default logger. Built with -tags metrics, it also serves
+// prometheus/client_golang's default registry (metrics.go).
 //
 // Usage: floor -kubeconfig FILE -namespace NS -lease NAME -identity ID
 package main
@@ -24,6 +25,9 @@ import (
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
+// serveMetrics, set by metrics.go, serves the metrics; nil without it.
+var serveMetrics func() error
+
 func main() {
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig file")
 	namespace := flag.String("namespace", "default", "the Lease's namespace")
@@ -37,6 +41,11 @@ func main() {
 }
 
 func run(kubeconfig, namespace, lease, identity string) error {
+	if serveMetrics != nil {
+		if err := serveMetrics(); err != nil {
+			return err
+		}
+	}
 	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return err
