@@ -3,7 +3,8 @@
 // worker.Agent:
 //
 //   - --concurrency claim loops each Receive (poll the table every
-//     --poll-interval until up to --batch messages are claimed in one
+//     --poll-interval, and at once when a NOTIFY says messages became
+//     visible (queue.Listen), until up to --batch messages are claimed in one
 //     statement), HoldUnstarted each, then Start, work, Complete and Done
 //     them one at a time. Stop-claiming ends the wait between polls at
 //     once, the next Receive refuses, and the loops end; a message claimed
@@ -200,6 +201,9 @@ type app struct {
 	log   logr.Logger
 	pool  *pgxpool.Pool
 	agent *worker.Agent
+	// visible wakes the idle claim loops when messages become visible;
+	// nil: they poll only.
+	visible *queue.Listener
 	// beginLeading is the Agent's, or with --without-handoff the in-process
 	// elector's.
 	beginLeading func(ctx context.Context, lease string) (context.Context, worker.Leadership, func(), error)
@@ -254,6 +258,11 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 	if elector != nil {
 		a.beginLeading = elector.beginLeading
 	}
+	// A message handed back by a leaving pod is claimed again by an idle
+	// loop at once, not at its next poll.
+	lctx, stopListening := context.WithCancel(ctx)
+	defer stopListening()
+	a.visible = queue.Listen(lctx, pool.Config().ConnConfig, time.Second, log.WithName("listen"))
 
 	// Listen before the first claim: from then on the sidecar must be able
 	// to stop claiming and hand work back.
@@ -451,6 +460,7 @@ func (a *app) claimShard(ctx, lctx context.Context, shard string, token int64) (
 		stop := context.AfterFunc(lctx, cancel)
 		var batch []*queue.Claimed
 		for wctx.Err() == nil && batch == nil {
+			visible := a.visible.Visible()
 			cs, err := queue.ClaimShard(ctx, a.pool, a.opts.workerID, shard, a.opts.visibilityTimeout, a.opts.batch)
 			if err != nil && ctx.Err() == nil {
 				a.log.Error(err, "claim failed", "shard", shard)
@@ -459,7 +469,7 @@ func (a *app) claimShard(ctx, lctx context.Context, shard string, token int64) (
 				batch = cs
 				break
 			}
-			wait(wctx, a.opts.pollInterval)
+			wait(wctx, a.opts.pollInterval, visible)
 		}
 		stop()
 		cancel()
@@ -552,15 +562,17 @@ func (a *app) processFenced(ctx context.Context, c *queue.Claimed, token int64) 
 	}
 }
 
-// receive polls the queue every --poll-interval until it claims up to
-// --batch messages, and returns them, or until r ends (stop-claiming, or
-// ctx), and returns nil.
+// receive polls the queue every --poll-interval, and at once when messages
+// become visible (queue.Listener), until it claims up to --batch messages,
+// and returns them, or until r ends (stop-claiming, or ctx), and returns
+// nil.
 func (a *app) receive(ctx context.Context, r *worker.Receive) []*queue.Claimed {
 	for r.Context().Err() == nil {
 		// The claim runs with ctx, not r's context: cut off by
 		// stop-claiming, the statement might commit a claim this worker
 		// never learns of. r is pending while it runs, so messages claimed
 		// in the race with stop-claiming are held, then handed back.
+		visible := a.visible.Visible()
 		cs, err := queue.ClaimBatch(ctx, a.pool, a.opts.workerID, a.opts.visibilityTimeout, a.opts.batch)
 		if err != nil && ctx.Err() == nil {
 			a.log.Error(err, "claim failed")
@@ -568,7 +580,7 @@ func (a *app) receive(ctx context.Context, r *worker.Receive) []*queue.Claimed {
 		if len(cs) > 0 {
 			return cs
 		}
-		wait(r.Context(), a.opts.pollInterval)
+		wait(r.Context(), a.opts.pollInterval, visible)
 	}
 	return nil
 }
@@ -591,13 +603,15 @@ func (a *app) process(ctx context.Context, c *queue.Claimed) {
 	}
 }
 
-// wait waits for d, or until ctx ends.
-func wait(ctx context.Context, d time.Duration) {
+// wait waits for d, or until ctx ends or visible is closed (messages
+// became visible: queue.Listener).
+func wait(ctx context.Context, d time.Duration, visible <-chan struct{}) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
 	case <-ctx.Done():
+	case <-visible:
 	}
 }
 

@@ -85,6 +85,20 @@ CREATE TABLE IF NOT EXISTS handoff_leader_runs (
 	holder text,
 	ran_at timestamptz DEFAULT clock_timestamp()
 );
+-- A NOTIFY on VisibleChannel when a statement makes messages visible at
+-- once (enqueued, handed back, returned), not when it claims them: idle
+-- claim loops (Listen) claim again without waiting for their next poll.
+CREATE OR REPLACE FUNCTION handoff_queue_notify_visible() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF EXISTS (SELECT 1 FROM handoff_visible_rows WHERE claimed_by IS NULL AND visible_at <= now()) THEN
+		PERFORM pg_notify('handoff_queue_visible', '');
+	END IF;
+	RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER handoff_queue_visible_insert AFTER INSERT ON handoff_queue
+	REFERENCING NEW TABLE AS handoff_visible_rows FOR EACH STATEMENT EXECUTE FUNCTION handoff_queue_notify_visible();
+CREATE OR REPLACE TRIGGER handoff_queue_visible_update AFTER UPDATE ON handoff_queue
+	REFERENCING NEW TABLE AS handoff_visible_rows FOR EACH STATEMENT EXECUTE FUNCTION handoff_queue_notify_visible();
 CREATE TABLE IF NOT EXISTS handoff_deliveries (
 	id         bigserial PRIMARY KEY,
 	message_id bigint,
