@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -43,6 +44,25 @@ type podSeen struct {
 	terminating time.Time // deletionTimestamp first seen set
 	deadline    time.Time // the pod's deletionTimestamp (whole seconds)
 	gone        time.Time // the delete seen
+	// stopped: a status seen, while terminating, with every container
+	// terminated (the native sidecar too): the kubelet's report, before its
+	// cleanup of the pod (volumes, the pod's cgroup at its housekeeping,
+	// every 2 s) and the deletion of the object. Zero if never seen.
+	stopped time.Time
+}
+
+// allStopped reports whether every container of p (init containers, so a
+// native sidecar, included) is reported terminated.
+func allStopped(p *corev1.Pod) bool {
+	if len(p.Status.ContainerStatuses) == 0 {
+		return false
+	}
+	for _, cs := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+		if cs.State.Terminated == nil {
+			return false
+		}
+	}
+	return true
 }
 
 // record starts informers on the pods labelled app=app and on the Lease
@@ -96,6 +116,9 @@ func (r *recorder) pod(o any, deleted bool) {
 	}
 	if p.DeletionTimestamp != nil && s.terminating.IsZero() {
 		s.terminating, s.deadline = now, p.DeletionTimestamp.Time
+	}
+	if p.DeletionTimestamp != nil && s.stopped.IsZero() && allStopped(p) {
+		s.stopped = now
 	}
 	if deleted && s.gone.IsZero() {
 		s.gone = now

@@ -74,6 +74,10 @@ type rolloutRun struct {
 	enqueued    int
 	idleGone    time.Duration // a pod with nothing to drain: termination start to gone, the median of idleSamples
 	idleSamples []time.Duration
+	// idleStopped: the same pods' termination start to every container
+	// reported terminated (podSeen.stopped), the median and each.
+	idleStopped        time.Duration
+	idleStoppedSamples []time.Duration
 	// backlog is a pod deleted while it held claimed batches it had not
 	// started (deleteBackloggedPod).
 	backlog *replacedPod
@@ -167,7 +171,7 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 	// stranded ones after their visibility timeout and their work.
 	run.report = checkQueue(t, rolloutVisibility+slowWork+30*time.Second)
 
-	run.idleGone, run.idleSamples = deleteIdlePod(t, run)
+	run.idleGone, run.idleSamples, run.idleStopped, run.idleStoppedSamples = deleteIdlePod(t, run)
 	run.backlog = deleteBackloggedPod(t, run)
 	// The backlog's messages processed too: the baseline's after their visibility timeout.
 	run.report = checkQueue(t, rolloutVisibility+backlogBatch*backlogWork+30*time.Second)
@@ -246,15 +250,18 @@ SELECT count(*) FROM handoff_queue WHERE dedup_key LIKE $1 AND (claimed_by = $2 
 }
 
 // idleSamples is how many idle pods deleteIdlePod deletes, one at a time:
-// the kubelet's own part of a pod's removal varies by a second on a loaded
-// machine, so one deletion says little.
-const idleSamples = 3
+// the kubelet's own part of a pod's removal varies by up to 2 s (its
+// housekeeping removes the pod's cgroup every 2 s, and the object is
+// deleted only after), so one deletion says little.
+const idleSamples = 5
 
 // deleteIdlePod deletes idleSamples pods of the run's Deployment in turn
 // once the queue is empty, so they have nothing to drain, each once the
-// Deployment is back to its replicas, and returns the median of their
-// times from termination start to Pod object gone, and every sample.
-func deleteIdlePod(t *testing.T, run *rolloutRun) (median time.Duration, samples []time.Duration) {
+// Deployment is back to its replicas. It returns the median and every
+// sample of their times from termination start to Pod object gone, and
+// from termination start to every container reported stopped (a pod
+// whose stop was not seen, the delete coming first, counts as gone).
+func deleteIdlePod(t *testing.T, run *rolloutRun) (gone time.Duration, goneEach []time.Duration, stopped time.Duration, stoppedEach []time.Duration) {
 	t.Helper()
 	for range idleSamples {
 		waitRollout(t, run.name, 2*time.Minute)
@@ -262,20 +269,27 @@ func deleteIdlePod(t *testing.T, run *rolloutRun) (median time.Duration, samples
 		if err := cluster.kube.CoreV1().Pods(namespace).Delete(context.Background(), pod, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		var gone time.Duration
+		var g, st time.Duration
 		kubetest.WaitFor(t, time.Duration(rolloutGrace+15)*time.Second, "idle pod "+pod+" to go", func() bool {
 			run.rec.mu.Lock()
 			defer run.rec.mu.Unlock()
 			if s := run.rec.pods[pod]; s != nil && !s.terminating.IsZero() && !s.gone.IsZero() {
-				gone = s.gone.Sub(s.terminating)
+				g, st = s.gone.Sub(s.terminating), s.gone.Sub(s.terminating)
+				if !s.stopped.IsZero() {
+					st = s.stopped.Sub(s.terminating)
+				}
 			}
-			return gone != 0
+			return g != 0
 		})
-		samples = append(samples, gone)
+		goneEach, stoppedEach = append(goneEach, g), append(stoppedEach, st)
 	}
-	sorted := slices.Clone(samples)
+	return medianOf(goneEach), goneEach, medianOf(stoppedEach), stoppedEach
+}
+
+func medianOf(ds []time.Duration) time.Duration {
+	sorted := slices.Clone(ds)
 	slices.Sort(sorted)
-	return sorted[len(sorted)/2], samples
+	return sorted[len(sorted)/2]
 }
 
 // assertHandedOver checks the handoff rollout: each leaving leader's Lease
@@ -378,7 +392,8 @@ func rolloutFigures(with, without *rolloutRun) string {
   lost/dup                 its messages lost / delivered again after being applied
 With handoff the Lease guards the leader job, a role (handoff.dev/role-leases): the sequence starts at the deletion, and a
 leaving leader revokes and releases it right after stop-claiming, beside its drain.
-"pod with nothing to drain gone": %d pods deleted in turn after the queue emptied, from termination start to Pod gone.
+"pod with nothing to drain": %d pods deleted in turn after the queue emptied, from termination start to every container
+reported stopped (the kubelet's status), and to Pod gone (after the kubelet's cleanup, which waits for its housekeeping, every 2 s).
 "backlogged pod": then a backlog of %d batches of %d messages of %s each, and the pod holding most of it deleted once
 all of it was claimed: from its termination start until the last of the claims it had not started (with handoff, handed
 back at stop-claiming) was claimed by another pod; the baseline has no such hand-back, and its row is every unfinished claim.
@@ -443,6 +458,7 @@ back at stop-claiming) was claimed by another pod; the baseline has no such hand
 	}
 	row("no live pod holding the Lease (total)", w.vacant, wo.vacant)
 	row("termination start → role Lease held by successor (worst leader)", w.held, wo.held)
+	row(fmt.Sprintf("pod with nothing to drain: containers stopped (median of %d)", idleSamples), with.idleStopped, without.idleStopped)
 	row(fmt.Sprintf("pod with nothing to drain gone (median of %d)", idleSamples), with.idleGone, without.idleGone)
 	row("unfinished claims claimed again (worst)", w.claimed, wo.claimed)
 	if b, bo := with.backlog, without.backlog; b != nil && bo != nil {
@@ -457,6 +473,7 @@ back at stop-claiming) was claimed by another pod; the baseline has no such hand
 	fmt.Fprintf(tw, "claims handed back, from the drain deadline (worst)\t%s\t-\n", late)
 	fmt.Fprintf(tw, "messages lost / applied twice\t%s\t%s\n", with.lostDup(), without.lostDup())
 	fmt.Fprintf(tw, "messages enqueued during the run\t%d\t%d\n", with.enqueued, without.enqueued)
+	fmt.Fprintf(tw, "idle pods: containers stopped, each\t%s\t%s\n", shorts(with.idleStoppedSamples), shorts(without.idleStoppedSamples))
 	fmt.Fprintf(tw, "idle pods gone, each\t%s\t%s\n", shorts(with.idleSamples), shorts(without.idleSamples))
 	_ = tw.Flush()
 	return b.String()
