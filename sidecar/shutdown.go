@@ -60,7 +60,13 @@ const (
 // restart), the coordinator re-arms, and the next trigger starts a new
 // sequence. Shutdown is safe at any time, before Start too.
 func (c *Coordinator) Shutdown(ctx context.Context, trigger protocol.Trigger) (*protocol.Report, error) {
-	return c.shutdownAt(ctx, trigger, c.clock.Now())
+	at := c.clock.Now()
+	rep, err := c.shutdownAt(ctx, trigger, at)
+	if rep != nil {
+		// When the hook came, and when it was answered, against the sequence's own times.
+		c.log.Info("shutdown joined", "trigger", trigger, "sinceSequenceStart", at.Sub(rep.Started).String(), "waited", c.clock.Since(at).String())
+	}
+	return rep, err
 }
 
 // shutdownAt is Shutdown for a trigger that came at at: a sequence it

@@ -123,6 +123,7 @@ func runSidecar(s *config.Settings) error {
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	got := <-sig
+	signalled := time.Now()
 	log.Info("signal received: running or joining the shutdown sequence", "signal", got.String())
 	// A second signal ends the wait at once; the Leases then expire.
 	sctx, cancel := context.WithCancel(context.Background())
@@ -140,11 +141,13 @@ func runSidecar(s *config.Settings) error {
 	}
 	cancel()
 	stop()
+	joined := time.Now()
 	for _, srv := range []*http.Server{control, probes} {
 		sc, done := context.WithTimeout(context.Background(), time.Second)
 		_ = srv.Shutdown(sc)
 		done()
 	}
+	log.Info("exiting", "sinceSignal", time.Since(signalled).String(), "serversShutdown", time.Since(joined).String())
 	return nil
 }
 

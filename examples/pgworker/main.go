@@ -292,6 +292,7 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 
 	select {
 	case <-ctx.Done():
+		log.Info("signal received: exiting, leaving unfinished claims to the sidecar or their visibility timeout")
 	case err = <-served:
 		err = fmt.Errorf("serve the handoff app API: %w", err)
 	}
