@@ -23,16 +23,16 @@ func (r *rolloutRun) measure(t *testing.T, pod string) *replacedPod {
 		t.Errorf("pod %s: its termination was not seen", pod)
 		return p
 	}
-	p.terminating = s.terminating
+	p.terminating = s.start()
 	if !s.gone.IsZero() {
-		p.gone = s.gone.Sub(s.terminating)
+		p.gone = s.gone.Sub(p.terminating)
 	}
-	p.leader = podOf(r.rec.holderAtLocked(s.terminating)) == pod
+	p.leader = podOf(r.rec.holderAtLocked(p.terminating)) == pod
 	if p.leader {
 		var freeSince time.Time
 		for _, o := range r.rec.holders {
 			switch {
-			case !o.at.After(s.terminating):
+			case !o.at.After(p.terminating):
 			case o.holder == "":
 				if freeSince.IsZero() {
 					freeSince = o.at
@@ -40,7 +40,7 @@ func (r *rolloutRun) measure(t *testing.T, pod string) *replacedPod {
 			case podOf(o.holder) == pod:
 				freeSince = time.Time{}
 			default:
-				p.successor, p.held = o.holder, o.at.Sub(s.terminating)
+				p.successor, p.held = o.holder, o.at.Sub(p.terminating)
 				if !freeSince.IsZero() {
 					p.free = o.at.Sub(freeSince)
 				}

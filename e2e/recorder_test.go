@@ -42,13 +42,39 @@ type holderSeen struct {
 type podSeen struct {
 	name        string
 	terminating time.Time // deletionTimestamp first seen set
-	deadline    time.Time // the pod's deletionTimestamp (whole seconds)
-	gone        time.Time // the delete seen
+	// deleteSent: when the test sent the pod's delete request itself
+	// (recorder.deleting), zero otherwise.
+	deleteSent time.Time
+	deadline   time.Time // the pod's deletionTimestamp (whole seconds)
+	gone       time.Time // the delete seen
 	// stopped: a status seen, while terminating, with every container
 	// terminated (the native sidecar too): the kubelet's report, before its
 	// cleanup of the pod (volumes, the pod's cgroup at its housekeeping,
 	// every 2 s) and the deletion of the object. Zero if never seen.
 	stopped time.Time
+}
+
+// start is the pod's termination start: when the test sent its delete
+// request, for a pod the test deletes (the deletion is between that and the
+// answer; the watch event comes later by the watch's delivery), else when
+// its deletionTimestamp was seen.
+func (s *podSeen) start() time.Time {
+	if !s.deleteSent.IsZero() && s.deleteSent.Before(s.terminating) {
+		return s.deleteSent
+	}
+	return s.terminating
+}
+
+// deleting records that the test sends pod's delete request now.
+func (r *recorder) deleting(pod string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.pods[pod]
+	if s == nil {
+		s = &podSeen{name: pod}
+		r.pods[pod] = s
+	}
+	s.deleteSent = time.Now()
 }
 
 // allStopped reports whether every container of p (init containers, so a

@@ -228,6 +228,7 @@ GROUP BY claimed_by ORDER BY count(*) DESC, claimed_by LIMIT 1`, run.name+"-back
 		return err == nil && visible == 0
 	})
 	t.Logf("deleting %s, which holds %d messages of the backlog", pod, held)
+	run.rec.deleting(pod)
 	if err := cluster.kube.CoreV1().Pods(namespace).Delete(ctx, pod, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +266,8 @@ func deleteIdlePod(t *testing.T, run *rolloutRun) (gone time.Duration, goneEach 
 	t.Helper()
 	for range idleSamples {
 		waitRollout(t, run.name, 2*time.Minute)
-		pod := podNames(t, run.name)[0]
+		pod := oldestPod(t, run.name)
+		run.rec.deleting(pod)
 		if err := cluster.kube.CoreV1().Pods(namespace).Delete(context.Background(), pod, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -274,9 +276,9 @@ func deleteIdlePod(t *testing.T, run *rolloutRun) (gone time.Duration, goneEach 
 			run.rec.mu.Lock()
 			defer run.rec.mu.Unlock()
 			if s := run.rec.pods[pod]; s != nil && !s.terminating.IsZero() && !s.gone.IsZero() {
-				g, st = s.gone.Sub(s.terminating), s.gone.Sub(s.terminating)
+				g, st = s.gone.Sub(s.start()), s.gone.Sub(s.start())
 				if !s.stopped.IsZero() {
-					st = s.stopped.Sub(s.terminating)
+					st = s.stopped.Sub(s.start())
 				}
 			}
 			return g != 0
@@ -284,6 +286,27 @@ func deleteIdlePod(t *testing.T, run *rolloutRun) (gone time.Duration, goneEach 
 		goneEach, stoppedEach = append(goneEach, g), append(stoppedEach, st)
 	}
 	return medianOf(goneEach), goneEach, medianOf(stoppedEach), stoppedEach
+}
+
+// oldestPod is the pod of app created first: a settled one. The kubelet
+// starts a pod's termination only once it has a status of the pod newer
+// than its last sync (its PLEG relists every second), so a pod deleted
+// while the kubelet still syncs it for its start (a new pod just Ready,
+// its native sidecar's startup probe) waits up to a second more before
+// its preStop hook runs, whatever runs in it.
+func oldestPod(t *testing.T, app string) string {
+	t.Helper()
+	pods, err := cluster.kube.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app=" + app})
+	if err != nil || len(pods.Items) == 0 {
+		t.Fatalf("the pods of %s: %v (%d)", app, err, len(pods.Items))
+	}
+	oldest := pods.Items[0]
+	for _, p := range pods.Items[1:] {
+		if p.CreationTimestamp.Before(&oldest.CreationTimestamp) || (p.CreationTimestamp.Equal(&oldest.CreationTimestamp) && p.Name < oldest.Name) {
+			oldest = p
+		}
+	}
+	return oldest.Name
 }
 
 func medianOf(ds []time.Duration) time.Duration {
@@ -382,7 +405,8 @@ func rolloutFigures(with, without *rolloutRun) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "kubectl rollout restart of 3 replicas; grace period %ds; visibility timeout %s; load %d messages/s, 1 in %d takes %s\n",
 		rolloutGrace, rolloutVisibility, loadRate, slowEvery, slowWork)
-	fmt.Fprintf(&b, `Times are from each pod's termination start (its deletionTimestamp seen; the kubelet runs the preStop hook about 0.1 s later).
+	fmt.Fprintf(&b, `Times are from each pod's termination start (its deletionTimestamp seen; for the pods the test deletes itself, the idle and
+backlogged ones, its delete request sent); the kubelet runs the preStop hook about 0.1 s later.
   pod gone                 until the Pod object was deleted
   Lease held by successor  for the pod that held the Lease at termination start: until another pod was seen holding it;
                            "free": how long it was seen free between the release and the takeover ("-": not the holder)
@@ -392,7 +416,7 @@ func rolloutFigures(with, without *rolloutRun) string {
   lost/dup                 its messages lost / delivered again after being applied
 With handoff the Lease guards the leader job, a role (handoff.dev/role-leases): the sequence starts at the deletion, and a
 leaving leader revokes and releases it right after stop-claiming, beside its drain.
-"pod with nothing to drain": %d pods deleted in turn after the queue emptied, from termination start to every container
+"pod with nothing to drain": %d pods deleted in turn after the queue emptied, each the oldest, from termination start to every container
 reported stopped (the kubelet's status), and to Pod gone (after the kubelet's cleanup, which waits for its housekeeping, every 2 s).
 "backlogged pod": then a backlog of %d batches of %d messages of %s each, and the pod holding most of it deleted once
 all of it was claimed: from its termination start until the last of the claims it had not started (with handoff, handed
