@@ -104,27 +104,19 @@ func run() error {
 	if _, err := os.Stat(*handoff); err != nil {
 		return fmt.Errorf("%w (build it with make build)", err)
 	}
-	floor := *floorBin
+	dir, err := os.MkdirTemp("", "handoff-footprint-")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	floor, floorMetrics := *floorBin, *floorMetricsBin
 	if floor == "" {
-		dir, err := os.MkdirTemp("", "handoff-footprint-")
-		if err != nil {
-			return err
-		}
-		defer func() { _ = os.RemoveAll(dir) }()
-		floor = filepath.Join(dir, "floor")
-		if err := buildFloor(floor); err != nil {
+		if floor, err = buildFloor(dir, "floor"); err != nil {
 			return err
 		}
 	}
-	floorMetrics := *floorMetricsBin
 	if floorMetrics == "" {
-		dir, err := os.MkdirTemp("", "handoff-footprint-")
-		if err != nil {
-			return err
-		}
-		defer func() { _ = os.RemoveAll(dir) }()
-		floorMetrics = filepath.Join(dir, "floor-metrics")
-		if err := buildFloor(floorMetrics, "-tags", "metrics"); err != nil {
+		if floorMetrics, err = buildFloor(dir, "floor-metrics", "-tags", "metrics"); err != nil {
 			return err
 		}
 	}
@@ -323,17 +315,18 @@ func startSidecar(env *kubetest.Env, app, name, label, path string, extra []stri
 	return p, p.waitHeld(env, name, name)
 }
 
-// buildFloor builds ./bench/footprint/floor to out as make build builds
-// bin/handoff, with the extra go build flags.
-func buildFloor(out string, extra ...string) error {
+// buildFloor builds ./bench/footprint/floor into dir/name as make build
+// builds bin/handoff, with the extra go build flags, and returns its path.
+func buildFloor(dir, name string, extra ...string) (string, error) {
+	out := filepath.Join(dir, name)
 	args := append([]string{"build", "-trimpath", "-ldflags", "-s -w", "-o", out}, extra...)
 	build := exec.Command("go", append(args, "./bench/footprint/floor")...)
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		return fmt.Errorf("building the floor program %s: %w", out, err)
+		return "", fmt.Errorf("building the floor program %s: %w", name, err)
 	}
-	return nil
+	return out, nil
 }
 
 func startFloor(env *kubetest.Env, label, path, lease string) (*proc, error) {
