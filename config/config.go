@@ -132,6 +132,17 @@ type Setting struct {
 	set        func(s *Settings, v string) error
 }
 
+// Check reports whether v, from origin (like "flag --addr"), is an accepted
+// value of the setting on its own, with the *Error that Load gives for it
+// (the setting, the origin, the value and the accepted form); nil if it is.
+// The relations between settings (validate) are not checked.
+func (d Setting) Check(v, origin string) error {
+	if err := d.set(&Settings{}, v); err != nil {
+		return &Error{Setting: d.Name, Origin: origin, Value: v, Form: d.Form, Reason: err.Error()}
+	}
+	return nil
+}
+
 // Env is the environment variable that carries this setting.
 func (d Setting) Env() string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(d.Name, "-", "_"))

@@ -47,6 +47,10 @@ hook).`,
 			if n := inv.argsAtDash; n != 0 && len(args) > 0 {
 				return fmt.Errorf("unexpected argument %q: a command to run after the handover goes after --", args[0])
 			}
+			// The pod's token goes to addr: loopback only, as the sidecar listens.
+			if err := d.Check(addr, "flag --addr"); err != nil {
+				return err
+			}
 			ctx, cancel := context.WithTimeout(inv.ctx, timeout)
 			defer cancel()
 			var errs []error
