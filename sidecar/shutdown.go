@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -458,7 +459,7 @@ func (q *sequence) releaseLeases(kind protocol.LeaseKind) *sync.WaitGroup {
 			q.rep.Leases[i] = r
 			q.mu.Unlock()
 			if r.WasLeader {
-				q.step(StepReleased, fmt.Sprintf("%s (%s): released=%t %s", r.Lease, r.Kind, r.Released, r.Detail))
+				q.step(StepReleased, strings.TrimSpace(fmt.Sprintf("%s (%s): released=%t %s", r.Lease, r.Kind, r.Released, r.Detail)))
 			}
 		})
 	}
