@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 log=${TMPDIR:-/tmp}/handoff-rollout-figures.log
 figures=$(mktemp)
 trap 'rm -f "$figures"' EXIT
-echo "running TestRolloutRestart (about 3 minutes; log: $log)" >&2
+echo "running TestRolloutRestart (about 6 minutes; log: $log)" >&2
 if ! HANDOFF_E2E_FIGURES=$figures go test -tags e2e -count=1 -v -timeout 30m -run '^TestRolloutRestart$' ./e2e/ >"$log" 2>&1; then
   echo "TestRolloutRestart failed; the end of its log:" >&2
   tail -40 "$log" >&2
