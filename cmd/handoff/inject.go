@@ -46,14 +46,29 @@ problem is reported. See docs/annotations.md.
 			if err != nil {
 				return err
 			}
-			in, err := readInputs(cmd.InOrStdin(), files)
+			inputs, err := readInputs(cmd.InOrStdin(), files)
 			if err != nil {
 				return err
 			}
-			var out bytes.Buffer
-			changes, err := inject.Manifests(bytes.NewReader(in), &out, opts)
-			if err != nil {
-				return err
+			// Each file on its own, so that an error's document and line
+			// numbers are that file's; nothing is written if any fails.
+			var in, out bytes.Buffer
+			var changes []inject.Change
+			var errs []error
+			for i, f := range inputs {
+				if i > 0 {
+					in.WriteString("\n---\n")
+					out.WriteString("---\n")
+				}
+				in.Write(f.data)
+				cs, err := inject.Manifests(bytes.NewReader(f.data), &out, opts)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", f.name, err))
+				}
+				changes = append(changes, cs...)
+			}
+			if len(errs) > 0 {
+				return errors.Join(errs...)
 			}
 			for _, c := range changes {
 				if c.Result == inject.Injected {
@@ -64,7 +79,7 @@ problem is reported. See docs/annotations.md.
 				_, err := out.WriteTo(cmd.OutOrStdout())
 				return err
 			}
-			before, err := normalized(in)
+			before, err := normalized(in.Bytes())
 			if err != nil {
 				return err
 			}
@@ -112,28 +127,35 @@ func normalized(stream []byte) (string, error) {
 	}
 }
 
-func readInputs(stdin io.Reader, files []string) ([]byte, error) {
+// input is one manifest file's bytes; name is its path, or "standard
+// input" for "-".
+type input struct {
+	name string
+	data []byte
+}
+
+// readInputs reads the -f files in order (standard input for "-", or when
+// none is given).
+func readInputs(stdin io.Reader, files []string) ([]input, error) {
 	if len(files) == 0 {
 		files = []string{"-"}
 	}
-	var all bytes.Buffer
-	for i, f := range files {
-		var b []byte
+	inputs := make([]input, 0, len(files))
+	for _, f := range files {
+		in := input{name: f}
 		var err error
 		if f == "-" {
-			b, err = io.ReadAll(stdin)
+			in.name = "standard input"
+			in.data, err = io.ReadAll(stdin)
 		} else {
-			b, err = os.ReadFile(f)
+			in.data, err = os.ReadFile(f)
 		}
 		if err != nil {
 			return nil, err
 		}
-		if i > 0 {
-			all.WriteString("\n---\n")
-		}
-		all.Write(b)
+		inputs = append(inputs, in)
 	}
-	return all.Bytes(), nil
+	return inputs, nil
 }
 
 // defaultImage is the released image of this version of the chart

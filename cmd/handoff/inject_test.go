@@ -129,3 +129,35 @@ func TestDefaultImageIsTheChartsAppVersion(t *testing.T) {
 		t.Errorf("default image %s, chart appVersion gives %s", defaultImage, want)
 	}
 }
+
+// TestInjectNamesTheFileOfAnError: with several -f files, each error names
+// its file and counts documents and lines in it, and nothing is written.
+func TestInjectNamesTheFileOfAnError(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good.yaml"), filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(good, []byte(strings.Replace(deployment, "%s", "cancel", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The second document of bad.yaml: a fallback not in the accepted set.
+	if err := os.WriteFile(bad, []byte("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\n"+strings.Replace(deployment, "%s", "drop", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runInject(t, "", "-f", good, "-f", bad)
+	if err == nil || !strings.Contains(err.Error(), bad+": ") || strings.Contains(err.Error(), good) {
+		t.Fatalf("inject -f good -f bad = %v, want an error naming %s alone", err, bad)
+	}
+	if !strings.Contains(err.Error(), `"drop"`) {
+		t.Errorf("error %v does not name the bad value", err)
+	}
+	if out != "" {
+		t.Errorf("inject wrote %q with an error", out)
+	}
+	// Two good files: both injected, one stream.
+	out, _, err = runInject(t, "", "-f", good, "-f", good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(out, "name: handoff\n"); n < 2 {
+		t.Errorf("two injected files gave %d sidecars in:\n%s", n, out)
+	}
+}
