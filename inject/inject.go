@@ -333,13 +333,27 @@ func namedAnnotations(err error) error {
 		if errors.As(e, &ce) {
 			key := config.AnnotationPrefix + ce.Setting
 			if d, ok := config.Lookup(ce.Setting); ok && d.Annotation && !strings.Contains(e.Error(), key) {
-				e = fmt.Errorf("annotation %s: %w", key, e)
+				e = relationError{key: key, err: ce}
 			}
 		}
 		out = append(out, e)
 	}
 	return errors.Join(out...)
 }
+
+// relationError is a setting's error (a relation between settings, which
+// names no origin) said of the annotation that carries it, without naming
+// the setting twice.
+type relationError struct {
+	key string
+	err *config.Error
+}
+
+func (a relationError) Error() string {
+	return fmt.Sprintf("annotation %s: %s; want %s", a.key, a.err.Reason, a.err.Form)
+}
+
+func (a relationError) Unwrap() error { return a.err }
 
 // AcceptedForm is the accepted form of the handoff annotation k, "" for
 // an unknown key.
