@@ -32,8 +32,13 @@ type Listener struct {
 // wakes every waiter (a notification may have been missed meanwhile) and
 // connects again retry later; the claim loops keep polling meanwhile. A
 // connection without a notification for retry is checked with a ping
-// bounded by retry, so one gone silent fails within twice retry.
+// bounded by retry, so one gone silent fails within twice retry. retry
+// must be positive: Listen panics otherwise, as time.NewTicker does.
 func Listen(ctx context.Context, cfg *pgx.ConnConfig, retry time.Duration, log logr.Logger) *Listener {
+	if retry <= 0 {
+		// As time.NewTicker: a wait of 0 would spin, connecting or pinging.
+		panic(fmt.Sprintf("queue: Listen: retry must be positive, got %s", retry))
+	}
 	l := &Listener{ch: make(chan struct{})}
 	go func() {
 		for ctx.Err() == nil {

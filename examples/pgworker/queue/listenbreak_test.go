@@ -369,3 +369,21 @@ func TestListenerNoticesASilentConnection(t *testing.T) {
 		}
 	})
 }
+
+// TestListenRefusesANonPositiveRetry: a retry of 0 would spin (connect or
+// ping without a pause); Listen panics with a message naming it.
+func TestListenRefusesANonPositiveRetry(t *testing.T) {
+	defer func() {
+		r := recover()
+		if msg, _ := r.(string); !strings.Contains(msg, "retry must be positive") {
+			t.Fatalf("Listen with retry 0: recovered %v, want a panic naming retry", r)
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg, err := pgx.ParseConfig("postgres://127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	queue.Listen(ctx, cfg, 0, testr.New(t))
+}
