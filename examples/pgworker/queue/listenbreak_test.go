@@ -270,11 +270,13 @@ func TestClaimsNeverNotify(t *testing.T) {
 	}
 }
 
-// BenchmarkEnqueue10k: one Enqueue of 10,000 messages, with the triggers
-// (Migrate's schema) and without them: their cost on a large enqueue.
+// BenchmarkEnqueue10k: one Enqueue of 10,000 messages (and, with claim,
+// one ClaimBatch of them all), with the triggers (Migrate's schema) and
+// without them: their cost on a large enqueue and a large claim.
 func BenchmarkEnqueue10k(b *testing.B) {
-	for _, triggers := range []bool{true, false} {
-		b.Run(fmt.Sprintf("triggers=%t", triggers), func(b *testing.B) {
+	for _, tc := range []struct{ triggers, claim bool }{{true, false}, {false, false}, {true, true}, {false, true}} {
+		triggers := tc.triggers
+		b.Run(fmt.Sprintf("triggers=%t/claim=%t", tc.triggers, tc.claim), func(b *testing.B) {
 			pool, err := pgxpool.New(context.Background(), pgtest.Start(b))
 			if err != nil {
 				b.Fatal(err)
@@ -298,6 +300,9 @@ DROP TRIGGER handoff_queue_visible_update ON handoff_queue`)
 				}
 				if err := queue.Enqueue(context.Background(), pool, msgs); err != nil {
 					b.Fatal(err)
+				}
+				if !tc.claim {
+					continue
 				}
 				// The claims of them all: the update trigger's share.
 				if _, err := queue.ClaimBatch(context.Background(), pool, "w", time.Minute, 10000); err != nil {
