@@ -87,3 +87,17 @@ func TestIdleWorkerIsWokenWhenMessagesBecomeVisible(t *testing.T) {
 		return processedBy(t, pool, "pod-b", "m1", "m2", "m3") == 3
 	})
 }
+
+// A shard's idle claim loop polling every hour claims at once a message of
+// its shard enqueued while it leads it.
+func TestIdleShardLoopIsWokenByAnEnqueue(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	w := startListeningWorker(t, pool, options{workerID: "pod-a", batch: 4, visibilityTimeout: time.Hour, pollInterval: time.Hour, shards: []string{"s-0"}})
+	lead(t, w, "s-0", true, 1)
+	w.waitReceiving(t, 1)
+	enqueueShard(t, pool, "s-0", 0, 2, 0)
+	kubetest.WaitFor(t, 10*time.Second, "the shard loop (polling every hour) to complete the 2 messages enqueued", func() bool {
+		return applied(t, pool, "s-0")["pod-a"] == 2
+	})
+}
