@@ -2,6 +2,8 @@ package queue
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -28,12 +30,19 @@ type Listener struct {
 // Listen connects with cfg (copied; for a pool, pool.Config().ConnConfig)
 // and listens on VisibleChannel until ctx ends. After a failure it logs,
 // wakes every waiter (a notification may have been missed meanwhile) and
-// connects again retry later; the claim loops keep polling meanwhile.
+// connects again retry later; the claim loops keep polling meanwhile. A
+// connection without a notification for retry is checked with a ping
+// bounded by retry, so one gone silent fails within twice retry. retry
+// must be positive: Listen panics otherwise, as time.NewTicker does.
 func Listen(ctx context.Context, cfg *pgx.ConnConfig, retry time.Duration, log logr.Logger) *Listener {
+	if retry <= 0 {
+		// As time.NewTicker: a wait of 0 would spin, connecting or pinging.
+		panic(fmt.Sprintf("queue: Listen: retry must be positive, got %s", retry))
+	}
 	l := &Listener{ch: make(chan struct{})}
 	go func() {
 		for ctx.Err() == nil {
-			err := l.listen(ctx, cfg.Copy())
+			err := l.listen(ctx, cfg.Copy(), retry)
 			if ctx.Err() != nil {
 				return
 			}
@@ -50,7 +59,7 @@ func Listen(ctx context.Context, cfg *pgx.ConnConfig, retry time.Duration, log l
 	return l
 }
 
-func (l *Listener) listen(ctx context.Context, cfg *pgx.ConnConfig) error {
+func (l *Listener) listen(ctx context.Context, cfg *pgx.ConnConfig, retry time.Duration) error {
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -62,10 +71,27 @@ func (l *Listener) listen(ctx context.Context, cfg *pgx.ConnConfig) error {
 	// Messages may have become visible before the LISTEN took effect.
 	l.wake()
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		// A connection gone silent (a network partition: no answer, no
+		// reset) would otherwise go unnoticed until TCP keepalive gives up,
+		// minutes later: after retry without a notification, a ping bounded
+		// by retry checks it. A wait that times out leaves the connection
+		// usable (pgconn closes it on other errors only).
+		wctx, cancel := context.WithTimeout(ctx, retry)
+		_, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err == nil {
+			l.wake()
+			continue
+		}
+		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
 			return err
 		}
-		l.wake()
+		pctx, cancel := context.WithTimeout(ctx, retry)
+		err = conn.Ping(pctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("connection check after %s without a notification: %w", retry, err)
+		}
 	}
 }
 

@@ -1,0 +1,138 @@
+package sidecar_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/leaderelection"
+	"github.com/handoff-dev/handoff/sidecar"
+	"github.com/handoff-dev/handoff/worker"
+)
+
+// refuseReleases answers 500 to every write of a shard Lease ("s-" names)
+// that frees it (holder identity empty) while refuse is set: the shed's
+// release fails, the Lease names the pod until it expires.
+type refuseReleases struct {
+	rt      http.RoundTripper
+	refuse  *atomic.Bool
+	refused *atomic.Int64
+}
+
+func (r refuseReleases) RoundTrip(req *http.Request) (*http.Response, error) {
+	if r.refuse.Load() && req.Method == http.MethodPut && strings.Contains(req.URL.Path, "/leases/s-") && req.Body != nil {
+		body, _ := io.ReadAll(req.Body)
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		var l coordinationv1.Lease
+		if json.Unmarshal(body, &l) == nil && (l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "") {
+			r.refused.Add(1)
+			return &http.Response{StatusCode: http.StatusInternalServerError, Status: "500 Internal Server Error",
+				Header: http.Header{"Content-Type": []string{"text/plain"}}, Body: io.NopCloser(strings.NewReader("release refused by the test")),
+				Request: req}, nil
+		}
+	}
+	return r.rt.RoundTrip(req)
+}
+
+// refusingShardPod is shardPod with a Lease client whose release writes of
+// shard Leases fail while the returned flag is set.
+func refusingShardPod(t *testing.T, ns, name string, shards int, values map[string]string) (*pod, *atomic.Bool, *atomic.Int64) {
+	t.Helper()
+	env := kubetest.Get(t)
+	grace := int64(30)
+	obj, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": "shards"}},
+		Spec: corev1.PodSpec{NodeName: "node-1", TerminationGracePeriodSeconds: &grace,
+			Containers: []corev1.Container{{Name: "worker", Image: "worker"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setReady(t, obj, true)
+	retry := 250 * time.Millisecond
+	budget := leaderelection.ClientBudget(shards, retry)
+	rc := rest.CopyConfig(env.Config)
+	rc.QPS, rc.Burst = budget.QPS, budget.Burst
+	// JSON, so the transport can read the Lease written.
+	rc.ContentType, rc.AcceptContentTypes = "application/json", "application/json"
+	refuse, refused := &atomic.Bool{}, &atomic.Int64{}
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return refuseReleases{rt: rt, refuse: refuse, refused: refused}
+	})
+	v := map[string]string{
+		"leases": "", "shards": fmt.Sprintf("s-{0..%d}", shards-1), "shard-peers": "app=shards",
+		"retry-period": retry.String(),
+	}
+	for k, val := range values {
+		v[k] = val
+	}
+	p := startPod(t, obj, v, worker.Options{}, kubernetes.NewForConfigOrDie(rc).CoordinationV1())
+	return p, refuse, refused
+}
+
+// TestUnreleasedShedIsTakenByItsAssignedPod: pod-a's releases of the shards
+// it sheds fail; they are shed all the same (released=false), and pod-b,
+// to which they are assigned, takes them once the Leases expire. No shard
+// is led by two apps at once.
+func TestUnreleasedShedIsTakenByItsAssignedPod(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	const n = 4
+	terms := &shardTerms{open: map[string]*shardTerm{}}
+	a, refuse, refused := refusingShardPod(t, ns, "pod-a", n, nil)
+	terms.wrap(a)
+	kubetest.WaitFor(t, 20*time.Second, "pod-a alone to lead all 4 shards", func() bool { return converged(t, ns, n, []*pod{a}, []*pod{a}) })
+	refuse.Store(true)
+	b, _ := shardPod(t, ns, "pod-b", n, terms)
+	kubetest.WaitFor(t, 30*time.Second, "pod-b to take its shards after pod-a's unreleased Leases expire", func() bool {
+		return converged(t, ns, n, []*pod{a, b}, []*pod{a, b})
+	})
+	if refused.Load() == 0 {
+		t.Fatal("no release of pod-a was refused: the test did not test an unreleased shed")
+	}
+	shed := events(t, ns, "pod-a", sidecar.ReasonShardShed)
+	if len(shed) != n/2 || !strings.Contains(strings.Join(shed, "\n"), "released=false") {
+		t.Errorf("pod-a's ShardShed Events: %q, want %d with released=false", shed, n/2)
+	}
+	if o := terms.overlaps(); len(o) > 0 {
+		t.Fatalf("shards led by two pods at once:\n%v", o)
+	}
+}
+
+// TestStopDuringAnUnreleasedShedsLeaseWait: the sidecar whose context ends
+// while an unreleased shed shard still counts for a lease duration (30 s
+// here) ends at once, not at the end of that wait.
+func TestStopDuringAnUnreleasedShedsLeaseWait(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	const n = 2
+	terms := &shardTerms{open: map[string]*shardTerm{}}
+	a, refuse, _ := refusingShardPod(t, ns, "pod-a", n, map[string]string{"lease-duration": "30s", "renew-deadline": "2s"})
+	kubetest.WaitFor(t, 20*time.Second, "pod-a alone to lead both shards", func() bool { return converged(t, ns, n, []*pod{a}, []*pod{a}) })
+	refuse.Store(true)
+	shardPod(t, ns, "pod-b", n, terms)
+	kubetest.WaitFor(t, 20*time.Second, "pod-a's unreleased shed", func() bool {
+		return strings.Contains(strings.Join(events(t, ns, "pod-a", sidecar.ReasonShardShed), "\n"), "released=false")
+	})
+	stopped := make(chan struct{})
+	go func() { a.stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("pod-a's sidecar did not end within 10s of its context's end: its shed waits out the lease duration (30s)")
+	}
+}
