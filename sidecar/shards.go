@@ -274,16 +274,18 @@ func (c *Coordinator) shed(l *lease, wasLeader bool) {
 			return
 		}
 	}
-	if !wasLeader {
-		return
-	}
 	released := l.elector.Released()
-	c.metrics.ShardsShed.Inc()
-	c.log.Info("shard shed", "shard", name, "released", released)
-	c.event(corev1.EventTypeNormal, ReasonShardShed, "Shard %s shed (released=%t): assigned to another pod", name, released)
-	if !released {
-		// The Lease names this pod until it expires, a lease duration
-		// after its last renewal at the latest; it counts until then.
+	if wasLeader {
+		c.metrics.ShardsShed.Inc()
+		c.log.Info("shard shed", "shard", name, "released", released)
+		c.event(corev1.EventTypeNormal, ReasonShardShed, "Shard %s shed (released=%t): assigned to another pod", name, released)
+	}
+	// Whatever the plan saw (a term run out on the local clock while the
+	// Lease still named this pod, or a standby that acquired since): a
+	// Lease last seen naming this pod and not released names it until it
+	// expires, a lease duration after its last renewal at the latest; it
+	// counts until then.
+	if !released && l.elector.Holder() == c.s.Identity() {
 		select {
 		case <-clk.After(c.s.LeaseDuration):
 		case <-c.base.Done():
