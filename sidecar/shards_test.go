@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"sync"
@@ -166,6 +167,20 @@ func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // requests.
 func shardPod(t *testing.T, ns, name string, shards int, terms *shardTerms) (*pod, *atomic.Int64) {
 	t.Helper()
+	n := &atomic.Int64{}
+	p := startShardPod(t, ns, name, shards, nil, func(rc *rest.Config) {
+		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt: rt, n: n} })
+	})
+	terms.wrap(p)
+	return p, n
+}
+
+// startShardPod creates a Pod object labelled as a peer of the shard set
+// (app=shards), Running and Ready, and starts its sidecar over shards
+// s-0… at a retry period of 250 ms, with values added to its settings and
+// its Lease client's REST config changed by client (nil: as it is).
+func startShardPod(t *testing.T, ns, name string, shards int, values map[string]string, client func(*rest.Config)) *pod {
+	t.Helper()
 	env := kubetest.Get(t)
 	grace := int64(30)
 	obj, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), &corev1.Pod{
@@ -181,15 +196,15 @@ func shardPod(t *testing.T, ns, name string, shards int, terms *shardTerms) (*po
 	budget := leaderelection.ClientBudget(shards, retry)
 	rc := rest.CopyConfig(env.Config)
 	rc.QPS, rc.Burst = budget.QPS, budget.Burst
-	n := &atomic.Int64{}
-	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt: rt, n: n} })
-	leases := kubernetes.NewForConfigOrDie(rc).CoordinationV1()
-	p := startPod(t, obj, map[string]string{
+	if client != nil {
+		client(rc)
+	}
+	settings := map[string]string{
 		"leases": "", "shards": fmt.Sprintf("s-{0..%d}", shards-1), "shard-peers": "app=shards",
 		"retry-period": retry.String(),
-	}, worker.Options{}, leases)
-	terms.wrap(p)
-	return p, n
+	}
+	maps.Copy(settings, values)
+	return startPod(t, obj, settings, worker.Options{}, kubernetes.NewForConfigOrDie(rc).CoordinationV1())
 }
 
 // setReady sets the pod's phase Running and its Ready condition, as the

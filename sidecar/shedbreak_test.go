@@ -2,9 +2,7 @@ package sidecar_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -13,15 +11,10 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
-	"github.com/handoff-dev/handoff/leaderelection"
 	"github.com/handoff-dev/handoff/sidecar"
-	"github.com/handoff-dev/handoff/worker"
 )
 
 // refuseReleases answers 500 to every write of a shard Lease ("s-" names)
@@ -52,35 +45,14 @@ func (r refuseReleases) RoundTrip(req *http.Request) (*http.Response, error) {
 // shard Leases fail while the returned flag is set.
 func refusingShardPod(t *testing.T, ns, name string, shards int, values map[string]string) (*pod, *atomic.Bool, *atomic.Int64) {
 	t.Helper()
-	env := kubetest.Get(t)
-	grace := int64(30)
-	obj, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": "shards"}},
-		Spec: corev1.PodSpec{NodeName: "node-1", TerminationGracePeriodSeconds: &grace,
-			Containers: []corev1.Container{{Name: "worker", Image: "worker"}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	setReady(t, obj, true)
-	retry := 250 * time.Millisecond
-	budget := leaderelection.ClientBudget(shards, retry)
-	rc := rest.CopyConfig(env.Config)
-	rc.QPS, rc.Burst = budget.QPS, budget.Burst
-	// JSON, so the transport can read the Lease written.
-	rc.ContentType, rc.AcceptContentTypes = "application/json", "application/json"
 	refuse, refused := &atomic.Bool{}, &atomic.Int64{}
-	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return refuseReleases{rt: rt, refuse: refuse, refused: refused}
+	p := startShardPod(t, ns, name, shards, values, func(rc *rest.Config) {
+		// JSON, so the transport can read the Lease written.
+		rc.ContentType, rc.AcceptContentTypes = "application/json", "application/json"
+		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+			return refuseReleases{rt: rt, refuse: refuse, refused: refused}
+		})
 	})
-	v := map[string]string{
-		"leases": "", "shards": fmt.Sprintf("s-{0..%d}", shards-1), "shard-peers": "app=shards",
-		"retry-period": retry.String(),
-	}
-	for k, val := range values {
-		v[k] = val
-	}
-	p := startPod(t, obj, v, worker.Options{}, kubernetes.NewForConfigOrDie(rc).CoordinationV1())
 	return p, refuse, refused
 }
 

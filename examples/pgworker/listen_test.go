@@ -2,45 +2,20 @@ package main
 
 import (
 	"context"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/testr"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
 	"github.com/handoff-dev/handoff/internal/kubetest"
-	"github.com/handoff-dev/handoff/sidecar"
 )
 
 // startListeningWorker is startWorkerWith with the claim loops woken by a
 // queue.Listener, as run starts them.
 func startListeningWorker(t *testing.T, pool *pgxpool.Pool, opts options) *testWorker {
 	t.Helper()
-	token := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(token, []byte(testToken), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	opts.handoffTokenFile = token
-	a, err := newApp(opts, logr.Discard(), pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	a.visible = queue.Listen(ctx, pool.Config().ConnConfig, time.Second, testr.New(t).WithName(opts.workerID+"/listen"))
-	w := &testWorker{app: a, ended: make(chan struct{})}
-	srv := httptest.NewServer(w.agent.Handler())
-	w.sidecar = sidecar.NewAppClient(srv.URL, testToken)
-	var loops sync.WaitGroup
-	w.startLoops(ctx, &loops)
-	go func() { loops.Wait(); close(w.ended) }()
-	t.Cleanup(func() { cancel(); <-w.ended; srv.Close() })
-	return w
+	return startTestWorker(t, pool, opts, true)
 }
 
 // processedBy counts the messages of keys worker completed.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
@@ -46,6 +47,13 @@ func startWorker(t *testing.T, pool *pgxpool.Pool, concurrency int, poll time.Du
 // opts (and the test's token), and stops them when t ends.
 func startWorkerWith(t *testing.T, pool *pgxpool.Pool, opts options) *testWorker {
 	t.Helper()
+	return startTestWorker(t, pool, opts, false)
+}
+
+// startTestWorker is startWorkerWith, and with listen its claim loops are
+// woken by a queue.Listener, as run starts them.
+func startTestWorker(t *testing.T, pool *pgxpool.Pool, opts options, listen bool) *testWorker {
+	t.Helper()
 	token := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(token, []byte(testToken), 0o644); err != nil {
 		t.Fatal(err)
@@ -55,10 +63,13 @@ func startWorkerWith(t *testing.T, pool *pgxpool.Pool, opts options) *testWorker
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if listen {
+		a.visible = queue.Listen(ctx, pool.Config().ConnConfig, time.Second, testr.New(t).WithName(opts.workerID+"/listen"))
+	}
 	w := &testWorker{app: a, ended: make(chan struct{})}
 	srv := httptest.NewServer(w.agent.Handler())
 	w.sidecar = sidecar.NewAppClient(srv.URL, testToken)
-	ctx, cancel := context.WithCancel(context.Background())
 	var loops sync.WaitGroup
 	w.startLoops(ctx, &loops)
 	go func() { loops.Wait(); close(w.ended) }()

@@ -37,19 +37,27 @@ func notified(t *testing.T, pool *pgxpool.Pool, conn *pgx.Conn, marker string, o
 	}
 }
 
+// listening is a connection of its own to pool's database that listens on
+// VisibleChannel, closed when t ends.
+func listening(t *testing.T, pool *pgxpool.Pool) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.ConnectConfig(context.Background(), pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := conn.Exec(context.Background(), "LISTEN "+queue.VisibleChannel); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
 // TestVisibleNotifications: the statements that make messages visible at
 // once notify; claims, renewals and completions do not.
 func TestVisibleNotifications(t *testing.T) {
 	ctx := context.Background()
 	pool := newQueue(t)
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(ctx) })
-	if _, err := conn.Exec(ctx, "LISTEN "+queue.VisibleChannel); err != nil {
-		t.Fatal(err)
-	}
+	conn := listening(t, pool)
 	var a, b *queue.Claimed
 	steps := []struct {
 		name string

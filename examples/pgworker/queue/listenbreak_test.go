@@ -200,14 +200,7 @@ func TestConcurrentMigrates(t *testing.T) {
 			if triggers != 2 {
 				t.Errorf("handoff_queue has %d triggers, want 2", triggers)
 			}
-			conn, err := pgx.ConnectConfig(context.Background(), pool.Config().ConnConfig.Copy())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = conn.Close(context.Background()) })
-			if _, err := conn.Exec(context.Background(), "LISTEN "+queue.VisibleChannel); err != nil {
-				t.Fatal(err)
-			}
+			conn := listening(t, pool)
 			if !notified(t, pool, conn, "enqueue", func() { enqueue(t, pool, queue.Message{DedupKey: "m", Amount: 1}) }) {
 				t.Error("an enqueue after the migrations did not notify")
 			}
@@ -221,14 +214,7 @@ func TestConcurrentMigrates(t *testing.T) {
 func TestClaimsNeverNotify(t *testing.T) {
 	ctx := context.Background()
 	pool := newQueue(t)
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(ctx) })
-	if _, err := conn.Exec(ctx, "LISTEN "+queue.VisibleChannel); err != nil {
-		t.Fatal(err)
-	}
+	conn := listening(t, pool)
 	// The enqueue's notification is read before the claims.
 	notified(t, pool, conn, "enqueue", func() {
 		enqueue(t, pool,
