@@ -93,10 +93,10 @@ func TestRoleLeaseIsHandedOverBeforeTheDrainPartitionAfter(t *testing.T) {
 		t.Errorf("partition Lease in the report: %+v; want kind partition, released after the drain ended at %s", r, drained)
 	}
 	kubetest.WaitFor(t, 5*time.Second, "pod-b's app to lead "+lease, b.leads)
-	msgs := strings.Join(events(t, ns, "pod-a", sidecar.ReasonLeaseReleased), "\n")
+	// The Events are written in the background, after the report.
 	for _, w := range []string{"Lease " + role + " (role) released at ", "Lease " + lease + " (partition) released at "} {
-		if !strings.Contains(msgs, w) {
-			t.Errorf("LeaseReleased Events %q: none says %q", msgs, w)
-		}
+		kubetest.WaitFor(t, 10*time.Second, "a LeaseReleased Event saying "+w, func() bool {
+			return strings.Contains(strings.Join(events(t, ns, "pod-a", sidecar.ReasonLeaseReleased), "\n"), w)
+		})
 	}
 }
