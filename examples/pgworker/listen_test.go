@@ -35,16 +35,7 @@ func TestIdleWorkerIsWokenWhenMessagesBecomeVisible(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
-	msgs := []queue.Message{{DedupKey: "m0", Amount: 1, WorkMillis: int(time.Hour.Milliseconds())}, // started by pod-a, works past the test
-		{DedupKey: "m1", Amount: 10}, {DedupKey: "m2", Amount: 100}, {DedupKey: "m3", Amount: 1000}}
-	if err := queue.Enqueue(ctx, pool, msgs); err != nil {
-		t.Fatal(err)
-	}
-	a := startWorkerWith(t, pool, options{workerID: "pod-a", concurrency: 1, batch: 4, visibilityTimeout: time.Hour, pollInterval: 5 * time.Millisecond})
-	kubetest.WaitFor(t, 10*time.Second, "pod-a to claim the batch of 4 and start the first", func() bool {
-		st, err := a.sidecar.Drain(ctx, 0)
-		return err == nil && st.InFlight == 4 && st.Unstarted == 3
-	})
+	a := startBatchHolder(t, pool)
 	b := startListeningWorker(t, pool, options{workerID: "pod-b", concurrency: 1, batch: 4, visibilityTimeout: time.Hour, pollInterval: time.Hour})
 	b.waitReceiving(t, 1)
 

@@ -77,6 +77,25 @@ func startTestWorker(t *testing.T, pool *pgxpool.Pool, opts options, listen bool
 	return w
 }
 
+// startBatchHolder enqueues m0 (an hour's work) and m1–m3, and starts
+// pod-a, claiming batches of 4: it returns once pod-a holds all four, m0
+// started (working past the test) and the other three unstarted.
+func startBatchHolder(t *testing.T, pool *pgxpool.Pool) *testWorker {
+	t.Helper()
+	ctx := context.Background()
+	msgs := []queue.Message{{DedupKey: "m0", Amount: 1, WorkMillis: int(time.Hour.Milliseconds())},
+		{DedupKey: "m1", Amount: 10}, {DedupKey: "m2", Amount: 100}, {DedupKey: "m3", Amount: 1000}}
+	if err := queue.Enqueue(ctx, pool, msgs); err != nil {
+		t.Fatal(err)
+	}
+	a := startWorkerWith(t, pool, options{workerID: "pod-a", concurrency: 1, batch: 4, visibilityTimeout: time.Hour, pollInterval: 5 * time.Millisecond})
+	kubetest.WaitFor(t, 10*time.Second, "pod-a to claim the batch of 4 and start the first", func() bool {
+		st, err := a.sidecar.Drain(ctx, 0)
+		return err == nil && st.InFlight == 4 && st.Unstarted == 3
+	})
+	return a
+}
+
 // waitReceiving waits until n claim loops wait for a message.
 func (w *testWorker) waitReceiving(t *testing.T, n int) {
 	t.Helper()
@@ -195,16 +214,7 @@ func TestUnstartedBatchIsClaimedByAnotherWorkerAtStopClaiming(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
-	msgs := []queue.Message{{DedupKey: "m0", Amount: 1, WorkMillis: int(time.Hour.Milliseconds())}, // started, works past the test
-		{DedupKey: "m1", Amount: 10}, {DedupKey: "m2", Amount: 100}, {DedupKey: "m3", Amount: 1000}}
-	if err := queue.Enqueue(ctx, pool, msgs); err != nil {
-		t.Fatal(err)
-	}
-	a := startWorkerWith(t, pool, options{workerID: "pod-a", concurrency: 1, batch: 4, visibilityTimeout: time.Hour, pollInterval: 5 * time.Millisecond})
-	kubetest.WaitFor(t, 10*time.Second, "pod-a to claim the batch of 4 and start the first", func() bool {
-		st, err := a.sidecar.Drain(ctx, 0)
-		return err == nil && st.InFlight == 4 && st.Unstarted == 3
-	})
+	a := startBatchHolder(t, pool)
 	var stopAt time.Time // on the database's clock, as the deliveries' times
 	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&stopAt); err != nil {
 		t.Fatal(err)
