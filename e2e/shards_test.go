@@ -26,6 +26,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
+	"github.com/handoff-dev/handoff/inject"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/sidecar"
 )
@@ -130,14 +131,6 @@ func TestShardRollout(t *testing.T) {
 	rec.checkHolders(t, name, end)
 	run.moves, run.longestFree, run.freeShard = rec.movesAndGaps(t, rolloutAt, end)
 	run.mostHeld, run.mostHeldPod, run.worstExcess = rec.mostHeld, rec.mostHeldPod, rec.worst
-	// The rollout never has fewer than shardReplicas pods up (a new pod is
-	// Ready before an old one goes), and a pod takes no more than its
-	// share, even while it sheds: none holds more than ceil(N/replicas).
-	if fair := (shardCount + shardReplicas - 1) / shardReplicas; run.mostHeld > fair {
-		t.Errorf("pod %s held %d shards at once (%v at %s), over ceil(%d/%d) = %d", run.mostHeldPod, run.mostHeld, rec.mostHeldOf,
-			rec.mostHeldAt.Format("15:04:05.000"), shardCount, shardReplicas, fair)
-		rec.logAround(t, rec.mostHeldPod, rec.mostHeldAt)
-	}
 	run.overlaps, run.open, run.intervals = checkShardWork(t, name)
 	if run.overlaps > 0 || run.open > 0 {
 		t.Errorf("messages of one shard worked by two pods at once: %d overlapping claim intervals of different pods, %d claims never completed nor handed back",
@@ -150,6 +143,15 @@ func TestShardRollout(t *testing.T) {
 		if err := os.WriteFile(path, []byte(figures), 0o644); err != nil {
 			t.Error(err)
 		}
+	}
+	// The rollout never has fewer than shardReplicas pods up (a new pod is
+	// Ready before an old one goes), and a pod takes no more than its
+	// share, even while it sheds: none holds more than ceil(N/replicas).
+	// Checked last, so that what it logs on failure ends the output.
+	if fair := (shardCount + shardReplicas - 1) / shardReplicas; run.mostHeld > fair {
+		rec.logAround(t, rec.mostHeldPod, rec.mostHeldAt)
+		t.Errorf("pod %s held %d shards at once (%v at %s), over ceil(%d/%d) = %d", run.mostHeldPod, run.mostHeld, rec.mostHeldOf,
+			rec.mostHeldAt.Format("15:04:05.000"), shardCount, shardReplicas, fair)
 	}
 }
 
@@ -193,6 +195,7 @@ type shardRecorder struct {
 	current map[string]string       // holder identity now, by shard Lease
 	pods    map[string]*podSeen
 	up      map[string]bool // sidecar.PeerUp now, by pod
+	ups     []upSeen        // each change of a pod's up, in order
 	updates int             // shard Lease writes seen (creates and updates)
 
 	measuring bool
@@ -204,6 +207,13 @@ type shardRecorder struct {
 	mostHeldAt  time.Time
 	mostHeldOf  []string // the shard Leases naming mostHeldPod then
 	worst       shareSeen
+}
+
+// upSeen is a change of one pod's sidecar.PeerUp, as the recorder saw it.
+type upSeen struct {
+	at  time.Time
+	pod string
+	up  bool
 }
 
 // shareSeen is one pod's share of the shards at one observation.
@@ -270,6 +280,9 @@ func (r *shardRecorder) pod(o any, deleted bool) {
 	if deleted && s.gone.IsZero() {
 		s.gone = now
 	}
+	if up := !deleted && sidecar.PeerUp(p); up != r.up[p.Name] || len(r.ups) == 0 {
+		r.ups = append(r.ups, upSeen{at: now, pod: p.Name, up: up})
+	}
 	r.up[p.Name] = !deleted && sidecar.PeerUp(p)
 	r.observeLocked(now)
 }
@@ -293,15 +306,23 @@ func (r *shardRecorder) lease(o any) {
 	r.observeLocked(now)
 }
 
-// observeLocked updates the largest shares, while measuring.
+// observeLocked updates the largest shares, while measuring. A pod holds
+// a shard Lease that names it and has not expired at now (its last renewal
+// seen plus its lease duration): a Lease its holder stopped renewing
+// without a release still names it until another pod takes it, but no one
+// leads it once it has expired.
 func (r *shardRecorder) observeLocked(now time.Time) {
 	if !r.measuring {
 		return
 	}
-	held := map[string]int{}
-	for _, h := range r.current {
-		if h != "" {
-			held[podOf(h)]++
+	held := map[string][]string{} // pod → the shard Leases it holds, in order
+	for _, s := range r.shards {
+		hs := r.holders[s]
+		if len(hs) == 0 {
+			continue
+		}
+		if h := hs[len(hs)-1]; h.holder != "" && now.Before(h.renewed.Add(h.duration)) {
+			held[podOf(h.holder)] = append(held[podOf(h.holder)], s)
 		}
 	}
 	up := 0
@@ -310,15 +331,10 @@ func (r *shardRecorder) observeLocked(now time.Time) {
 			up++
 		}
 	}
-	for pod, n := range held {
+	for pod, leases := range held {
+		n := len(leases)
 		if n > r.mostHeld {
-			r.mostHeld, r.mostHeldPod, r.mostHeldAt, r.mostHeldOf = n, pod, now, nil
-			for s, h := range r.current {
-				if podOf(h) == pod {
-					r.mostHeldOf = append(r.mostHeldOf, s)
-				}
-			}
-			slices.Sort(r.mostHeldOf)
+			r.mostHeld, r.mostHeldPod, r.mostHeldAt, r.mostHeldOf = n, pod, now, leases
 		}
 		if !r.up[pod] || up == 0 {
 			continue // a pod being deleted holds its shards until its drain ends
@@ -352,18 +368,52 @@ func (r *shardRecorder) logAround(t *testing.T, pod string, at time.Time) {
 	for _, p := range r.pods {
 		t.Logf("pod %s: terminating %s, gone %s, up now %t", p.name, p.terminating.Format("15:04:05.000"), p.gone.Format("15:04:05.000"), r.up[p.name])
 	}
-	for _, s := range r.mostHeldOf {
-		for _, h := range r.holders[s] {
-			if h.at.After(at.Add(-20*time.Second)) && !h.at.After(at.Add(time.Second)) {
-				t.Logf("%s %s: holder %q renewed %s", h.at.Format("15:04:05.000"), s, h.holder, h.renewed.Format("15:04:05.000"))
-			}
+	for _, u := range r.ups {
+		if u.at.After(at.Add(-20*time.Second)) && !u.at.After(at.Add(time.Second)) {
+			t.Logf("%s pod %s up %t", u.at.Format("15:04:05.000"), u.pod, u.up)
 		}
+	}
+	// A line per shard Lease: its changes of holder in the window, and its
+	// last renewal seen by at.
+	for _, s := range r.mostHeldOf {
+		var b strings.Builder
+		from := at.Add(-20 * time.Second)
+		var last holderSeen
+		for i, h := range r.holders[s] {
+			if h.at.After(at.Add(time.Second)) {
+				break
+			}
+			if h.at.After(from) && (i == 0 || h.holder != r.holders[s][i-1].holder) {
+				fmt.Fprintf(&b, " %s→%q", h.at.Format("15:04:05.000"), h.holder)
+			}
+			if !h.at.After(from) {
+				b.Reset()
+				fmt.Fprintf(&b, " %q at %s", h.holder, from.Format("15:04:05.000"))
+			}
+			last = h
+		}
+		t.Logf("%s:%s; last renewed %s (lease duration %s)", s, b.String(), last.renewed.Format("15:04:05.000"), last.duration)
 	}
 	r.mu.Unlock()
 	all, _ := podEvents(t, pod)
 	slices.SortFunc(all, func(a, b corev1.Event) int { return a.LastTimestamp.Compare(b.LastTimestamp.Time) })
 	for _, e := range all {
+		if e.Source.Component == "kubelet" || e.Source.Component == "default-scheduler" {
+			continue // the pod's start and stop
+		}
 		t.Logf("event %s ×%d %s: %s", e.LastTimestamp.Format("15:04:05"), e.Count, e.Reason, e.Message)
+	}
+	// The sidecar's log, while the pod is there (the kubelet removes it
+	// with the pod): its lines on sheds.
+	logs, err := cluster.kube.CoreV1().Pods(namespace).GetLogs(pod, &corev1.PodLogOptions{Container: inject.SidecarName}).DoRaw(context.Background())
+	if err != nil {
+		t.Logf("sidecar log of %s: %v", pod, err)
+		return
+	}
+	for line := range strings.Lines(string(logs)) {
+		if strings.Contains(line, "shed") || strings.Contains(line, "freed") {
+			t.Logf("sidecar %s: %s", pod, strings.TrimSpace(line))
+		}
 	}
 }
 
@@ -650,7 +700,8 @@ func (r *shardRun) figures() string {
 	fmt.Fprintf(&b, `  shards moved         changes of a shard's holder pod from the restart until the shards were shared out over the new pods
                        (the least possible: every shard once, %d per replaced pod)
   no holder            a shard Lease seen free, or naming a pod already gone, until a pod was seen holding it
-  largest share        the most shards one pod held at once (a pod being deleted keeps its shards until its drain ends), and
+  largest share        the most shards one pod held at once (Leases naming it, not expired; a pod being deleted keeps its shards
+                       until its drain ends), and
                        the largest excess of an up pod's shards over ceil(N/M) for the M pods up (Running, Ready, not deleted)
   API requests         apiserver_request_total on resource leases (every verb) read from the apiserver's /metrics before and after,
                        less the rate of the same counter before the Deployment existed (%.0f a minute: the kubelet's node

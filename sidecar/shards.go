@@ -191,7 +191,7 @@ func (c *Coordinator) planShards(r *round) {
 		c.runs.Add(1)
 		go func() {
 			defer c.runs.Done()
-			c.shed(l, leader)
+			c.shed(r, l, leader)
 			set.mu.Lock()
 			if set.active[name] == l {
 				delete(set.active, name)
@@ -227,8 +227,9 @@ func (c *Coordinator) planShards(r *round) {
 // granted is revoked, and the Lease is released once the app has
 // acknowledged (its work of that shard has stopped) or, without an
 // acknowledgement, once the term it was granted has run out; then the
-// election ends. A standby that never led just stops competing.
-func (c *Coordinator) shed(l *lease, wasLeader bool) {
+// election ends. A standby that never led just stops competing. A Lease
+// the election left naming this pod is then freed (freeShed).
+func (c *Coordinator) shed(r *round, l *lease, wasLeader bool) {
 	name := l.elector.Name()
 	clk := c.clock
 	l.mu.Lock()
@@ -274,21 +275,50 @@ func (c *Coordinator) shed(l *lease, wasLeader bool) {
 			return
 		}
 	}
-	released := l.elector.Released()
+	released, err := l.elector.Released(), error(nil)
+	if !released {
+		released, err = c.freeShed(r, name)
+	}
 	if wasLeader {
 		c.metrics.ShardsShed.Inc()
 		c.log.Info("shard shed", "shard", name, "released", released)
 		c.event(corev1.EventTypeNormal, ReasonShardShed, "Shard %s shed (released=%t): assigned to another pod", name, released)
 	}
-	// Whatever the plan saw (a term run out on the local clock while the
-	// Lease still named this pod, or a standby that acquired since): a
-	// Lease last seen naming this pod and not released names it until it
-	// expires, a lease duration after its last renewal at the latest; it
-	// counts until then.
-	if !released && l.elector.Holder() == c.s.Identity() {
+	if err != nil {
+		// It may name this pod until it expires, a lease duration after its
+		// last renewal at the latest: it counts until then.
+		c.log.Info("shed shard's Lease not freed: it counts against the share for a lease duration", "shard", name, "error", err.Error())
 		select {
 		case <-clk.After(c.s.LeaseDuration):
+		case <-r.shutdown: // the set is the sequence's: no plan counts it
 		case <-c.base.Done():
 		}
 	}
+}
+
+// freeShed frees the Lease of a shed shard whose election ended without a
+// written release, if it still names this pod, and reports whether it
+// wrote that release. Such a Lease names the pod when the election's
+// release write failed, or when an acquiring write landed whose answer was
+// lost (the elector never knew it held the Lease): freed, its assigned pod
+// takes it at once, and it no longer counts. The read and write are
+// leaderelection.ReleaseLeftover's, each within the elector's request
+// timeout, and are abandoned when r's sequence starts (it then owns the
+// round's Leases; a re-arm frees what is left before new elections start).
+// The error is the API's, when the Lease could be neither read nor freed.
+func (c *Coordinator) freeShed(r *round, name string) (bool, error) {
+	ctx, cancel := context.WithTimeout(c.base, 2*leaderelection.RequestTimeout(c.s.RenewDeadline))
+	defer cancel()
+	go func() {
+		select {
+		case <-r.shutdown:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	freed, err := leaderelection.ReleaseLeftover(ctx, c.leaseAPI, c.s.PodNamespace, name, c.s.Identity(), leaderelection.RequestTimeout(c.s.RenewDeadline))
+	if freed {
+		c.log.Info("freed a shed shard's Lease its election left naming this pod", "shard", name)
+	}
+	return freed, err
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,13 +18,16 @@ import (
 	"github.com/handoff-dev/handoff/sidecar"
 )
 
-// refuseReleases answers 500 to every write of a shard Lease ("s-" names)
-// that frees it (holder identity empty) while refuse is set: the shed's
-// release fails, the Lease names the pod until it expires.
+// refuseReleases answers 500 to the writes of a shard Lease ("s-" names)
+// that free it (holder identity empty) while refuse is set: every one, or
+// with once only the first of each Lease (the election's; the freeing of
+// the Lease it left then goes through). A refused shed's release fails,
+// and the Lease names the pod until it is freed or expires.
 type refuseReleases struct {
 	rt      http.RoundTripper
 	refuse  *atomic.Bool
 	refused *atomic.Int64
+	once    *sync.Map // Lease path → refused once, when set
 }
 
 func (r refuseReleases) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -31,7 +35,12 @@ func (r refuseReleases) RoundTrip(req *http.Request) (*http.Response, error) {
 		body, _ := io.ReadAll(req.Body)
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		var l coordinationv1.Lease
-		if json.Unmarshal(body, &l) == nil && (l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "") {
+		release := json.Unmarshal(body, &l) == nil && (l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "")
+		if release && r.once != nil {
+			_, again := r.once.LoadOrStore(req.URL.Path, true)
+			release = !again
+		}
+		if release {
 			r.refused.Add(1)
 			return &http.Response{StatusCode: http.StatusInternalServerError, Status: "500 Internal Server Error",
 				Header: http.Header{"Content-Type": []string{"text/plain"}}, Body: io.NopCloser(strings.NewReader("release refused by the test")),
@@ -42,15 +51,20 @@ func (r refuseReleases) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // refusingShardPod is shardPod with a Lease client whose release writes of
-// shard Leases fail while the returned flag is set.
-func refusingShardPod(t *testing.T, ns, name string, shards int, values map[string]string) (*pod, *atomic.Bool, *atomic.Int64) {
+// shard Leases fail while the returned flag is set: every one, or with once
+// the first of each Lease.
+func refusingShardPod(t *testing.T, ns, name string, shards int, values map[string]string, once bool) (*pod, *atomic.Bool, *atomic.Int64) {
 	t.Helper()
 	refuse, refused := &atomic.Bool{}, &atomic.Int64{}
+	var first *sync.Map
+	if once {
+		first = &sync.Map{}
+	}
 	p := startShardPod(t, ns, name, shards, values, func(rc *rest.Config) {
 		// JSON, so the transport can read the Lease written.
 		rc.ContentType, rc.AcceptContentTypes = "application/json", "application/json"
 		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-			return refuseReleases{rt: rt, refuse: refuse, refused: refused}
+			return refuseReleases{rt: rt, refuse: refuse, refused: refused, once: first}
 		})
 	})
 	return p, refuse, refused
@@ -65,7 +79,7 @@ func TestUnreleasedShedIsTakenByItsAssignedPod(t *testing.T) {
 	ns := env.Namespace(t)
 	const n = 4
 	terms := &shardTerms{open: map[string]*shardTerm{}}
-	a, refuse, refused := refusingShardPod(t, ns, "pod-a", n, nil)
+	a, refuse, refused := refusingShardPod(t, ns, "pod-a", n, nil, false)
 	terms.wrap(a)
 	kubetest.WaitFor(t, 20*time.Second, "pod-a alone to lead all 4 shards", func() bool { return converged(t, ns, n, []*pod{a}, []*pod{a}) })
 	refuse.Store(true)
@@ -85,6 +99,36 @@ func TestUnreleasedShedIsTakenByItsAssignedPod(t *testing.T) {
 	}
 }
 
+// TestShedLeaseLeftNamingThePodIsFreed: the release write of pod-a's
+// election fails for each shard it sheds; the Lease it left naming pod-a is
+// read and freed at once, so pod-b, to which those shards are assigned,
+// takes them long before their lease duration (30 s) runs out, and pod-a
+// reports them released. No shard is led by two apps at once.
+func TestShedLeaseLeftNamingThePodIsFreed(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	const n = 4
+	terms := &shardTerms{open: map[string]*shardTerm{}}
+	a, refuse, refused := refusingShardPod(t, ns, "pod-a", n, map[string]string{"lease-duration": "30s", "renew-deadline": "2s"}, true)
+	terms.wrap(a)
+	kubetest.WaitFor(t, 20*time.Second, "pod-a alone to lead all 4 shards", func() bool { return converged(t, ns, n, []*pod{a}, []*pod{a}) })
+	refuse.Store(true)
+	b, _ := shardPod(t, ns, "pod-b", n, terms)
+	kubetest.WaitFor(t, 15*time.Second, "pod-b to take its shards, freed by pod-a after its failed releases (their lease duration is 30s)", func() bool {
+		return converged(t, ns, n, []*pod{a, b}, []*pod{a, b})
+	})
+	if got := refused.Load(); got != n/2 {
+		t.Fatalf("%d release writes refused, want %d: one per shed shard", got, n/2)
+	}
+	shed := events(t, ns, "pod-a", sidecar.ReasonShardShed)
+	if len(shed) != n/2 || strings.Contains(strings.Join(shed, "\n"), "released=false") {
+		t.Errorf("pod-a's ShardShed Events: %q, want %d with released=true", shed, n/2)
+	}
+	if o := terms.overlaps(); len(o) > 0 {
+		t.Fatalf("shards led by two pods at once:\n%v", o)
+	}
+}
+
 // TestStopDuringAnUnreleasedShedsLeaseWait: the sidecar whose context ends
 // while an unreleased shed shard still counts for a lease duration (30 s
 // here) ends at once, not at the end of that wait.
@@ -93,7 +137,7 @@ func TestStopDuringAnUnreleasedShedsLeaseWait(t *testing.T) {
 	ns := env.Namespace(t)
 	const n = 2
 	terms := &shardTerms{open: map[string]*shardTerm{}}
-	a, refuse, _ := refusingShardPod(t, ns, "pod-a", n, map[string]string{"lease-duration": "30s", "renew-deadline": "2s"})
+	a, refuse, _ := refusingShardPod(t, ns, "pod-a", n, map[string]string{"lease-duration": "30s", "renew-deadline": "2s"}, false)
 	kubetest.WaitFor(t, 20*time.Second, "pod-a alone to lead both shards", func() bool { return converged(t, ns, n, []*pod{a}, []*pod{a}) })
 	refuse.Store(true)
 	shardPod(t, ns, "pod-b", n, terms)
