@@ -132,7 +132,9 @@ func (e *Elector) Name() string { return e.cfg.Name }
 // lease duration runs out (polling every retry period while the watch is
 // down); as holder it renews every retry period. When ctx ends while it
 // holds the Lease it releases it (empty holder identity, client-go's
-// ReleaseOnCancel) before returning, unless WithholdRelease was called.
+// ReleaseOnCancel) before returning, unless WithholdRelease was called; an
+// acquiring write already sent when ctx ends is not cut but answered
+// (within the renew deadline), and a Lease it won is released the same way.
 // After losing the Lease it competes again.
 //
 // Both phases are client-go's LeaderElector on a LeaseLock: the standby's

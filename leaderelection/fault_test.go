@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/internal/faultproxy"
 	"github.com/handoff-dev/handoff/internal/kubetest"
@@ -441,4 +442,63 @@ func (c *failedWritesClient) Update(ctx context.Context, l *coordinationv1.Lease
 		c.f.n.Add(1)
 	}
 	return out, err
+}
+
+// answerLate sends the first Lease write of its client to the apiserver
+// (which commits it), signals written, and holds the answer until answer
+// is closed: then it returns it, or, if the request's context has ended
+// meanwhile, the context's error, as a client whose request was cut after
+// it was sent.
+type answerLate struct {
+	next            http.RoundTripper
+	once            *atomic.Bool
+	written, answer chan struct{}
+}
+
+func (rt answerLate) RoundTrip(req *http.Request) (*http.Response, error) {
+	if (req.Method != http.MethodPut && req.Method != http.MethodPost) || !strings.Contains(req.URL.Path, "/leases") || !rt.once.CompareAndSwap(false, true) {
+		return rt.next.RoundTrip(req)
+	}
+	resp, err := rt.next.RoundTrip(req.WithContext(context.WithoutCancel(req.Context())))
+	close(rt.written)
+	<-rt.answer
+	if req.Context().Err() != nil {
+		if resp != nil {
+			_ = resp.Body.Close()
+		}
+		return nil, req.Context().Err()
+	}
+	return resp, err
+}
+
+// A standby stopped while its acquiring write is in flight: the write
+// lands, so the Lease names the standby; the elector waits for its answer
+// (within the request timeout) rather than abandoning it, so it knows it
+// holds the Lease and releases it before Run returns. Abandoned, the Lease
+// would name a candidate that no longer runs, unrenewed, until it expired.
+func TestStandbyStoppedDuringItsAcquiringWrite(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	rt := answerLate{once: &atomic.Bool{}, written: make(chan struct{}), answer: make(chan struct{})}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.WrapTransport = func(next http.RoundTripper) http.RoundTripper { rt.next = next; return rt }
+	b := startWith(t, ns, "pod-b_uid-b", kubernetes.NewForConfigOrDie(cfg).CoordinationV1())
+	select {
+	case <-rt.written:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no acquiring write within 10s")
+	}
+	if h := ptr.Deref(getLease(t, ns).Spec.HolderIdentity, ""); h != "pod-b_uid-b" {
+		t.Fatalf("after the acquiring write the Lease names %q, want pod-b_uid-b", h)
+	}
+	b.cancel()
+	close(rt.answer)
+	select {
+	case <-b.done:
+	case <-time.After(2 * renewDeadline):
+		t.Fatalf("Run did not return within %s of its context's end", 2*renewDeadline)
+	}
+	if h := ptr.Deref(getLease(t, ns).Spec.HolderIdentity, ""); h != "" || !b.e.Released() {
+		t.Fatalf("after Run returned the Lease names %q (want none), released %t (%v)", h, b.e.Released(), b.e.ReleaseErr())
+	}
 }

@@ -68,8 +68,14 @@ func (l *watchedLeaseClient) Get(ctx context.Context, name string, opts metav1.G
 	return l.c.get(ctx, l.LeaseInterface, name, opts)
 }
 
+// Create and Update send an acquiring write. It is not cut when the
+// standby's context ends, only at its own timeout: a write already sent may
+// land, and an elector that abandoned its answer would not know the Lease
+// names it, so would neither lead nor release it (it would name a
+// candidate that no longer runs until it expired). Answered, the elector
+// leads, sees its context ended and releases at once (Elector.Run).
 func (l *watchedLeaseClient) Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error) {
-	ctx, cancel := context.WithTimeout(ctx, l.c.writeTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.writeTimeout)
 	defer cancel()
 	out, err := l.LeaseInterface.Create(ctx, lease, opts)
 	l.c.wrote(err)
@@ -77,7 +83,7 @@ func (l *watchedLeaseClient) Create(ctx context.Context, lease *coordinationv1.L
 }
 
 func (l *watchedLeaseClient) Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
-	ctx, cancel := context.WithTimeout(ctx, l.c.writeTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.writeTimeout)
 	defer cancel()
 	out, err := l.LeaseInterface.Update(ctx, lease, opts)
 	l.c.wrote(err)
