@@ -326,7 +326,11 @@ func (s *Settings) validate(invalid map[string]bool) []error {
 	var errs []error
 	bad := func(name, reason string) {
 		d, _ := Lookup(name)
-		errs = append(errs, &Error{Setting: name, Reason: reason, Form: d.Form})
+		form := d.Form
+		if strings.HasPrefix(reason, "required") {
+			form = strings.TrimSuffix(form, ", or empty") // empty is what is refused
+		}
+		errs = append(errs, &Error{Setting: name, Reason: reason, Form: form})
 	}
 	valid := func(names ...string) bool {
 		for _, n := range names {

@@ -52,7 +52,7 @@ func TestBadValuesNameSettingOriginAndForm(t *testing.T) {
 		{map[string]string{"shards": "orders-{0..3}-x"}, []string{"shards", "at the end of the name"}},
 		{map[string]string{"shards": "Orders-{0..3}"}, []string{"shards", `"Orders-0" is not a DNS subdomain`}},
 		{map[string]string{"shards": "o-{0..1000}"}, []string{"shards", "1001 shards: at most 1000"}},
-		{map[string]string{"shards": "a,b", "pod-name": "p", "pod-uid": "u"}, []string{"shard-peers", "required when shards are set"}},
+		{map[string]string{"shards": "a,b", "pod-name": "p", "pod-uid": "u"}, []string{"shard-peers", "required when shards are set: it selects the pods that share them; want a label selector, like app=orders"}},
 		{map[string]string{"shards": "a,b", "leases": "b", "shard-peers": "app=x", "pod-name": "p", "pod-uid": "u"}, []string{"shards", `"b" is also one of leases`}},
 		{map[string]string{"shards": "a", "shard-peers": "app=x"}, []string{"pod-name", "required when shards are set"}},
 		{map[string]string{"shard-peers": "app==x==y"}, []string{"shard-peers", "not a label selector", "like app=orders"}},
@@ -67,6 +67,9 @@ func TestBadValuesNameSettingOriginAndForm(t *testing.T) {
 			if !strings.Contains(err.Error(), w) {
 				t.Errorf("%v: error %q does not say %q", tc.values, err, w)
 			}
+		}
+		if strings.Contains(err.Error(), "required") && strings.Contains(err.Error(), "or empty") {
+			t.Errorf("%v: error %q offers empty for a setting it requires", tc.values, err)
 		}
 	}
 }

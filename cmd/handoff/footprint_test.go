@@ -1,7 +1,9 @@
 package main
 
 import (
+	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -38,19 +40,31 @@ func TestSidecarBuildLeavesOutTheWebhook(t *testing.T) {
 	if out, err := exec.Command(bin, "version").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "dev" {
 		t.Errorf("handoff-sidecar version: %v, %q; want dev", err, out)
 	}
+	token := t.TempDir() + "/token"
+	if err := os.WriteFile(token, []byte(strings.Repeat("ab", 32)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pod := []string{"sidecar", "--pod-name", "p", "--pod-namespace", "n", "--token-file", token}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
+		{slices.Concat(pod, []string{"--kubeconfig", "/nonexistent"}), "kubeconfig: /nonexistent: stat /nonexistent"},
+		{pod, "kubeconfig: not set, and not running in a pod (no in-cluster configuration): set a kubeconfig file's path (flag --kubeconfig or HANDOFF_KUBECONFIG)"},
 		{[]string{"webhook"}, `unknown command "webhook" for "handoff"`},
 		{[]string{"sidecar", "extra"}, `unknown command "extra" for "handoff sidecar"`},
 		{[]string{"install", "a", "b"}, "accepts at most 1 arg(s), received 2"},
 		{[]string{"install", "--bogus"}, "unknown flag: --bogus"},
 		{[]string{"sidecar", "--fallback", "drop", "--token-file", "/nonexistent"}, `invalid value "drop" for flag --fallback`},
+		{[]string{"sidecar", "--token-file", "/nonexistent"}, "pod-name: required: the pod this sidecar runs in"},
+		{[]string{"sidecar", "--pod-name", "p", "--token-file", "/nonexistent"}, "pod-namespace: required"},
 		{[]string{"prestop", "--addr", "127.0.0.1:1", "--connect-timeout", "100ms", "--token-file", "/nonexistent"}, "/nonexistent"},
 		{[]string{"prestop", "stray", "--", "true"}, `unexpected argument "stray"`},
 	} {
-		out, err := exec.Command(bin, tc.args...).CombinedOutput()
+		cmd := exec.Command(bin, tc.args...)
+		// Outside a pod, whatever runs the test: no in-cluster configuration.
+		cmd.Env = slices.DeleteFunc(os.Environ(), func(v string) bool { return strings.HasPrefix(v, "KUBERNETES_SERVICE_") })
+		out, err := cmd.CombinedOutput()
 		if err == nil || !strings.Contains(string(out), tc.want) {
 			t.Errorf("handoff-sidecar %s: %v\n%s\nwant a failure saying %s", strings.Join(tc.args, " "), err, out, tc.want)
 		}

@@ -59,8 +59,17 @@ Every setting is a flag, or an environment variable HANDOFF_<NAME>; flags win.`,
 }
 
 func runSidecar(s *config.Settings) error {
-	// The token first: a sidecar that cannot start changes no process-wide
-	// state (klog's logger) on its way out.
+	// The pod and the token first: a sidecar that cannot start changes no
+	// process-wide state (klog's logger) on its way out.
+	for _, f := range []struct{ name, value, field string }{
+		{"pod-name", s.PodName, "metadata.name"}, {"pod-namespace", s.PodNamespace, "metadata.namespace"},
+	} {
+		if f.value == "" {
+			d, _ := config.Lookup(f.name)
+			return fmt.Errorf("%s: required: the pod this sidecar runs in, for its Events, the watch of its deletion and its Leases (flag --%s or %s; injected pods have it from the downward API, %s)",
+				f.name, f.name, d.Env(), f.field)
+		}
+	}
 	if s.TokenFile == "" {
 		return fmt.Errorf("token-file: required: the file with the pod's token (flag --token-file or %s; injected pods have %s, and handoff install --token-file FILE writes one)", protocol.TokenFileEnv, protocol.TokenFile)
 	}
@@ -74,7 +83,13 @@ func runSidecar(s *config.Settings) error {
 	setHTTP2HealthCheck(os.LookupEnv, os.Setenv, s.RenewDeadline)
 	rc, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
 	if err != nil {
-		return fmt.Errorf("kubernetes client configuration: %w", err)
+		if s.Kubeconfig == "" {
+			d, _ := config.Lookup("kubeconfig")
+			// client-go's error suggests KUBERNETES_MASTER; its in-cluster
+			// error is logged above it.
+			return fmt.Errorf("kubeconfig: not set, and not running in a pod (no in-cluster configuration): set a kubeconfig file's path (flag --kubeconfig or %s)", d.Env())
+		}
+		return fmt.Errorf("kubeconfig: %s: %w", s.Kubeconfig, err)
 	}
 	rc.UserAgent = "handoff/" + version
 	kube, err := kubernetes.NewForConfig(rc)
