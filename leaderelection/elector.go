@@ -2,6 +2,29 @@
 // tools/leaderelection with a LeaseLock and ReleaseOnCancel. It adds what the
 // app needs to act safely as leader: a term that ends on the app's own clock
 // before any other candidate could take the Lease, and a fencing token.
+//
+// What it guarantees, for candidates with the same timings whose clocks
+// drift apart, over a lease duration, by less than the lease duration less
+// TermLength (no synchronized clocks are needed: each candidate times the
+// Lease on its own):
+//   - A term's Until (a renewal's start plus TermLength) is before any
+//     other candidate can take the Lease.
+//   - Each new holder gets a greater fencing token (the Lease's
+//     spec.leaseTransitions), after a release as after an expiry.
+//   - When Run's context ends, a held Lease is released (empty holder
+//     identity) unless WithholdRelease was called, and an acquiring write
+//     already sent is answered, not abandoned: a Lease it won is released
+//     too. Each request is bounded (RequestTimeout), so Run returns within
+//     a few of them.
+//
+// What it does not guarantee:
+//   - That the Lease is free when Run returns: a release write that fails
+//     (Released, ReleaseErr) leaves the Lease to expire a lease duration
+//     after its last renewal; ReleaseLeftover frees such a Lease later.
+//   - That two candidates of one holder identity are told apart: a
+//     candidate renews a Lease that names its identity as its own.
+//   - Anything against a candidate with a shorter lease duration, or a
+//     clock that drifts past that margin.
 package leaderelection
 
 import (
