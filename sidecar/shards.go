@@ -304,9 +304,18 @@ func (c *Coordinator) shed(r *round, l *lease, wasLeader bool) {
 // takes it at once, and it no longer counts. The read and write are
 // leaderelection.ReleaseLeftover's, each within the elector's request
 // timeout, and are abandoned when r's sequence starts (it then owns the
-// round's Leases; a re-arm frees what is left before new elections start).
-// The error is the API's, when the Lease could be neither read nor freed.
+// round's Leases; a re-arm frees what is left before new elections start):
+// started already, nothing is sent. The error is the API's, when the Lease
+// could be neither read nor freed.
 func (c *Coordinator) freeShed(r *round, name string) (bool, error) {
+	if isClosed(r.shutdown) {
+		// Checked before any request, not only by the goroutine below: a
+		// read and write sent before it runs could be answered, and once
+		// the sequence has started, a re-arm may have given this pod (the
+		// same holder identity) a new term of the Lease, which they would
+		// free under the app.
+		return false, nil
+	}
 	ctx, cancel := context.WithTimeout(c.base, 2*leaderelection.RequestTimeout(c.s.RenewDeadline))
 	defer cancel()
 	go func() {

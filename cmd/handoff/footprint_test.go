@@ -56,8 +56,8 @@ func TestSidecarBuildLeavesOutTheWebhook(t *testing.T) {
 		{[]string{"install", "a", "b"}, "accepts at most 1 arg(s), received 2"},
 		{[]string{"install", "--bogus"}, "unknown flag: --bogus"},
 		{[]string{"sidecar", "--fallback", "drop", "--token-file", "/nonexistent"}, `invalid value "drop" for flag --fallback`},
-		{[]string{"sidecar", "--token-file", "/nonexistent"}, "pod-name: required: the pod this sidecar runs in"},
-		{[]string{"sidecar", "--pod-name", "p", "--token-file", "/nonexistent"}, "pod-namespace: required"},
+		{[]string{"sidecar", "--token-file", "/nonexistent"}, "pod-name: required: a pod name, of the pod this sidecar runs in"},
+		{[]string{"sidecar", "--pod-name", "p", "--token-file", "/nonexistent"}, "pod-namespace: required: a namespace name, of the pod this sidecar runs in"},
 		{[]string{"prestop", "--addr", "127.0.0.1:1", "--connect-timeout", "100ms", "--token-file", "/nonexistent"}, "/nonexistent"},
 		{[]string{"prestop", "stray", "--", "true"}, `unexpected argument "stray"`},
 	} {

@@ -66,8 +66,8 @@ func runSidecar(s *config.Settings) error {
 	} {
 		if f.value == "" {
 			d, _ := config.Lookup(f.name)
-			return fmt.Errorf("%s: required: the pod this sidecar runs in, for its Events, the watch of its deletion and its Leases (flag --%s or %s; injected pods have it from the downward API, %s)",
-				f.name, f.name, d.Env(), f.field)
+			return fmt.Errorf("%s: required: %s, of the pod this sidecar runs in, for its Events, the watch of its deletion and its Leases (flag --%s or %s; injected pods have it from the downward API, %s)",
+				f.name, d.Form, f.name, d.Env(), f.field)
 		}
 	}
 	if s.TokenFile == "" {
