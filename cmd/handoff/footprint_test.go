@@ -45,6 +45,16 @@ func TestSidecarBuildLeavesOutTheWebhook(t *testing.T) {
 		t.Fatal(err)
 	}
 	pod := []string{"sidecar", "--pod-name", "p", "--pod-namespace", "n", "--token-file", token}
+	// Outside a pod, whatever runs the test: no in-cluster configuration.
+	outside := slices.DeleteFunc(os.Environ(), func(v string) bool {
+		return strings.HasPrefix(v, "KUBERNETES_SERVICE_") || strings.HasPrefix(v, "KUBECONFIG=")
+	})
+	// kubectl's KUBECONFIG is not handoff's: the error says so.
+	cmd := exec.Command(bin, pod...)
+	cmd.Env = append(slices.Clone(outside), "KUBECONFIG=/k")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "(flag --kubeconfig or HANDOFF_KUBECONFIG); KUBECONFIG=/k is not read") {
+		t.Errorf("handoff-sidecar %s with KUBECONFIG=/k: %v\n%s\nwant a failure saying KUBECONFIG is not read", strings.Join(pod, " "), err, out)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -62,8 +72,7 @@ func TestSidecarBuildLeavesOutTheWebhook(t *testing.T) {
 		{[]string{"prestop", "stray", "--", "true"}, `unexpected argument "stray"`},
 	} {
 		cmd := exec.Command(bin, tc.args...)
-		// Outside a pod, whatever runs the test: no in-cluster configuration.
-		cmd.Env = slices.DeleteFunc(os.Environ(), func(v string) bool { return strings.HasPrefix(v, "KUBERNETES_SERVICE_") })
+		cmd.Env = outside
 		out, err := cmd.CombinedOutput()
 		if err == nil || !strings.Contains(string(out), tc.want) {
 			t.Errorf("handoff-sidecar %s: %v\n%s\nwant a failure saying %s", strings.Join(tc.args, " "), err, out, tc.want)

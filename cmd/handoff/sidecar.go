@@ -87,7 +87,11 @@ func runSidecar(s *config.Settings) error {
 			d, _ := config.Lookup("kubeconfig")
 			// client-go's error suggests KUBERNETES_MASTER; its in-cluster
 			// error is logged above it.
-			return fmt.Errorf("kubeconfig: not set, and not running in a pod (no in-cluster configuration): set a kubeconfig file's path (flag --kubeconfig or %s)", d.Env())
+			ignored := ""
+			if v, ok := os.LookupEnv("KUBECONFIG"); ok {
+				ignored = fmt.Sprintf("; KUBECONFIG=%s is not read", v)
+			}
+			return fmt.Errorf("kubeconfig: not set, and not running in a pod (no in-cluster configuration): set a kubeconfig file's path (flag --kubeconfig or %s)%s", d.Env(), ignored)
 		}
 		return fmt.Errorf("kubeconfig: %s: %w", s.Kubeconfig, err)
 	}
