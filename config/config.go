@@ -143,6 +143,12 @@ func (d Setting) Check(v, origin string) error {
 	return nil
 }
 
+// RequiredForm is Form without its ", or empty": the accepted form where
+// a relation with another setting requires a value.
+func (d Setting) RequiredForm() string {
+	return strings.TrimSuffix(d.Form, ", or empty")
+}
+
 // Env is the environment variable that carries this setting.
 func (d Setting) Env() string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(d.Name, "-", "_"))
@@ -328,7 +334,7 @@ func (s *Settings) validate(invalid map[string]bool) []error {
 		d, _ := Lookup(name)
 		form := d.Form
 		if strings.HasPrefix(reason, "required") {
-			form = strings.TrimSuffix(form, ", or empty") // empty is what is refused
+			form = d.RequiredForm()
 		}
 		errs = append(errs, &Error{Setting: name, Reason: reason, Form: form})
 	}

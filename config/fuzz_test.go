@@ -135,8 +135,12 @@ func checkErr(t *testing.T, values map[string]string, err error, origin string) 
 			t.Fatalf("%q: error %v names no setting of the table", values, e)
 		}
 		msg := e.Error()
-		if !strings.HasPrefix(msg, d.Name+": ") || !strings.HasSuffix(msg, "; want "+d.Form) || ce.Reason == "" {
-			t.Errorf("%q: error %q does not start with the setting %s, give a reason and end with its form %q", values, msg, d.Name, d.Form)
+		form := d.Form
+		if strings.HasPrefix(ce.Reason, "required") {
+			form = d.RequiredForm() // empty is what is refused
+		}
+		if !strings.HasPrefix(msg, d.Name+": ") || !strings.HasSuffix(msg, "; want "+form) || ce.Reason == "" {
+			t.Errorf("%q: error %q does not start with the setting %s, give a reason and end with its form %q", values, msg, d.Name, form)
 		}
 		if ce.Origin == "" {
 			continue // a relation between settings
