@@ -83,7 +83,7 @@ func TestSidecarRefusesToStartWithoutAToken(t *testing.T) {
 		{filepath.Join(t.TempDir(), "missing"), "no such file"},
 	} {
 		t.Setenv(protocol.TokenFileEnv, "")
-		if err := runCommand(sidecarCmd, []string{"--token-file=" + tc.file}, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if err := runCommand(sidecarCmd, []string{"--pod-name=p", "--pod-namespace=n", "--token-file=" + tc.file}, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("sidecar --token-file=%q: %v; want an error saying %q", tc.file, err, tc.want)
 		}
 	}
