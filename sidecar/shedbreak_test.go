@@ -3,6 +3,7 @@ package sidecar_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -70,32 +71,42 @@ func refusingShardPod(t *testing.T, ns, name string, shards int, values map[stri
 	return p, refuse, refused
 }
 
+// shedWhileRefused has pod-a lead all n shards alone, then refuses its
+// release writes (all, or with once the first of each Lease) and starts
+// pod-b, which must take its half within within (what says why then). It
+// fails the test if a shard was led by two apps at once, and returns how
+// many release writes were refused and pod-a's ShardShed Events.
+func shedWhileRefused(t *testing.T, n int, values map[string]string, once bool, within time.Duration, what string) (int64, []string) {
+	t.Helper()
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	terms := &shardTerms{open: map[string]*shardTerm{}}
+	a, refuse, refused := refusingShardPod(t, ns, "pod-a", n, values, once)
+	terms.wrap(a)
+	kubetest.WaitFor(t, 20*time.Second, fmt.Sprintf("pod-a alone to lead all %d shards", n), func() bool { return converged(t, ns, n, []*pod{a}, []*pod{a}) })
+	refuse.Store(true)
+	b, _ := shardPod(t, ns, "pod-b", n, terms)
+	kubetest.WaitFor(t, within, "pod-b to take its shards "+what, func() bool {
+		return converged(t, ns, n, []*pod{a, b}, []*pod{a, b})
+	})
+	if o := terms.overlaps(); len(o) > 0 {
+		t.Fatalf("shards led by two pods at once:\n%v", o)
+	}
+	return refused.Load(), events(t, ns, "pod-a", sidecar.ReasonShardShed)
+}
+
 // TestUnreleasedShedIsTakenByItsAssignedPod: pod-a's releases of the shards
 // it sheds fail; they are shed all the same (released=false), and pod-b,
 // to which they are assigned, takes them once the Leases expire. No shard
 // is led by two apps at once.
 func TestUnreleasedShedIsTakenByItsAssignedPod(t *testing.T) {
-	env := kubetest.Get(t)
-	ns := env.Namespace(t)
 	const n = 4
-	terms := &shardTerms{open: map[string]*shardTerm{}}
-	a, refuse, refused := refusingShardPod(t, ns, "pod-a", n, nil, false)
-	terms.wrap(a)
-	kubetest.WaitFor(t, 20*time.Second, "pod-a alone to lead all 4 shards", func() bool { return converged(t, ns, n, []*pod{a}, []*pod{a}) })
-	refuse.Store(true)
-	b, _ := shardPod(t, ns, "pod-b", n, terms)
-	kubetest.WaitFor(t, 30*time.Second, "pod-b to take its shards after pod-a's unreleased Leases expire", func() bool {
-		return converged(t, ns, n, []*pod{a, b}, []*pod{a, b})
-	})
-	if refused.Load() == 0 {
+	refused, shed := shedWhileRefused(t, n, nil, false, 30*time.Second, "after pod-a's unreleased Leases expire")
+	if refused == 0 {
 		t.Fatal("no release of pod-a was refused: the test did not test an unreleased shed")
 	}
-	shed := events(t, ns, "pod-a", sidecar.ReasonShardShed)
 	if len(shed) != n/2 || !strings.Contains(strings.Join(shed, "\n"), "released=false") {
 		t.Errorf("pod-a's ShardShed Events: %q, want %d with released=false", shed, n/2)
-	}
-	if o := terms.overlaps(); len(o) > 0 {
-		t.Fatalf("shards led by two pods at once:\n%v", o)
 	}
 }
 
@@ -105,27 +116,14 @@ func TestUnreleasedShedIsTakenByItsAssignedPod(t *testing.T) {
 // takes them long before their lease duration (30 s) runs out, and pod-a
 // reports them released. No shard is led by two apps at once.
 func TestShedLeaseLeftNamingThePodIsFreed(t *testing.T) {
-	env := kubetest.Get(t)
-	ns := env.Namespace(t)
 	const n = 4
-	terms := &shardTerms{open: map[string]*shardTerm{}}
-	a, refuse, refused := refusingShardPod(t, ns, "pod-a", n, map[string]string{"lease-duration": "30s", "renew-deadline": "2s"}, true)
-	terms.wrap(a)
-	kubetest.WaitFor(t, 20*time.Second, "pod-a alone to lead all 4 shards", func() bool { return converged(t, ns, n, []*pod{a}, []*pod{a}) })
-	refuse.Store(true)
-	b, _ := shardPod(t, ns, "pod-b", n, terms)
-	kubetest.WaitFor(t, 15*time.Second, "pod-b to take its shards, freed by pod-a after its failed releases (their lease duration is 30s)", func() bool {
-		return converged(t, ns, n, []*pod{a, b}, []*pod{a, b})
-	})
-	if got := refused.Load(); got != n/2 {
-		t.Fatalf("%d release writes refused, want %d: one per shed shard", got, n/2)
+	refused, shed := shedWhileRefused(t, n, map[string]string{"lease-duration": "30s", "renew-deadline": "2s"}, true,
+		15*time.Second, "freed by pod-a after its failed releases (their lease duration is 30s)")
+	if refused != n/2 {
+		t.Fatalf("%d release writes refused, want %d: one per shed shard", refused, n/2)
 	}
-	shed := events(t, ns, "pod-a", sidecar.ReasonShardShed)
 	if len(shed) != n/2 || strings.Contains(strings.Join(shed, "\n"), "released=false") {
 		t.Errorf("pod-a's ShardShed Events: %q, want %d with released=true", shed, n/2)
-	}
-	if o := terms.overlaps(); len(o) > 0 {
-		t.Fatalf("shards led by two pods at once:\n%v", o)
 	}
 }
 
