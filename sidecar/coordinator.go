@@ -558,9 +558,7 @@ func (c *Coordinator) rearm(r *round) {
 // (leaderelection.ReleaseLeftover), each request bounded as the elector's.
 func (c *Coordinator) releaseLeftovers() {
 	for _, name := range append(slices.Clone(c.s.Leases), c.s.Shards...) {
-		ctx, cancel := context.WithTimeout(c.base, 2*leaderelection.RequestTimeout(c.s.RenewDeadline))
-		released, err := leaderelection.ReleaseLeftover(ctx, c.leaseAPI, c.s.PodNamespace, name, c.s.Identity(), leaderelection.RequestTimeout(c.s.RenewDeadline))
-		cancel()
+		released, err := c.releaseLeftover(c.base, name)
 		switch {
 		case err != nil:
 			c.log.Info("a Lease left held by the last worker process was not released: it expires", "lease", name, "error", err.Error())
@@ -568,6 +566,15 @@ func (c *Coordinator) releaseLeftovers() {
 			c.log.Info("released a Lease left held by the last worker process", "lease", name)
 		}
 	}
+}
+
+// releaseLeftover frees Lease name if it still names this pod
+// (leaderelection.ReleaseLeftover), each request bounded as the elector's
+// and the whole within two of them, or until ctx ends.
+func (c *Coordinator) releaseLeftover(ctx context.Context, name string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*leaderelection.RequestTimeout(c.s.RenewDeadline))
+	defer cancel()
+	return leaderelection.ReleaseLeftover(ctx, c.leaseAPI, c.s.PodNamespace, name, c.s.Identity(), leaderelection.RequestTimeout(c.s.RenewDeadline))
 }
 
 func (c *Coordinator) event(eventtype, reason, format string, args ...any) {

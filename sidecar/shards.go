@@ -316,7 +316,7 @@ func (c *Coordinator) freeShed(r *round, name string) (bool, error) {
 		// free under the app.
 		return false, nil
 	}
-	ctx, cancel := context.WithTimeout(c.base, 2*leaderelection.RequestTimeout(c.s.RenewDeadline))
+	ctx, cancel := context.WithCancel(c.base)
 	defer cancel()
 	go func() {
 		select {
@@ -325,7 +325,7 @@ func (c *Coordinator) freeShed(r *round, name string) (bool, error) {
 		case <-ctx.Done():
 		}
 	}()
-	freed, err := leaderelection.ReleaseLeftover(ctx, c.leaseAPI, c.s.PodNamespace, name, c.s.Identity(), leaderelection.RequestTimeout(c.s.RenewDeadline))
+	freed, err := c.releaseLeftover(ctx, name)
 	if freed {
 		c.log.Info("freed a shed shard's Lease its election left naming this pod", "shard", name)
 	}
