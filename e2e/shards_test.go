@@ -280,10 +280,11 @@ func (r *shardRecorder) pod(o any, deleted bool) {
 	if deleted && s.gone.IsZero() {
 		s.gone = now
 	}
-	if up := !deleted && sidecar.PeerUp(p); up != r.up[p.Name] || len(r.ups) == 0 {
+	up := !deleted && sidecar.PeerUp(p)
+	if up != r.up[p.Name] || len(r.ups) == 0 {
 		r.ups = append(r.ups, upSeen{at: now, pod: p.Name, up: up})
 	}
-	r.up[p.Name] = !deleted && sidecar.PeerUp(p)
+	r.up[p.Name] = up
 	r.observeLocked(now)
 }
 
