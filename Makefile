@@ -90,7 +90,7 @@ e2e: e2e-assets
 # The same end-to-end suite on the newest supported Kubernetes (apiserver,
 # controllers and kubelet 1.37; not in CI, see README).
 e2e-newest: tools
-	$(KUBE_NEWEST) bash hack/kube-assets.sh kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
+	$(KUBE_NEWEST) bash hack/kube-assets.sh kubectl kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
 	$(KUBE_NEWEST) go test -tags e2e -count=1 -v -timeout 30m ./e2e/
 
 # The rollout figures, handoff beside the baseline, from one e2e run.
@@ -111,7 +111,7 @@ soak: e2e-assets
 # What the e2e tests run, built before a test's timeout starts: the pinned
 # tools, and the node's binaries unless the cluster is given.
 e2e-assets: tools
-	@[ -n "$$HANDOFF_E2E_KUBECONFIG" ] || bash hack/kube-assets.sh kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
+	@[ -n "$$HANDOFF_E2E_KUBECONFIG" ] || bash hack/kube-assets.sh kubectl kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
 
 # Every fuzz target for FUZZTIME each (default 10s), in turn; fails on a
 # crash. Their seed corpora also run in the plain go test run.

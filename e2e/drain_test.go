@@ -71,22 +71,7 @@ func deadlineHandsBack(t *testing.T, name, layout string, podGrace int64, delete
 	if err := queue.Enqueue(ctx, cluster.pool, msgs); err != nil {
 		t.Fatal(err)
 	}
-	var victim string
-	var claims, unclaimed int
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the Lease holder %q has %d claims, %d messages unclaimed, 30s after the enqueue", victim, claims, unclaimed)
-		}
-		victim = podOf(rec.holderAt(time.Now()))
-		err := cluster.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE claimed_by = $1), count(*) FILTER (WHERE claimed_by IS NULL)
-			FROM handoff_queue WHERE dedup_key LIKE $2`, victim, name+"-%").Scan(&claims, &unclaimed)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if victim != "" && claims > 0 && unclaimed == 0 {
-			break
-		}
-	}
+	victim, claims := waitHolderClaims(t, rec, name)
 
 	deleted := time.Now()
 	if err := cluster.kube.CoreV1().Pods(namespace).Delete(ctx, victim, metav1.DeleteOptions{GracePeriodSeconds: deleteGrace}); err != nil {

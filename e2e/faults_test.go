@@ -57,6 +57,7 @@ func startDrain(t *testing.T, d *appsv1.Deployment) *drainUnderWay {
 	name := d.Name
 	deploy(t, d)
 	u := &drainUnderWay{name: name, lease: name + "-leader", rec: record(t, name, name+"-leader")}
+	waitWorkersStarted(t, name)
 	var msgs []queue.Message
 	for i := range 8 {
 		msgs = append(msgs, queue.Message{DedupKey: fmt.Sprintf("%s-%d", name, i), Amount: int64(i + 1), WorkMillis: int(faultWork.Milliseconds())})
@@ -64,21 +65,7 @@ func startDrain(t *testing.T, d *appsv1.Deployment) *drainUnderWay {
 	if err := queue.Enqueue(ctx, cluster.pool, msgs); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		u.victim = podOf(u.rec.holderAt(time.Now()))
-		var unclaimed int
-		err := cluster.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE claimed_by = $1), count(*) FILTER (WHERE claimed_by IS NULL)
-			FROM handoff_queue WHERE dedup_key LIKE $2`, u.victim, name+"-%").Scan(&u.claims, &unclaimed)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if u.victim != "" && u.claims > 0 && unclaimed == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the Lease holder %q has %d claims, %d messages unclaimed, 30s after the enqueue", u.victim, u.claims, unclaimed)
-		}
-	}
+	u.victim, u.claims = waitHolderClaims(t, u.rec, name)
 	_, u.seen = podEvents(t, u.victim)
 	u.deletedAt = time.Now()
 	if err := deletePod(u.victim, nil); err != nil {
@@ -181,7 +168,7 @@ func TestWorkerCrashMidDrain(t *testing.T) {
 func kubectl(ctx context.Context, args ...string) *exec.Cmd {
 	bin := "kubectl"
 	if cluster.ctr != nil {
-		if out, err := exec.Command("bash", "../hack/kube-assets.sh").Output(); err == nil {
+		if out, err := exec.Command("bash", "../hack/kube-assets.sh", "kubectl").Output(); err == nil {
 			bin = filepath.Join(strings.TrimSpace(string(out)), "kubectl")
 		}
 	}

@@ -300,3 +300,98 @@ func leaderRuns(t *testing.T, lease string) []string {
 func deletePod(name string, grace *int64) error {
 	return cluster.kube.CoreV1().Pods(namespace).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: grace})
 }
+
+// waitHolderClaims waits up to 30 s for the pod holding rec's Lease to
+// hold claims of the messages of Deployment name with none of them left
+// unclaimed, and returns that pod and its claims. At the deadline it logs
+// what each pod of name did (its claims and returns, its containers, the
+// end of its worker's log) and the Lease's holders, and fails the test.
+func waitHolderClaims(t *testing.T, rec *recorder, name string) (victim string, claims int) {
+	t.Helper()
+	ctx := context.Background()
+	var unclaimed int
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		victim = podOf(rec.holderAt(time.Now()))
+		err := cluster.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE claimed_by = $1), count(*) FILTER (WHERE claimed_by IS NULL)
+			FROM handoff_queue WHERE dedup_key LIKE $2`, victim, name+"-%").Scan(&claims, &unclaimed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if victim != "" && claims > 0 && unclaimed == 0 {
+			return victim, claims
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+	}
+	t.Logf("Lease %s-leader, each change of holder:\n%s", name, rec.changes())
+	rows, err := cluster.pool.Query(ctx, `SELECT worker, outcome, count(*), min(at), max(at) FROM handoff_deliveries
+		WHERE worker LIKE $1 GROUP BY 1, 2 ORDER BY 1, 2`, name+"-%")
+	if err == nil {
+		for rows.Next() {
+			var worker, outcome string
+			var n int
+			var first, last time.Time
+			if rows.Scan(&worker, &outcome, &n, &first, &last) == nil {
+				t.Logf("deliveries: %s %s ×%d, %s to %s", worker, outcome, n, first.Format("15:04:05.000"), last.Format("15:04:05.000"))
+			}
+		}
+		rows.Close()
+	}
+	pods, err := cluster.kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
+	if err == nil {
+		for _, p := range pods.Items {
+			var cs []string
+			for _, s := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+				cs = append(cs, fmt.Sprintf("%s ready=%t restarts=%d started=%v", s.Name, s.Ready, s.RestartCount, s.State.Running != nil))
+			}
+			t.Logf("pod %s: phase %s, created %s; %s", p.Name, p.Status.Phase, p.CreationTimestamp.Format("15:04:05"), strings.Join(cs, "; "))
+			tail := int64(25)
+			logs, err := cluster.kube.CoreV1().Pods(namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: p.Spec.Containers[0].Name, TailLines: &tail}).DoRaw(ctx)
+			if err != nil {
+				t.Logf("worker log of %s: %v", p.Name, err)
+				continue
+			}
+			t.Logf("the end of the worker log of %s:\n%s", p.Name, logs)
+		}
+	}
+	t.Fatalf("the Lease holder %q has %d claims, %d messages unclaimed, 30s after the enqueue", victim, claims, unclaimed)
+	return "", 0
+}
+
+// waitWorkersStarted waits up to a minute for the worker of each pod of
+// Deployment name (with withFaults) to answer GET /healthz on its fault
+// port, which it serves once its queue is migrated, just before its claim
+// loops start: a pod is Ready once its containers run, which may be well
+// before its worker claims (the worker has no readiness probe). It logs
+// how long the workers took, and fails the test naming a pod whose worker
+// did not answer.
+func waitWorkersStarted(t *testing.T, name string) {
+	t.Helper()
+	ctx := context.Background()
+	start := time.Now()
+	pods, err := cluster.kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Timeout: 2 * time.Second}
+	for _, p := range pods.Items {
+		url := fmt.Sprintf("http://%s:%d/healthz", p.Status.PodIP, faultPort)
+		for {
+			resp, err := client.Get(url)
+			last := fmt.Sprint(err)
+			if err == nil {
+				_ = resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+				last = resp.Status
+			}
+			if time.Since(start) > time.Minute {
+				t.Fatalf("the worker of pod %s did not answer GET %s within a minute of the pods being Ready (last: %s)", p.Name, url, last)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	t.Logf("the workers of %s answered %s after their pods were Ready", name, time.Since(start).Round(time.Millisecond))
+}

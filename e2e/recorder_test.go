@@ -203,12 +203,7 @@ func (r *recorder) checkTerms(t *testing.T, lease string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var prev holderSeen // the last observation of the holder before
-	var changes []string
-	for i, o := range r.holders {
-		if i == 0 || o.holder != r.holders[i-1].holder {
-			changes = append(changes, fmt.Sprintf("  %s seen held by %q, renewed %s, lease duration %s",
-				o.at.Format("15:04:05.000"), o.holder, o.renewed.Format("15:04:05.000"), o.duration))
-		}
+	for _, o := range r.holders {
 		switch {
 		case o.holder == "":
 			prev = holderSeen{}
@@ -223,5 +218,26 @@ func (r *recorder) checkTerms(t *testing.T, lease string) {
 			prev = o
 		}
 	}
-	t.Logf("Lease %s, each change of holder:\n%s", lease, strings.Join(changes, "\n"))
+	t.Logf("Lease %s, each change of holder:\n%s", lease, r.changesLocked())
+}
+
+// changes is the Lease's each change of holder, a line each.
+func (r *recorder) changes() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.changesLocked()
+}
+
+func (r *recorder) changesLocked() string {
+	var changes []string
+	for i, o := range r.holders {
+		if i == 0 || o.holder != r.holders[i-1].holder {
+			changes = append(changes, fmt.Sprintf("  %s seen held by %q, renewed %s, lease duration %s",
+				o.at.Format("15:04:05.000"), o.holder, o.renewed.Format("15:04:05.000"), o.duration))
+		}
+	}
+	if len(changes) == 0 {
+		return "  (not seen)"
+	}
+	return strings.Join(changes, "\n")
 }

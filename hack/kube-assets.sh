@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver and kubectl from the Go module proxy and caches
-# them by version, so envtest (KUBEBUILDER_ASSETS) and the demo have a real
-# control plane on a machine with no download site but the module proxy.
+# Builds etcd and kube-apiserver, and the extra binaries asked for (like
+# kubectl), from the Go module proxy and caches them by version, so envtest
+# (KUBEBUILDER_ASSETS) and the demo have a real control plane on a machine
+# with no download site but the module proxy.
 #
-# Usage: hack/kube-assets.sh [extra-binary...]   (e.g. kubelet kube-scheduler)
+# Usage: hack/kube-assets.sh [extra-binary...]   (e.g. kubectl kubelet kube-scheduler)
 # Prints the assets directory on stdout. Idempotent: a cached binary is kept.
 set -euo pipefail
 
@@ -15,7 +16,7 @@ mkdir -p "$out"
 
 log() { echo "kube-assets: $*" >&2; }
 
-want=(kube-apiserver kubectl "$@")
+want=(kube-apiserver "$@")
 missing=()
 for b in "${want[@]}"; do [ -x "$out/$b" ] || missing+=("$b"); done
 

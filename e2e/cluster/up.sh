@@ -46,7 +46,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]} from Debian"
   apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
-BIN=$(bash hack/kube-assets.sh kube-controller-manager kube-scheduler kube-proxy kubelet)
+BIN=$(bash hack/kube-assets.sh kubectl kube-controller-manager kube-scheduler kube-proxy kubelet)
 mkdir -p "$RUN"/{pki,logs,etcd,containerd,cni/net.d,cni/ipam,kubelet/root,kubelet/plugins,kubelet/logs,images}
 : >"$RUN/pids"
 : >"$RUN/undo"
