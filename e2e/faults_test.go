@@ -48,9 +48,10 @@ type drainUnderWay struct {
 	seen                events // the victim's Events before its deletion
 }
 
-// startDrain deploys d (2 replicas of name), gives the workers 8 messages
-// of faultWork, deletes the Lease holder once it holds claims, and returns
-// when its sidecar has started to drain.
+// startDrain deploys d (2 replicas of name, its worker withFaults, whose
+// /healthz tells that it has started), gives the workers 8 messages of
+// faultWork once both have started, deletes the Lease holder once it holds
+// claims, and returns when its sidecar has started to drain.
 func startDrain(t *testing.T, d *appsv1.Deployment) *drainUnderWay {
 	t.Helper()
 	ctx := context.Background()
@@ -122,7 +123,7 @@ func signalSidecar(t *testing.T, pod, sig string) {
 // within its grace period.
 func TestSidecarKilledMidDrain(t *testing.T) {
 	nodeOnly(t)
-	d := worker("sigkill", 2, faultGrace, "--visibility-timeout", faultVisibility.String(), "--concurrency", "4", "--batch", "1")
+	d := withFaults(worker("sigkill", 2, faultGrace, "--visibility-timeout", faultVisibility.String(), "--concurrency", "4", "--batch", "1"), false)
 	u := startDrain(t, d)
 	signalSidecar(t, u.victim, "SIGKILL")
 	t.Logf("sidecar of %s killed %s after the deletion", u.victim, time.Since(u.deletedAt).Round(time.Millisecond))
@@ -184,7 +185,7 @@ func kubectl(ctx context.Context, args ...string) *exec.Cmd {
 // same report of one sequence, and the pod records one drain.
 func TestPreStopTwice(t *testing.T) {
 	ctx := context.Background()
-	d := worker("twice", 2, faultGrace, "--visibility-timeout", faultVisibility.String(), "--concurrency", "4", "--batch", "1")
+	d := withFaults(worker("twice", 2, faultGrace, "--visibility-timeout", faultVisibility.String(), "--concurrency", "4", "--batch", "1"), false)
 	u := startDrain(t, d)
 	var hook []string
 	if p := getPod(t, u.victim); p != nil {

@@ -346,13 +346,20 @@ func waitHolderClaims(t *testing.T, rec *recorder, name string) (victim string, 
 				cs = append(cs, fmt.Sprintf("%s ready=%t restarts=%d started=%v", s.Name, s.Ready, s.RestartCount, s.State.Running != nil))
 			}
 			t.Logf("pod %s: phase %s, created %s; %s", p.Name, p.Status.Phase, p.CreationTimestamp.Format("15:04:05"), strings.Join(cs, "; "))
-			tail := int64(25)
+			tail := int64(400)
 			logs, err := cluster.kube.CoreV1().Pods(namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: p.Spec.Containers[0].Name, TailLines: &tail}).DoRaw(ctx)
 			if err != nil {
 				t.Logf("worker log of %s: %v", p.Name, err)
 				continue
 			}
-			t.Logf("the end of the worker log of %s:\n%s", p.Name, logs)
+			// The leader job logs a line a second: the rest tells more.
+			var lines []string
+			for line := range strings.Lines(string(logs)) {
+				if !strings.Contains(line, `"msg":"leader job"`) {
+					lines = append(lines, line)
+				}
+			}
+			t.Logf("the end of the worker log of %s, but its leader job's lines:\n%s", p.Name, strings.Join(lines[max(0, len(lines)-25):], ""))
 		}
 	}
 	t.Fatalf("the Lease holder %q has %d claims, %d messages unclaimed, 30s after the enqueue", victim, claims, unclaimed)
