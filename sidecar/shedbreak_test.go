@@ -19,20 +19,26 @@ import (
 	"github.com/handoff-dev/handoff/sidecar"
 )
 
-// refuseReleases answers 500 to the writes of a shard Lease ("s-" names)
-// that free it (holder identity empty) while refuse is set: every one, or
-// with once only the first of each Lease (the election's; the freeing of
-// the Lease it left then goes through). A refused shed's release fails,
-// and the Lease names the pod until it is freed or expires.
+// refuseReleases answers 500 to the writes of a shard Lease ("s-" names;
+// with leases, of the Leases whose path contains it) that free it (holder
+// identity empty) while refuse is set: every one, or with once only the
+// first of each Lease (the election's; the freeing of the Lease it left
+// then goes through). A refused release fails, and the Lease names the pod
+// until it is freed or expires.
 type refuseReleases struct {
 	rt      http.RoundTripper
 	refuse  *atomic.Bool
 	refused *atomic.Int64
 	once    *sync.Map // Lease path → refused once, when set
+	leases  string    // "": "/leases/s-"
 }
 
 func (r refuseReleases) RoundTrip(req *http.Request) (*http.Response, error) {
-	if r.refuse.Load() && req.Method == http.MethodPut && strings.Contains(req.URL.Path, "/leases/s-") && req.Body != nil {
+	leases := r.leases
+	if leases == "" {
+		leases = "/leases/s-"
+	}
+	if r.refuse.Load() && req.Method == http.MethodPut && strings.Contains(req.URL.Path, leases) && req.Body != nil {
 		body, _ := io.ReadAll(req.Body)
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		var l coordinationv1.Lease

@@ -503,12 +503,32 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 		}
 	}
 	l.cancel()
+	ended := true
 	select {
 	case <-l.stopped:
 	case <-clk.After(q.b.left(clk.Now(), q.b.ReleaseBy)):
+		ended = false
 		r.Detail = "release not confirmed by the deadline"
 	}
 	r.Released = l.elector.Released()
+	switch {
+	case r.Released && !leader:
+		// A standby's acquiring write answered after the stop: it led, only to release.
+		leader, r.WasLeader = true, true
+		r.Detail = "won by a write answered after the stop, and released"
+	case !r.Released && !withheld && ended:
+		// A release write that failed, or an acquiring write whose answer was
+		// lost: the Lease may still name the pod. Free it within the budget.
+		ctx, cancel := context.WithTimeout(context.Background(), q.b.left(clk.Now(), q.b.ReleaseBy))
+		freed, err := c.releaseLeftover(ctx, name)
+		cancel()
+		if freed {
+			r.Detail = "freed on a second write: it still named this pod after its election ended" + errSuffix(l.elector.ReleaseErr())
+			r.Released, leader, r.WasLeader = true, true, true
+		} else if err != nil && leader {
+			r.Detail = fmt.Sprintf("%v; read again to free it: %v", l.elector.ReleaseErr(), err)
+		}
+	}
 	if r.Released {
 		r.ReleasedAt = clk.Now()
 		l.releasedAt.Store(r.ReleasedAt)
@@ -527,7 +547,7 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 		// A release that did not happen is a failure of the sequence: the
 		// report carries it, so the hook exits non-zero.
 		result = "failed"
-		if err := l.elector.ReleaseErr(); err != nil {
+		if err := l.elector.ReleaseErr(); err != nil && r.Detail == "" {
 			r.Detail = err.Error()
 		}
 		q.fail("releasing Lease %s: %s", name, r.Detail)
