@@ -221,20 +221,27 @@ func claim(ctx context.Context, pool *pgxpool.Pool, worker, shard string, visibi
 	if n < 1 {
 		return nil, fmt.Errorf("queue: claim a batch of %d: want 1 or more", n)
 	}
+	// The rows to claim are picked once, in a materialized CTE. As a
+	// subquery (WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)),
+	// a plan that runs it again for each row of the update (a nested loop)
+	// skips the rows the update has just claimed and picks others each
+	// time: the statement claimed every visible message, not n (seen in an
+	// e2e run once the table had grown; TestClaimTakesNoMoreThanItsBatch).
 	rows, err := pool.Query(ctx, `
-WITH c AS (
-	UPDATE handoff_queue
+WITH picked AS MATERIALIZED (
+	SELECT id FROM handoff_queue
+	WHERE visible_at <= now() AND shard IS NOT DISTINCT FROM NULLIF($4, '')
+	ORDER BY id
+	FOR UPDATE SKIP LOCKED
+	LIMIT $3
+), c AS (
+	UPDATE handoff_queue q
 	SET claimed_by = $1, claimed_at = now(),
 		visible_at = now() + $2::bigint * interval '1 microsecond',
-		deliveries = deliveries + 1
-	WHERE id IN (
-		SELECT id FROM handoff_queue
-		WHERE visible_at <= now() AND shard IS NOT DISTINCT FROM NULLIF($4, '')
-		ORDER BY id
-		FOR UPDATE SKIP LOCKED
-		LIMIT $3
-	)
-	RETURNING id, dedup_key, amount, work_ms, coalesce(shard, ''), deliveries, visible_at
+		deliveries = q.deliveries + 1
+	FROM picked
+	WHERE q.id = picked.id
+	RETURNING q.id, q.dedup_key, q.amount, q.work_ms, coalesce(q.shard, ''), q.deliveries, q.visible_at
 ), d AS (
 	INSERT INTO handoff_deliveries (message_id, worker, outcome)
 	SELECT id, $1, 'claimed' FROM c

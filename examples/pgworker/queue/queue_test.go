@@ -493,3 +493,37 @@ func TestRenewIsFencedByTheDelivery(t *testing.T) {
 		t.Fatalf("Renew(a, completed) = %v, %v: want false", ok, err)
 	}
 }
+
+// A claim takes no more than its batch, whatever plan the planner picks.
+// With hashing, sorts, merge joins and materialization off, the planner
+// joins the update to its pick of rows with a nested loop semi join, as it
+// did in an e2e run once the table's statistics had grown: a pick written
+// as a subquery then ran once per row of the table, skipped the rows the
+// statement had just claimed, and a claim of a batch of 1 took all 8
+// messages (the other worker got none).
+func TestClaimTakesNoMoreThanItsBatch(t *testing.T) {
+	t.Parallel()
+	pool := newQueue(t)
+	ctx := context.Background()
+	for i := range 8 {
+		enqueue(t, pool, queue.Message{DedupKey: fmt.Sprint(i), Amount: 1})
+	}
+	cfg := pool.Config().Copy()
+	for _, p := range []string{"enable_hashagg", "enable_sort", "enable_hashjoin", "enable_mergejoin", "enable_material"} {
+		cfg.ConnConfig.RuntimeParams[p] = "off"
+	}
+	nested, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nested.Close)
+	for _, batch := range []int{1, 3} {
+		cs, err := queue.ClaimBatch(ctx, nested, "w", time.Minute, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cs) != batch {
+			t.Errorf("a claim of a batch of %d took %d messages", batch, len(cs))
+		}
+	}
+}
