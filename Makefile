@@ -83,15 +83,17 @@ bench: image kube-assets
 
 # End to end on a real kubelet (root; boots and stops its own cluster with
 # e2e/cluster, containerd and runc from Debian), or on the cluster named by
-# HANDOFF_E2E_KUBECONFIG (see e2e/e2e_test.go).
+# HANDOFF_E2E_KUBECONFIG (see e2e/e2e_test.go). The race detector is on in
+# the test process (the pods' binaries are built without it), which shares
+# the build cache with lint and integration.
 e2e: e2e-assets
-	go test -tags e2e -count=1 -v -timeout 30m ./e2e/
+	go test -race -tags e2e -count=1 -v -timeout 30m ./e2e/
 
 # The same end-to-end suite on the newest supported Kubernetes (apiserver,
 # controllers and kubelet 1.37; not in CI, see README).
 e2e-newest: tools
 	$(KUBE_NEWEST) bash hack/kube-assets.sh kubectl kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
-	$(KUBE_NEWEST) go test -tags e2e -count=1 -v -timeout 30m ./e2e/
+	$(KUBE_NEWEST) go test -race -tags e2e -count=1 -v -timeout 30m ./e2e/
 
 # The rollout figures, handoff beside the baseline, from one e2e run.
 rollout-figures: e2e-assets
@@ -121,11 +123,14 @@ fuzz:
 unit:
 	go test -count=1 ./config ./worker
 
+# vet and golangci-lint load the packages built with -race, as every test
+# here is: the packages they compile into the build cache are the tests'
+# (a cold CI run compiled them twice, 4 minutes of it).
 lint: tools
 	gofmt -l . | (! grep .)
-	go vet ./...
-	go vet -tags e2e ./e2e/
-	$$(bash hack/tools.sh)/golangci-lint run ./...
+	go vet -race ./...
+	go vet -race -tags e2e ./e2e/
+	GOFLAGS="$$GOFLAGS -race" $$(bash hack/tools.sh)/golangci-lint run ./...
 
 # Known vulnerabilities reachable from the shipped binary (govulncheck,
 # offline, with the vulnerability database from the Go module proxy).
