@@ -101,10 +101,11 @@ func run() error {
 		without = append(without, d)
 	}
 	w, wo := median(with), median(without)
+	// The row last: make queue-figures takes each command's last line.
+	fmt.Printf("(median of %d runs each, drain deadline %s after the job began; with: %v; without: %v)\n", *runs, *drain, rounded(with), rounded(without))
 	fmt.Println("queue | with adapter | without (queue's own timeout) | ratio")
 	fmt.Printf("River v0.51.2 (riverpgxv5, PostgreSQL) | %s | %s (rescuer: RescueStuckJobsAfter and JobTimeout %s, River's defaults %s and 1m; rescuer every 30 s) | %.0fx\n",
 		w.Round(time.Millisecond), wo.Round(time.Millisecond), *rescueAfter, rescueAfterDefault, float64(wo)/float64(w))
-	fmt.Printf("(median of %d runs each, drain deadline %s after the job began; with: %v; without: %v)\n", *runs, *drain, rounded(with), rounded(without))
 	return nil
 }
 
