@@ -182,7 +182,7 @@ var Table = []Setting{
 		Usage: "Leases that guard a role (a scheduled or singleton job, whose leader work the worker can stop at once): revoked and released as soon as the shutdown starts, right after stop-claiming. Every other Lease guards a partition of the work (the worker's claims come from it) and is released after the drain; that is the default, as a partition released early would let a successor claim work this pod still does, while a role released late only costs time",
 		set:   setRoleLeases},
 	{Name: "shards", Form: "comma-separated Lease names (DNS subdomains), or PREFIX{0..K} for PREFIX0 to PREFIXK like orders-{0..11}, or empty", Annotation: true,
-		Usage: "the shard set: partition Leases shared out among the pods that shard-peers selects, each pod holding at most ceil(N/M) of the N for the M pods up and Ready; a shard shed or left is released only after the app stopped its work (docs/shards.md). Distinct from leases",
+		Usage: "the shard set: partition Leases shared out among the pods that shard-peers selects, each pod assigned at most ceil(N/M) of the N for the M pods up and Ready (it may hold one more for a moment while it sheds one); a shard shed or left is released only after the app stopped its work (docs/shards.md). Distinct from leases",
 		set:   setShards},
 	{Name: "shard-peers", Form: "a label selector, like app=orders, or empty", Annotation: true,
 		Usage: "label selector of the pods that share the shard set, in this pod's namespace (every revision of the workload: not pod-template-hash); required with shards",
@@ -369,11 +369,18 @@ func (s *Settings) validate(invalid map[string]bool) []error {
 	if valid("shards", "shard-peers") && len(s.Shards) > 0 && s.ShardPeers == "" {
 		bad("shard-peers", "required when shards are set: it selects the pods that share them")
 	}
-	if valid("shards") && len(s.Shards) > 0 && (s.PodName == "" || s.PodUID == "") {
-		bad("pod-name", "pod-name and pod-uid are required when shards are set: they make the holder identity and the pod's place among its peers")
-	}
-	if valid("leases") && len(s.Leases) > 0 && (s.PodName == "" || s.PodUID == "") {
-		bad("pod-name", "pod-name and pod-uid are required when leases are set: they make the holder identity")
+	// The holder identity is pod-name_pod-uid: each one missing is named.
+	for _, id := range []struct {
+		name  string
+		empty bool
+	}{{"pod-name", s.PodName == ""}, {"pod-uid", s.PodUID == ""}} {
+		switch {
+		case !id.empty:
+		case valid("shards") && len(s.Shards) > 0:
+			bad(id.name, "required when shards are set: with pod-name and pod-uid it makes the holder identity and the pod's place among its peers")
+		case valid("leases") && len(s.Leases) > 0:
+			bad(id.name, "required when leases are set: pod-name and pod-uid make the holder identity")
+		}
 	}
 	return errs
 }
@@ -424,15 +431,19 @@ func setShards(s *Settings, v string) error {
 func ParseShards(v string) ([]string, error) {
 	v = strings.TrimSpace(v)
 	if open := strings.IndexByte(v, '{'); open >= 0 {
+		if strings.Contains(v, ",") {
+			return nil, errors.New("a range PREFIX{0..K} is the whole set: it cannot be mixed with a list of names")
+		}
 		if !strings.HasSuffix(v, "}") {
 			return nil, errors.New("a range is PREFIX{0..K}, at the end of the name")
 		}
 		prefix, rng := v[:open], v[open+1:len(v)-1]
 		lo, hi, ok := strings.Cut(rng, "..")
-		first, err1 := strconv.Atoi(lo)
-		last, err2 := strconv.Atoi(hi)
-		if !ok || err1 != nil || err2 != nil || first != 0 || last < 0 {
-			return nil, fmt.Errorf("range {%s} is not {0..K} with K a number from 0", rng)
+		last, err := strconv.Atoi(hi)
+		// Written as the names are made: no sign, no leading zero ({00..11}
+		// would read as orders-00, but makes orders-0).
+		if !ok || lo != "0" || err != nil || last < 0 || hi != strconv.Itoa(last) {
+			return nil, fmt.Errorf("range {%s} is not {0..K} with K a number from 0, without leading zeros", rng)
 		}
 		if last >= maxShards {
 			return nil, fmt.Errorf("%d shards: at most %d", last+1, maxShards)
