@@ -33,8 +33,8 @@ func injectCommand() *cobra.Command {
 		Long: `inject reads YAML (or JSON) manifests, from the files given with -f or from
 standard input, and writes them to standard output with the handoff sidecar
 added to every Pod, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job and
-CronJob whose pod template has the annotation handoff.dev/inject: "true",
-exactly as the admission webhook would. Other documents are written as they
+CronJob whose pod template has the label or the annotation
+handoff.dev/inject: "true", exactly as the admission webhook would. Other documents are written as they
 were read. If any object cannot be injected nothing is written and every
 problem is reported. See docs/annotations.md.
 
@@ -186,7 +186,7 @@ func (f *injectFlags) options() (inject.Options, error) {
 		errs = append(errs, fmt.Errorf("--image-pull-policy %q: want Always, IfNotPresent or Never", f.pullPolicy))
 	}
 	if f.image == "" {
-		errs = append(errs, errors.New("--image: want an image reference, like ghcr.io/handoff-dev/handoff:v0.1.0"))
+		errs = append(errs, errors.New("--image: want an image reference, like ghcr.io/handoff-dev/handoff:0.1.0"))
 	}
 	for _, q := range []struct {
 		flag, value string
