@@ -35,6 +35,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
@@ -100,7 +101,9 @@ const (
 // accepted form, and changes nothing. It refuses a worker container that
 // already has a preStop hook unless handoff.dev/wrap-prestop is "true", a
 // grace period no longer than deadline-margin plus handback-reserve, a
-// hostNetwork pod, and a pod with automountServiceAccountToken false. Each
+// hostNetwork pod, a pod with automountServiceAccountToken false, and a
+// shard-peers selector that does not select the pod's own labels or that
+// selects on pod-template-hash or controller-revision-hash. Each
 // problem is a *Refusal; Reasons lists their codes.
 func Pod(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) (Result, error) {
 	if o.Image == "" {
@@ -110,7 +113,7 @@ func Pod(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) (Result, erro
 	if res, err := wanted(meta.Labels, a); res != "" || err != nil {
 		return res, err
 	}
-	p, err := newPlan(a, spec)
+	p, err := newPlan(meta.Labels, a, spec)
 	if err != nil {
 		return "", err
 	}
@@ -167,7 +170,7 @@ type plan struct {
 	hook       []string // the worker's preStop command
 }
 
-func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
+func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec) (*plan, error) {
 	var errs []error
 	for _, key := range Keys {
 		if v, ok := a[key.Key]; ok && key.valid != nil && !key.valid(v) {
@@ -206,6 +209,7 @@ func newPlan(a map[string]string, spec *corev1.PodSpec) (*plan, error) {
 
 	if p.settings != nil {
 		errs = append(errs, p.checkPorts()...)
+		errs = append(errs, shardPeers(podLabels, p.settings.ShardPeers, len(p.settings.Shards) > 0))
 	}
 	if spec.OS != nil && spec.OS.Name != corev1.Linux {
 		errs = append(errs, refuse(ReasonOS, fmt.Errorf("spec.os.name %s: the handoff sidecar runs on Linux only", spec.OS.Name)))
@@ -270,6 +274,38 @@ func hostNetwork(spec *corev1.PodSpec) error {
 		return nil
 	}
 	return refuse(ReasonHostNetwork, errors.New("spec.hostNetwork true: the pod's loopback is the node's, so two such pods on one node share the sidecar's control and app ports and one pod's preStop hook can reach the other pod's sidecar; handoff needs the pod's own network namespace (hostNetwork false)"))
+}
+
+// revisionLabels are the labels a controller sets per revision of a
+// workload's pod template: a shard-peers selector on one of them leaves the
+// pods of the old and the new revision blind to each other in a rollout.
+var revisionLabels = []string{"pod-template-hash", "controller-revision-hash"}
+
+// shardPeers refuses a shard-peers selector (checked by config) that does
+// not select the pod's own labels, since a pod counts itself up from the
+// same watch and would never take a shard, or that selects on a label of
+// one revision (revisionLabels). Nil without shards.
+func shardPeers(podLabels map[string]string, selector string, shards bool) error {
+	if !shards {
+		return nil
+	}
+	key := config.AnnotationPrefix + "shard-peers"
+	sel, err := labels.Parse(selector)
+	if err != nil {
+		return nil // config has said so
+	}
+	reqs, _ := sel.Requirements()
+	for _, r := range reqs {
+		if slices.Contains(revisionLabels, r.Key()) {
+			return refuse(ReasonInvalidAnnotation, fmt.Errorf("annotation %s: %q selects on %s, which differs per revision: in a rollout the old and new pods would not count each other; want a label selector on the workload's own labels, like app=orders",
+				key, selector, r.Key()))
+		}
+	}
+	if !sel.Matches(labels.Set(podLabels)) {
+		return refuse(ReasonInvalidAnnotation, fmt.Errorf("annotation %s: %q does not select this pod's own labels (%s): the pod would never count itself up, and never take a shard; want a label selector that the workload's pods match, like app=orders",
+			key, selector, labels.Set(podLabels)))
+	}
+	return nil
 }
 
 // serviceAccountToken refuses a pod that turns off its service account

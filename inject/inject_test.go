@@ -407,3 +407,51 @@ func TestRefusalReasons(t *testing.T) {
 		t.Errorf("reasons of a plain error %v, want none", r)
 	}
 }
+
+// A shard-peers selector must select the pod's own labels (a pod counts
+// itself up from the same watch), and not a label of one revision; either
+// is refused naming the annotation, and the pod is left as it was.
+func TestShardPeersSelectThePodItself(t *testing.T) {
+	podLabels := map[string]string{"app": "orders", "pod-template-hash": "5d8f"}
+	for _, tc := range []struct {
+		name, peers string
+		wantErr     []string
+	}{
+		{name: "the workload's label", peers: "app=orders"},
+		{name: "a set-based selector", peers: "app in (orders,billing)"},
+		{name: "another workload's label", peers: "app=billing",
+			wantErr: []string{`annotation handoff.dev/shard-peers: "app=billing" does not select this pod's own labels (app=orders,pod-template-hash=5d8f)`, "never take a shard", "want a label selector"}},
+		{name: "a label the pod lacks", peers: "app=orders,tier=queue",
+			wantErr: []string{`"app=orders,tier=queue" does not select this pod's own labels`}},
+		{name: "pod-template-hash", peers: "app=orders,pod-template-hash=5d8f",
+			wantErr: []string{`annotation handoff.dev/shard-peers: "app=orders,pod-template-hash=5d8f" selects on pod-template-hash, which differs per revision`, "want a label selector on the workload's own labels"}},
+		{name: "controller-revision-hash", peers: "controller-revision-hash",
+			wantErr: []string{"selects on controller-revision-hash"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			meta, spec := pod(map[string]string{"handoff.dev/inject": "true", "handoff.dev/shards": "orders-{0..3}", "handoff.dev/shard-peers": tc.peers})
+			meta.Labels = podLabels
+			res, err := inject.Pod(meta, spec, opts)
+			if len(tc.wantErr) == 0 {
+				if err != nil || res != inject.Injected {
+					t.Fatalf("%s, %v; want %s", res, err, inject.Injected)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("%s, no error; want %q", res, tc.wantErr)
+			}
+			for _, w := range tc.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+			if got := inject.Reasons(err); !slices.Equal(got, []inject.Reason{inject.ReasonInvalidAnnotation}) {
+				t.Errorf("reasons %v; want [%s]", got, inject.ReasonInvalidAnnotation)
+			}
+			if len(spec.InitContainers) > 0 {
+				t.Errorf("refused, yet the pod changed")
+			}
+		})
+	}
+}
