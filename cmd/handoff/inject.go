@@ -186,7 +186,7 @@ func (f *injectFlags) options() (inject.Options, error) {
 		errs = append(errs, fmt.Errorf("--image-pull-policy %q: want Always, IfNotPresent or Never", f.pullPolicy))
 	}
 	if f.image == "" {
-		errs = append(errs, errors.New("--image: want an image reference, like ghcr.io/handoff-dev/handoff:0.1.0"))
+		errs = append(errs, fmt.Errorf("--image: want an image reference, like %s", defaultImage))
 	}
 	for _, q := range []struct {
 		flag, value string
@@ -201,11 +201,17 @@ func (f *injectFlags) options() (inject.Options, error) {
 			continue
 		}
 		v, err := resource.ParseQuantity(q.value)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s %q: want a quantity, like 10m or 64Mi", q.flag, q.value))
+		if err != nil || v.Sign() < 0 {
+			errs = append(errs, fmt.Errorf("%s %q: want a quantity from 0, like 10m or 64Mi", q.flag, q.value))
 			continue
 		}
 		q.list[q.name] = v
+	}
+	// The API server refuses a container whose request is above its limit.
+	if req, ok := o.Resources.Requests[corev1.ResourceMemory]; ok {
+		if lim, ok := o.Resources.Limits[corev1.ResourceMemory]; ok && req.Cmp(lim) > 0 {
+			errs = append(errs, fmt.Errorf("--sidecar-memory-request %s is above --sidecar-memory-limit %s: want a request at most the limit", f.memoryRequest, f.memoryLimit))
+		}
 	}
 	return o, errors.Join(errs...)
 }

@@ -96,6 +96,25 @@ func TestInjectCommandRejectsBadFlags(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "--sidecar-memory-limit") || !strings.Contains(err.Error(), "--image-pull-policy") {
 		t.Errorf("error %v: want both flags named", err)
 	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		// The API server would refuse the pods: a request above the limit, a negative quantity.
+		{[]string{"--sidecar-memory-request", "256Mi"}, "--sidecar-memory-request 256Mi is above --sidecar-memory-limit 128Mi: want a request at most the limit"},
+		{[]string{"--sidecar-cpu-request", "-10m"}, `--sidecar-cpu-request "-10m": want a quantity from 0`},
+		{[]string{"--image", ""}, "--image: want an image reference, like " + defaultImage},
+	} {
+		if _, _, err := runInject(t, strings.Replace(deployment, "%s", "cancel", 1), tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v; want %q", tc.args, err, tc.want)
+		}
+	}
+	// A request equal to the limit, or with no limit, is the API server's to accept.
+	for _, args := range [][]string{{"--sidecar-memory-request", "128Mi"}, {"--sidecar-memory-request", "256Mi", "--sidecar-memory-limit", ""}} {
+		if _, _, err := runInject(t, strings.Replace(deployment, "%s", "cancel", 1), args...); err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
 }
 
 func TestInstallCopiesThisBinary(t *testing.T) {
