@@ -511,12 +511,20 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 		r.Detail = "release not confirmed by the deadline"
 	}
 	r.Released = l.elector.Released()
+	// An election that never ran (a round never armed: its sequence came
+	// before a new worker process answered) left nothing: a Lease naming
+	// the pod is the last round's, withheld for a process that never
+	// confirmed its leader work stopped; only the re-arm frees it, once
+	// that process is gone.
+	c.mu.Lock()
+	ran := q.r.armed
+	c.mu.Unlock()
 	switch {
 	case r.Released && !leader:
 		// A standby's acquiring write answered after the stop: it led, only to release.
 		leader, r.WasLeader = true, true
 		r.Detail = "won by a write answered after the stop, and released"
-	case !r.Released && !withheld && ended:
+	case !r.Released && !withheld && ended && ran:
 		// A release write that failed, or an acquiring write whose answer was
 		// lost: the Lease may still name the pod. Free it within the budget.
 		ctx, cancel := context.WithTimeout(context.Background(), q.b.left(clk.Now(), q.b.ReleaseBy))

@@ -1,0 +1,77 @@
+package sidecar_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/prestop"
+	"github.com/handoff-dev/handoff/protocol"
+	"github.com/handoff-dev/handoff/sidecar"
+	"github.com/handoff-dev/handoff/worker"
+)
+
+// A sequence left the Lease held (its release withheld: the old worker
+// process never acknowledged the revoke, and the term it was granted
+// outlasts the deadline), and the sidecar waits to re-arm for a new worker
+// process. A second trigger then comes while the old process is still up
+// (a preStop or the pod's deletion before the kubelet has killed it): the
+// second sequence's round never ran an election, so it has no election
+// that "ended without releasing". It must not free the Lease the first
+// round withheld while the old process's term lasts: a successor would
+// lead beside the old process. (The re-arm frees it only once the old
+// process is gone; releaseLeftover in the sequence skipped that check.)
+func TestSecondSequenceBeforeRearmKeepsAWithheldLease(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	// A long term (5 s), a short deadline (grace period 2 s, margin 1 s):
+	// the term granted outlasts the deadline, so the release is withheld.
+	p := startPod(t, env.Pod(t, ns, "pod-a", 2), map[string]string{"lease-duration": "10s", "renew-deadline": "5s"}, worker.Options{}, nil)
+	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", p.leads)
+	inner := *p.app.Load()
+	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut {
+			body, _ := io.ReadAll(r.Body)
+			var l protocol.Leadership
+			if json.Unmarshal(body, &l) == nil && !l.Leader {
+				<-r.Context().Done() // the old process never acknowledges the revoke
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		inner.ServeHTTP(w, r)
+	})
+	p.app.Store(&h)
+
+	first, err := p.c.Shutdown(context.Background(), prestop.TriggerPreStop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("first sequence: outcome %s, leases %+v, errors %q", first.Outcome, first.Leases, first.Errors)
+	p.calls.mu.Lock()
+	until := p.calls.lastUntil
+	p.calls.mu.Unlock()
+	if got := holder(t, ns); got != p.settings.Identity() {
+		t.Fatalf("after the first sequence the Lease names %q, want pod-a (withheld)", got)
+	}
+	kubetest.WaitFor(t, 5*time.Second, "re-arming", func() bool { return p.c.Status().Phase == sidecar.PhaseRearming })
+
+	// The old process is still up (stopping, never acknowledged): a second trigger.
+	second, err := p.c.Shutdown(context.Background(), prestop.TriggerPreStop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	t.Logf("second sequence: outcome %s, leases %+v, errors %q; old process's term ends in %s", second.Outcome, second.Leases, second.Errors, until.Sub(now))
+	if !now.Before(until) {
+		t.Skipf("the second sequence ended %s after the old process's term: the test proves nothing", now.Sub(until))
+	}
+	if got := holder(t, ns); got != p.settings.Identity() {
+		t.Errorf("the second sequence freed the Lease the first withheld (now %q) while the old worker process's term lasts %s more", got, until.Sub(now))
+	}
+}
