@@ -4,10 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/prestop"
@@ -73,5 +81,65 @@ func TestSecondSequenceBeforeRearmKeepsAWithheldLease(t *testing.T) {
 	}
 	if got := holder(t, ns); got != p.settings.Identity() {
 		t.Errorf("the second sequence freed the Lease the first withheld (now %q) while the old worker process's term lasts %s more", got, until.Sub(now))
+	}
+}
+
+// loseReleaseAnswers sends the release writes of a Lease (holder identity
+// empty) to the apiserver, which commits them, and then answers the client
+// with an error, as a connection cut after the request went out.
+type loseReleaseAnswers struct {
+	rt   http.RoundTripper
+	lose *atomic.Bool
+	lost *atomic.Int64
+}
+
+func (r loseReleaseAnswers) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !r.lose.Load() || req.Method != http.MethodPut || !strings.Contains(req.URL.Path, "/leases/"+lease) || req.Body == nil {
+		return r.rt.RoundTrip(req)
+	}
+	body, _ := io.ReadAll(req.Body)
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	var l coordinationv1.Lease
+	if json.Unmarshal(body, &l) != nil || ptr.Deref(l.Spec.HolderIdentity, "") != "" {
+		return r.rt.RoundTrip(req)
+	}
+	resp, err := r.rt.RoundTrip(req)
+	if err == nil {
+		_ = resp.Body.Close()
+	}
+	r.lost.Add(1)
+	return nil, errors.New("answer lost by the test")
+}
+
+// The leaving holder's release write lands, but its answer is lost: the
+// elector reports the release failed. The sequence then reads the Lease
+// (releaseLeftover), which no longer names the pod: it is free. The report
+// must not call that a failed release (the hook would exit non-zero, with
+// a ShutdownFailed Event, for a Lease that was released).
+func TestReleaseWhoseAnswerIsLostIsNotAFailure(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	lose, lost := &atomic.Bool{}, &atomic.Int64{}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.ContentType, cfg.AcceptContentTypes = "application/json", "application/json"
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return loseReleaseAnswers{rt: rt, lose: lose, lost: lost}
+	})
+	a := startPod(t, env.Pod(t, ns, "pod-a", 30), map[string]string{"lease-duration": "30s"}, worker.Options{}, kubernetes.NewForConfigOrDie(cfg).CoordinationV1())
+	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", a.leads)
+	lose.Store(true)
+	rep, err := a.c.Shutdown(context.Background(), prestop.TriggerPreStop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("report: outcome %s, leases %+v, errors %q", rep.Outcome, rep.Leases, rep.Errors)
+	if lost.Load() == 0 {
+		t.Fatal("no release answer lost: the test did not test a lost release answer")
+	}
+	if got := holder(t, ns); got != "" {
+		t.Fatalf("after the sequence the Lease names %q, want none", got)
+	}
+	if len(rep.Leases) != 1 || !rep.Leases[0].Released || len(rep.Errors) > 0 {
+		t.Errorf("report: outcome %s, leases %+v, errors %q; the Lease is free: want it released, no error", rep.Outcome, rep.Leases, rep.Errors)
 	}
 }

@@ -528,11 +528,15 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 		// A release write that failed, or an acquiring write whose answer was
 		// lost: the Lease may still name the pod. Free it within the budget.
 		ctx, cancel := context.WithTimeout(context.Background(), q.b.left(clk.Now(), q.b.ReleaseBy))
-		freed, err := c.releaseLeftover(ctx, name)
+		freed, free, err := c.releaseLeftoverRead(ctx, name)
 		cancel()
 		if freed {
 			r.Detail = "freed on a second write: it still named this pod after its election ended" + errSuffix(l.elector.ReleaseErr())
 			r.Released, leader, r.WasLeader = true, true, true
+		} else if free && leader {
+			// The release write landed, its answer lost: the Lease is free.
+			r.Detail = "read free after its release write" + errSuffix(l.elector.ReleaseErr())
+			r.Released = true
 		} else if err != nil && leader {
 			r.Detail = fmt.Sprintf("%v; read again to free it: %v", l.elector.ReleaseErr(), err)
 		}
