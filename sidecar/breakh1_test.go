@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/handoff-dev/handoff/internal/faultproxy"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
@@ -141,5 +142,47 @@ func TestReleaseWhoseAnswerIsLostIsNotAFailure(t *testing.T) {
 	}
 	if len(rep.Leases) != 1 || !rep.Leases[0].Released || len(rep.Errors) > 0 {
 		t.Errorf("report: outcome %s, leases %+v, errors %q; the Lease is free: want it released, no error", rep.Outcome, rep.Leases, rep.Errors)
+	}
+}
+
+// The apiserver hangs (every request unanswered) as the sequence starts,
+// for the leaving holder and for a standby: the elector's release write
+// and then the leftover read each wait their bounds, and the sequence must
+// still end by its deadline (the ReleaseBy budget), within the floor.
+func TestReleaseLeftoverOnAHungAPIServerKeepsTheBudget(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	for _, name := range []string{"pod-a", "pod-b"} {
+		proxy, cfg := faultproxy.ForConfig(t, env.Config)
+		p := startPod(t, env.Pod(t, ns, name, 4), nil, worker.Options{}, kubernetes.NewForConfigOrDie(cfg).CoordinationV1())
+		if name == "pod-a" {
+			kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", p.leads)
+		} else {
+			kubetest.WaitFor(t, 10*time.Second, "pod-b to see pod-a hold the Lease", func() bool {
+				st := p.c.Status()
+				return len(st.Leases) == 1 && strings.HasPrefix(st.Leases[0].HolderIdentity, "pod-a_")
+			})
+		}
+		if err := proxy.Hang(); err != nil {
+			t.Fatal(err)
+		}
+		rep, err := p.c.Shutdown(context.Background(), prestop.TriggerPreStop)
+		if err != nil {
+			t.Fatal(err)
+		}
+		took := rep.Finished.Sub(rep.Started)
+		t.Logf("%s: outcome %s, took %s, deadline in %s, leases %+v, errors %q", name, rep.Outcome, took, rep.Deadline.Sub(rep.Started), rep.Leases, rep.Errors)
+		if over := rep.Finished.Sub(rep.Deadline); over > 250*time.Millisecond {
+			t.Errorf("%s: the sequence ended %s past its deadline", name, over)
+		}
+		if name == "pod-a" && (len(rep.Errors) == 0 || len(rep.Leases) != 1 || rep.Leases[0].Released) {
+			t.Errorf("%s: the Lease was not released on a hung apiserver: want a failure in the report", name)
+		}
+		if name == "pod-b" && len(rep.Errors) != 0 {
+			t.Errorf("%s: a standby's sequence reports errors %q", name, rep.Errors)
+		}
+		if err := proxy.Restore(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
