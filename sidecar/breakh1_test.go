@@ -186,3 +186,69 @@ func TestReleaseLeftoverOnAHungAPIServerKeepsTheBudget(t *testing.T) {
 		}
 	}
 }
+
+// failGets answers every GET of a Lease with an error while fail is set.
+type failGets struct {
+	next http.RoundTripper
+	fail *atomic.Bool
+}
+
+func (f failGets) RoundTrip(req *http.Request) (*http.Response, error) {
+	if f.fail.Load() && req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/leases") {
+		return nil, errors.New("read refused by the test")
+	}
+	return f.next.RoundTrip(req)
+}
+
+// A standby's acquiring write lands, its answer is lost, and its pod's
+// sequence starts; the leftover read that would free the Lease fails. The
+// Lease names the pod, unrenewed, for a lease duration: the report must
+// not say Drained with no error and the Lease not led (the hook exits 0,
+// no Event says the Lease is held).
+func TestLostAcquisitionWithAFailedLeftoverReadIsReported(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	a := newPod(t, ns, "pod-a", nil, worker.Options{})
+	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", a.leads)
+	h := &holdAnswer{lose: true, written: make(chan struct{}), answer: make(chan struct{})}
+	fail := &atomic.Bool{}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Wrap(func(next http.RoundTripper) http.RoundTripper { h.next = failGets{next: next, fail: fail}; return h })
+	b := startPod(t, env.Pod(t, ns, "pod-b", 30), nil, worker.Options{}, kubernetes.NewForConfigOrDie(cfg).CoordinationV1())
+	kubetest.WaitFor(t, 10*time.Second, "pod-b to see pod-a hold the Lease", func() bool {
+		st := b.c.Status()
+		return len(st.Leases) == 1 && strings.HasPrefix(st.Leases[0].HolderIdentity, "pod-a_")
+	})
+	h.armed.Store(true)
+	if _, err := a.c.Shutdown(context.Background(), prestop.TriggerPreStop); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.written:
+	case <-time.After(10 * time.Second):
+		t.Fatal("pod-b sent no acquiring write within 10s of pod-a's release")
+	}
+	reports := make(chan *protocol.Report, 1)
+	go func() {
+		rep, err := b.c.Shutdown(context.Background(), prestop.TriggerPreStop)
+		if err != nil {
+			t.Error(err)
+		}
+		reports <- rep
+	}()
+	kubetest.WaitFor(t, time.Second, "pod-b's sequence to start", func() bool { return b.c.Status().Phase != sidecar.PhaseRunning })
+	fail.Store(true)
+	close(h.answer)
+	rep := <-reports
+	if rep == nil {
+		t.FailNow()
+	}
+	t.Logf("pod-b's report: outcome %s, leases %+v, errors %q", rep.Outcome, rep.Leases, rep.Errors)
+	got := holder(t, ns)
+	if !strings.HasPrefix(got, "pod-b_") {
+		t.Skipf("the Lease names %q after pod-b's sequence: nothing left held", got)
+	}
+	if len(rep.Errors) == 0 {
+		t.Errorf("the Lease names pod-b after its sequence, unrenewed, and the report says %s with no error: leases %+v", rep.Outcome, rep.Leases)
+	}
+}

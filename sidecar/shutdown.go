@@ -539,6 +539,12 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 			r.Released = true
 		} else if err != nil && leader {
 			r.Detail = fmt.Sprintf("%v; read again to free it: %v", l.elector.ReleaseErr(), err)
+		} else if err != nil && l.elector.MayHold() {
+			// A write of its record whose answer was lost may have won the
+			// Lease, and it could not be read: it may name the pod until it
+			// expires. A failure, as a release not done.
+			leader, r.WasLeader = true, true
+			r.Detail = fmt.Sprintf("a write of this pod's record may have won it (its answer lost); read to free it: %v", err)
 		}
 	}
 	if r.Released {
