@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -123,6 +124,9 @@ type Elector struct {
 	// releaseErr is why the last release was not written; nil after a
 	// written release, or when no release was attempted.
 	releaseErr error
+	// unsure: the last write of this candidate's record failed other than
+	// by a conflict, so it may have landed (its answer lost).
+	unsure bool
 }
 
 // New validates cfg and returns an Elector. It returns the error of
@@ -284,6 +288,16 @@ func (e *Elector) WithholdRelease() {
 	e.mu.Unlock()
 }
 
+// MayHold reports whether the last write of this candidate's record
+// failed other than by a conflict (a timeout, a cut connection): it may
+// have landed with its answer lost, and the Lease may name this candidate
+// though it never learnt it.
+func (e *Elector) MayHold() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.unsure
+}
+
 // Released reports whether this Elector wrote the release of the Lease.
 func (e *Elector) Released() bool {
 	e.mu.Lock()
@@ -353,7 +367,7 @@ func (e *Elector) wrote(r rl.LeaderElectionRecord, start time.Time) {
 	e.term = &t
 	e.leading = true
 	e.holder = e.cfg.Identity
-	e.released, e.releaseErr = false, nil
+	e.released, e.releaseErr, e.unsure = false, nil, false
 	e.mu.Unlock()
 	if e.cb.OnTerm != nil {
 		e.cb.OnTerm(t)
@@ -421,6 +435,7 @@ func (l *observedLock) Create(ctx context.Context, r rl.LeaderElectionRecord) er
 	}
 	if err := l.Interface.Create(ctx, r); err != nil {
 		l.lastErr = err
+		l.unsure(err)
 		return err
 	}
 	l.wrote(r, start)
@@ -441,6 +456,7 @@ func (l *observedLock) Update(ctx context.Context, r rl.LeaderElectionRecord) er
 	}
 	if err := l.Interface.Update(ctx, r); err != nil {
 		l.lastErr = err
+		l.unsure(err)
 		return err
 	}
 	l.wrote(r, start)
@@ -455,6 +471,17 @@ func stamped(r rl.LeaderElectionRecord, now time.Time) rl.LeaderElectionRecord {
 	}
 	r.RenewTime = metav1.NewTime(now)
 	return r
+}
+
+// unsure records a failed write of this candidate's record that may have
+// landed: any error but a conflict or an existing Lease.
+func (l *observedLock) unsure(err error) {
+	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+		return
+	}
+	l.e.mu.Lock()
+	l.e.unsure = true
+	l.e.mu.Unlock()
 }
 
 func (l *observedLock) wrote(r rl.LeaderElectionRecord, start time.Time) {

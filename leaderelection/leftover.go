@@ -22,17 +22,26 @@ import (
 // Each request is bounded by timeout; a conflict is read again, up to 3
 // times; it returns the API's error otherwise.
 func ReleaseLeftover(ctx context.Context, leases coordinationv1client.LeasesGetter, namespace, name, identity string, timeout time.Duration) (bool, error) {
+	freed, _, err := ReleaseLeftoverRead(ctx, leases, namespace, name, identity, timeout)
+	return freed, err
+}
+
+// ReleaseLeftoverRead is ReleaseLeftover, and also reports whether it read
+// the Lease free (it exists and names no holder), and so wrote nothing: a
+// release of this identity written before, whose answer was lost, leaves
+// it so.
+func ReleaseLeftoverRead(ctx context.Context, leases coordinationv1client.LeasesGetter, namespace, name, identity string, timeout time.Duration) (freed, free bool, err error) {
 	client := boundedLeases{LeasesGetter: leases, timeout: timeout}.Leases(namespace)
 	for range 3 {
 		l, err := client.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			return false, nil
+			return false, false, nil
 		}
 		if err != nil {
-			return false, fmt.Errorf("lease %s/%s: %w", namespace, name, err)
+			return false, false, fmt.Errorf("lease %s/%s: %w", namespace, name, err)
 		}
-		if ptr.Deref(l.Spec.HolderIdentity, "") != identity {
-			return false, nil
+		if h := ptr.Deref(l.Spec.HolderIdentity, ""); h != identity {
+			return false, h == "", nil
 		}
 		now := metav1.NewMicroTime(time.Now())
 		l.Spec.HolderIdentity = ptr.To("")
@@ -40,11 +49,11 @@ func ReleaseLeftover(ctx context.Context, leases coordinationv1client.LeasesGett
 		l.Spec.RenewTime, l.Spec.AcquireTime = &now, &now
 		_, err = client.Update(ctx, l, metav1.UpdateOptions{})
 		if err == nil {
-			return true, nil
+			return true, false, nil
 		}
 		if !apierrors.IsConflict(err) {
-			return false, fmt.Errorf("lease %s/%s: %w", namespace, name, err)
+			return false, false, fmt.Errorf("lease %s/%s: %w", namespace, name, err)
 		}
 	}
-	return false, fmt.Errorf("lease %s/%s: not released: written by another client at each of 3 attempts", namespace, name)
+	return false, false, fmt.Errorf("lease %s/%s: not released: written by another client at each of 3 attempts", namespace, name)
 }

@@ -572,9 +572,16 @@ func (c *Coordinator) releaseLeftovers() {
 // (leaderelection.ReleaseLeftover), each request bounded as the elector's
 // and the whole within two of them, or until ctx ends.
 func (c *Coordinator) releaseLeftover(ctx context.Context, name string) (bool, error) {
+	freed, _, err := c.releaseLeftoverRead(ctx, name)
+	return freed, err
+}
+
+// releaseLeftoverRead is releaseLeftover, and also reports whether it read
+// the Lease free (leaderelection.ReleaseLeftoverRead).
+func (c *Coordinator) releaseLeftoverRead(ctx context.Context, name string) (freed, free bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*leaderelection.RequestTimeout(c.s.RenewDeadline))
 	defer cancel()
-	return leaderelection.ReleaseLeftover(ctx, c.leaseAPI, c.s.PodNamespace, name, c.s.Identity(), leaderelection.RequestTimeout(c.s.RenewDeadline))
+	return leaderelection.ReleaseLeftoverRead(ctx, c.leaseAPI, c.s.PodNamespace, name, c.s.Identity(), leaderelection.RequestTimeout(c.s.RenewDeadline))
 }
 
 func (c *Coordinator) event(eventtype, reason, format string, args ...any) {

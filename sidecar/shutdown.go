@@ -511,22 +511,40 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 		r.Detail = "release not confirmed by the deadline"
 	}
 	r.Released = l.elector.Released()
+	// An election that never ran (a round never armed: its sequence came
+	// before a new worker process answered) left nothing: a Lease naming
+	// the pod is the last round's, withheld for a process that never
+	// confirmed its leader work stopped; only the re-arm frees it, once
+	// that process is gone.
+	c.mu.Lock()
+	ran := q.r.armed
+	c.mu.Unlock()
 	switch {
 	case r.Released && !leader:
 		// A standby's acquiring write answered after the stop: it led, only to release.
 		leader, r.WasLeader = true, true
 		r.Detail = "won by a write answered after the stop, and released"
-	case !r.Released && !withheld && ended:
+	case !r.Released && !withheld && ended && ran:
 		// A release write that failed, or an acquiring write whose answer was
 		// lost: the Lease may still name the pod. Free it within the budget.
 		ctx, cancel := context.WithTimeout(context.Background(), q.b.left(clk.Now(), q.b.ReleaseBy))
-		freed, err := c.releaseLeftover(ctx, name)
+		freed, free, err := c.releaseLeftoverRead(ctx, name)
 		cancel()
 		if freed {
 			r.Detail = "freed on a second write: it still named this pod after its election ended" + errSuffix(l.elector.ReleaseErr())
 			r.Released, leader, r.WasLeader = true, true, true
+		} else if free && leader {
+			// The release write landed, its answer lost: the Lease is free.
+			r.Detail = "read free after its release write" + errSuffix(l.elector.ReleaseErr())
+			r.Released = true
 		} else if err != nil && leader {
 			r.Detail = fmt.Sprintf("%v; read again to free it: %v", l.elector.ReleaseErr(), err)
+		} else if err != nil && l.elector.MayHold() {
+			// A write of its record whose answer was lost may have won the
+			// Lease, and it could not be read: it may name the pod until it
+			// expires. A failure, as a release not done.
+			leader, r.WasLeader = true, true
+			r.Detail = fmt.Sprintf("a write of this pod's record may have won it (its answer lost); read to free it: %v", err)
 		}
 	}
 	if r.Released {
