@@ -509,7 +509,7 @@ func (s *suite) drainGroup(ctx context.Context) {
 	needs := func(f func(context.Context) (string, error)) func(context.Context) (string, error) {
 		if s.t.Fixture == nil {
 			return func(context.Context) (string, error) {
-				return "", errSkip{"needs a Fixture: a long poll shows only with claims in flight"}
+				return "", errSkip{"needs a Fixture (--fixture-cmd): a long poll shows only with claims in flight"}
 			}
 		}
 		return f
@@ -625,7 +625,7 @@ var returnCases = []string{CaseReturnCounts, CaseReturnRepeat}
 func (s *suite) returnGroup(ctx context.Context) {
 	f := s.t.Fixture
 	if f == nil {
-		s.skipAll(returnCases, "needs a Fixture: counts show only with claims in flight")
+		s.skipAll(returnCases, "needs a Fixture (--fixture-cmd): counts show only with claims in flight")
 		return
 	}
 	if err := s.holding(ctx, held); err != nil {
@@ -661,7 +661,7 @@ func (s *suite) returnGroup(ctx context.Context) {
 func (s *suite) cancelGroup(ctx context.Context) {
 	f := s.t.Fixture
 	if f == nil {
-		s.skipAll([]string{CaseCancelReturn}, "needs a Fixture: a cancel shows only with claims in flight")
+		s.skipAll([]string{CaseCancelReturn}, "needs a Fixture (--fixture-cmd): a cancel shows only with claims in flight")
 		return
 	}
 	const n = 2
@@ -694,7 +694,7 @@ func (s *suite) cancelGroup(ctx context.Context) {
 func (s *suite) cancelHandsBack(ctx context.Context) {
 	cf, ok := s.t.Fixture.(CancelFixture)
 	if !ok {
-		s.skipAll([]string{CaseCancelHandsBack}, "needs a CancelFixture: claims whose work ends at the cancel")
+		s.skipAll([]string{CaseCancelHandsBack}, "needs a CancelFixture (--fixture-cmd answering hold-cancelable): claims whose work ends at the cancel")
 		return
 	}
 	const n = 2

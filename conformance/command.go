@@ -32,6 +32,16 @@ type CommandFixture struct {
 	Argv []string
 	// Env, if set, is the command's environment (os/exec.Cmd.Env).
 	Env []string
+	// Name, if set, is what errors call the command (handoff conformance
+	// gives its --fixture-cmd); Argv[0] otherwise.
+	Name string
+}
+
+func (c CommandFixture) name() string {
+	if c.Name != "" {
+		return c.Name
+	}
+	return c.Argv[0]
 }
 
 var (
@@ -50,7 +60,7 @@ func (c CommandFixture) run(ctx context.Context, words ...string) (string, error
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("fixture command %q %s: %w: %s", c.Argv[0], strings.Join(words, " "), err, strings.TrimSpace(errOut.String()))
+		return "", fmt.Errorf("fixture command %q %s: %w: %s", c.name(), strings.Join(words, " "), err, strings.TrimSpace(errOut.String()))
 	}
 	return strings.TrimSpace(out.String()), nil
 }
@@ -65,7 +75,7 @@ func (c CommandFixture) yesNo(ctx context.Context, words ...string) (bool, error
 	case out == "no":
 		return false, nil
 	}
-	return false, fmt.Errorf("fixture command %q %s printed %q; want yes or no", c.Argv[0], strings.Join(words, " "), out)
+	return false, fmt.Errorf("fixture command %q %s printed %q; want yes or no", c.name(), strings.Join(words, " "), out)
 }
 
 // Restart runs "restart".

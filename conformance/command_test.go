@@ -120,13 +120,16 @@ func TestCommandFixture(t *testing.T) {
 		t.Fatalf("want every case passed through the fixture command:\n%s", rep)
 	}
 	// A step the command fails is the case's failure, with its stderr.
-	bad := conformance.CommandFixture{Argv: []string{"sh", "-c", `echo no such fixture >&2; exit 3`}}
+	bad := conformance.CommandFixture{Argv: []string{"sh", "-c", `echo no such fixture >&2; exit 3`}, Name: "./fixture.sh"}
 	rep = conformance.Run(ctx, conformance.Target{URL: srv.URL, Token: testToken, Fixture: bad})
 	if c, _ := rep.Case(conformance.CaseStopClaiming); c.Result != conformance.Fail {
 		t.Fatalf("%s with a failing fixture command = %s (%s), want fail", c.Name, c.Result, c.Reason)
 	}
 	if c, _ := rep.Case(conformance.CaseStopClaiming); !contains(c.Reason, "no such fixture") {
 		t.Fatalf("reason %q, want the command's stderr", c.Reason)
+	}
+	if c, _ := rep.Case(conformance.CaseStopClaiming); !contains(c.Reason, `fixture command "./fixture.sh"`) {
+		t.Fatalf("reason %q, want the command named as given (Name), not %q", c.Reason, "sh")
 	}
 }
 

@@ -119,7 +119,7 @@ func (s *suite) run(ctx context.Context, name string, f func(context.Context) (s
 // runLeader runs a case that needs a LeaderFixture.
 func (s *suite) runLeader(ctx context.Context, name string, f func(context.Context) (string, error)) {
 	if s.t.Leader == nil {
-		s.record(Case{Name: name, Result: Skip, Reason: "needs a LeaderFixture: the protocol shows a term's end only through leader work"})
+		s.record(Case{Name: name, Result: Skip, Reason: "needs a LeaderFixture (--leader-cmd): the protocol shows a term's end only through leader work"})
 		return
 	}
 	s.run(ctx, name, f)

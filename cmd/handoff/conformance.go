@@ -64,7 +64,7 @@ command run with a step appended:
 			}
 			t := conformance.Target{URL: appURL, Token: token, LeaseDuration: leaseDuration}
 			shell := func(c string) conformance.CommandFixture {
-				return conformance.CommandFixture{Argv: []string{"sh", "-c", c + ` "$@"`, "sh"}}
+				return conformance.CommandFixture{Argv: []string{"sh", "-c", c + ` "$@"`, "sh"}, Name: c}
 			}
 			if fixtureCmd != "" {
 				t.Fixture = shell(fixtureCmd)
