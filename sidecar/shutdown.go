@@ -530,16 +530,17 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 		ctx, cancel := context.WithTimeout(context.Background(), q.b.left(clk.Now(), q.b.ReleaseBy))
 		freed, free, err := c.releaseLeftoverRead(ctx, name)
 		cancel()
-		if freed {
+		switch {
+		case freed:
 			r.Detail = "freed on a second write: it still named this pod after its election ended" + errSuffix(l.elector.ReleaseErr())
 			r.Released, leader, r.WasLeader = true, true, true
-		} else if free && leader {
+		case free && leader:
 			// The release write landed, its answer lost: the Lease is free.
 			r.Detail = "read free after its release write" + errSuffix(l.elector.ReleaseErr())
 			r.Released = true
-		} else if err != nil && leader {
+		case err != nil && leader:
 			r.Detail = fmt.Sprintf("%v; read again to free it: %v", l.elector.ReleaseErr(), err)
-		} else if err != nil && l.elector.MayHold() {
+		case err != nil && l.elector.MayHold():
 			// A write of its record whose answer was lost may have won the
 			// Lease, and it could not be read: it may name the pod until it
 			// expires. A failure, as a release not done.
