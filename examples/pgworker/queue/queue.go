@@ -59,6 +59,8 @@ CREATE TABLE IF NOT EXISTS handoff_queue (
 -- The shard of a message (a shard Lease's name); NULL: not sharded.
 ALTER TABLE handoff_queue ADD COLUMN IF NOT EXISTS shard text;
 CREATE INDEX IF NOT EXISTS handoff_queue_shard ON handoff_queue (shard, id);
+-- Claims take messages in the order they became visible (claim).
+CREATE INDEX IF NOT EXISTS handoff_queue_visible ON handoff_queue (shard, visible_at, id);
 CREATE TABLE IF NOT EXISTS handoff_enqueued (
 	dedup_key text PRIMARY KEY,
 	amount    bigint NOT NULL
@@ -183,10 +185,20 @@ ORDER BY i.n`, keys, amounts, works, shards)
 	return nil
 }
 
-// Claim claims the oldest visible message for worker and hides it from
-// other workers for visibility (rounded to microseconds). Concurrent
-// claimers skip each other's locked rows, so they get different messages.
-// It returns nil, nil when no message is visible.
+// Claim claims the visible message that has waited longest for worker and
+// hides it from other workers for visibility (rounded to microseconds).
+// Concurrent claimers skip each other's locked rows, so they get different
+// messages. It returns nil, nil when no message is visible.
+//
+// The order of claims: a message waits from when it became visible, which
+// is its enqueue, or the moment its last claim expired or it was handed
+// back or returned; the longest waiting is claimed first, then the lowest
+// id. So a message whose claims keep expiring (a poison message, or a
+// visibility timeout shorter than the work) goes behind every message
+// already waiting each time and never holds them back. Nothing more is
+// promised: concurrent claimers skip rows locked by each other, so one may
+// take a later message before an earlier one, and a message is not claimed
+// before its visibility timeout has run out.
 func Claim(ctx context.Context, pool *pgxpool.Pool, worker string, visibility time.Duration) (*Claimed, error) {
 	cs, err := ClaimBatch(ctx, pool, worker, visibility, 1)
 	if err != nil || len(cs) == 0 {
@@ -195,9 +207,9 @@ func Claim(ctx context.Context, pool *pgxpool.Pool, worker string, visibility ti
 	return cs[0], nil
 }
 
-// ClaimBatch claims up to n (1 or more) of the oldest visible messages for
-// worker in one statement, as Claim claims one, and returns them oldest
-// first; none when no message is visible. Every one is hidden for
+// ClaimBatch claims up to n (1 or more) of the visible messages that have
+// waited longest for worker in one statement, in Claim's order, and returns
+// them in that order; none when no message is visible. Every one is hidden for
 // visibility from now, so a worker that starts them in turn hands back
 // those it has not started when it stops (HandBack) rather than let them
 // wait out the timeout.
@@ -205,10 +217,11 @@ func ClaimBatch(ctx context.Context, pool *pgxpool.Pool, worker string, visibili
 	return claim(ctx, pool, worker, "", visibility, n)
 }
 
-// ClaimShard claims up to n (1 or more) of the oldest visible messages of
-// shard for worker, as ClaimBatch does for the messages of no shard. Call it
-// only while leading shard (worker.Agent.BeginLeading of that shard Lease),
-// and complete with CompleteFenced and that term's fencing token.
+// ClaimShard claims up to n (1 or more) of the visible messages of shard
+// that have waited longest for worker, in Claim's order, as ClaimBatch does
+// for the messages of no shard. Call it only while leading shard
+// (worker.Agent.BeginLeading of that shard Lease), and complete with
+// CompleteFenced and that term's fencing token.
 func ClaimShard(ctx context.Context, pool *pgxpool.Pool, worker, shard string, visibility time.Duration, n int) ([]*Claimed, error) {
 	if shard == "" {
 		return nil, errors.New("queue: claim of a shard: want a shard name")
@@ -229,9 +242,9 @@ func claim(ctx context.Context, pool *pgxpool.Pool, worker, shard string, visibi
 	// e2e run once the table had grown; TestClaimTakesNoMoreThanItsBatch).
 	rows, err := pool.Query(ctx, `
 WITH picked AS MATERIALIZED (
-	SELECT id FROM handoff_queue
+	SELECT id, visible_at AS waited FROM handoff_queue
 	WHERE visible_at <= now() AND shard IS NOT DISTINCT FROM NULLIF($4, '')
-	ORDER BY id
+	ORDER BY visible_at, id
 	FOR UPDATE SKIP LOCKED
 	LIMIT $3
 ), c AS (
@@ -241,12 +254,12 @@ WITH picked AS MATERIALIZED (
 		deliveries = q.deliveries + 1
 	FROM picked
 	WHERE q.id = picked.id
-	RETURNING q.id, q.dedup_key, q.amount, q.work_ms, coalesce(q.shard, ''), q.deliveries, q.visible_at
+	RETURNING q.id, q.dedup_key, q.amount, q.work_ms, coalesce(q.shard, '') AS shard, q.deliveries, q.visible_at, picked.waited
 ), d AS (
 	INSERT INTO handoff_deliveries (message_id, worker, outcome)
 	SELECT id, $1, 'claimed' FROM c
 )
-SELECT * FROM c ORDER BY id`,
+SELECT id, dedup_key, amount, work_ms, shard, deliveries, visible_at FROM c ORDER BY waited, id`,
 		worker, visibility.Microseconds(), n, shard)
 	if err != nil {
 		return nil, fmt.Errorf("queue: claim: %w", err)
