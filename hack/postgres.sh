@@ -114,8 +114,13 @@ start() {
 
   if [ ! -f "$DATA/PG_VERSION" ]; then
     log "initialising $DATA with $BIN/initdb"
-    as_pg "$BIN/initdb" -D "$DATA" -U postgres --auth=trust -E UTF8 --locale=C --no-sync --no-instructions >&2 ||
-      die "initdb failed"
+    # initdb's report (about 20 lines) goes to a file, shown only if it
+    # fails: it is not the caller's to read (it landed in the demo's
+    # timeline).
+    if ! as_pg "$BIN/initdb" -D "$DATA" -U postgres --auth=trust -E UTF8 --locale=C --no-sync --no-instructions >"$DIR/initdb.log" 2>&1; then
+      cat "$DIR/initdb.log" >&2
+      die "initdb failed; its output above, and in $DIR/initdb.log"
+    fi
     # Settings that never change for this server. The port is given at each
     # start instead, so one DIR can be restarted on another port.
     cat >>"$DATA/postgresql.conf" <<EOF
@@ -137,7 +142,8 @@ EOF
   log "starting PostgreSQL $("$BIN/postgres" --version | awk '{print $3}') in $DIR on 127.0.0.1:$port"
   # pg_ctl -w waits for the server and notices if it dies while starting
   # (port in use, bad setting, ...).
-  if ! as_pg "$BIN/pg_ctl" start -D "$DATA" -l "$DIR/postgres.log" -o "-p $port" -w -t "$READY_TIMEOUT" >&2; then
+  if ! as_pg "$BIN/pg_ctl" start -D "$DATA" -l "$DIR/postgres.log" -o "-p $port" -w -t "$READY_TIMEOUT" >"$DIR/pg_ctl.log" 2>&1; then
+    cat "$DIR/pg_ctl.log" >&2 || true
     tail -n 20 "$DIR/postgres.log" >&2 || true
     die "PostgreSQL did not start (port $port in use? not ready within ${READY_TIMEOUT}s?); log: $DIR/postgres.log"
   fi

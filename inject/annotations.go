@@ -27,7 +27,7 @@ const LabelInject = config.AnnotationPrefix + "inject"
 // Layouts, the values of AnnotationLayout.
 const (
 	// LayoutNative runs the sidecar as an init container with restartPolicy
-	// Always (a native sidecar, Kubernetes 1.29 and later): it starts before
+	// Always (a native sidecar, on by default since Kubernetes 1.29): it starts before
 	// the worker and stops after it.
 	LayoutNative = "native"
 	// LayoutLegacy runs the sidecar as a plain container whose own preStop
@@ -52,7 +52,7 @@ var Keys = []Key{
 		Usage: "add the handoff sidecar to this pod, as the label of the same key does; without either the pod is left alone. The chart's webhook is sent only labelled pods by default: set the label"},
 	{Key: AnnotationLayout, Default: LayoutNative, Form: `"native" or "legacy"`,
 		valid: func(v string) bool { return v == LayoutNative || v == LayoutLegacy },
-		Usage: "native: the sidecar is an init container with restartPolicy Always (Kubernetes 1.29+); legacy: a plain container whose own preStop waits for the handover"},
+		Usage: "native: the sidecar is an init container with restartPolicy Always (a native sidecar, on by default since Kubernetes 1.29); legacy: a plain container whose own preStop waits for the handover, for a platform that does not run native sidecars"},
 	{Key: AnnotationContainer, Form: "the name of one of the pod's containers",
 		Usage: "the worker container, which gets the preStop hook; without it, the first container"},
 	{Key: AnnotationWrapPreStop, Default: "false", Form: `"true" or "false"`, valid: isBool,

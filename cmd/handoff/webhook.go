@@ -36,11 +36,15 @@ func webhookCommand() *cobra.Command {
 	o := injectFlags{}
 	cmd := &cobra.Command{
 		Use:   "webhook",
-		Short: "Serve the mutating admission webhook that adds the sidecar to annotated pods",
+		Short: "Serve the mutating admission webhook that adds the sidecar to the pods that ask for it",
 		Long: `webhook serves HTTPS admission requests for pods at ` + webhook.Path + ` and adds the
-handoff sidecar to every pod annotated handoff.dev/inject: "true" (see
-docs/annotations.md); pods with invalid handoff annotations are refused with
-a message naming each problem. With --cert-rotation (the default) it makes
+handoff sidecar to every pod it is sent that asks for it: labelled or annotated
+handoff.dev/inject: "true". Which pods the API server sends it is the
+webhook configuration's selector: with the chart's default (webhook.selectBy:
+pod) only pods labelled handoff.dev/inject: "true", so a pod with the
+annotation alone is not sent and gets no sidecar (docs/annotations.md, "Which
+pods the webhook sees"). Pods with invalid handoff annotations are refused
+with a message naming each problem. With --cert-rotation (the default) it makes
 and renews its own serving certificate and CA with cert-controller, storing
 them in --cert-secret and writing the CA into the caBundle of
 --webhook-config; without it, it reads tls.crt and tls.key from --cert-dir

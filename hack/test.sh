@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# make test: every suite in turn, each run to its end even when one before it
+# failed, each timed; a summary at the end names the failed tests, and the
+# exit is non-zero if any suite failed. The suites are the Makefile's
+# targets: integration on the oldest supported Kubernetes, integration on
+# the newest (the packages that talk to the API), end to end on a real
+# kubelet.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit
+source hack/lib/phases.sh
+
+phase "integration, Kubernetes oldest (go test -race ./...)" make --no-print-directory integration-oldest
+phase "integration, Kubernetes newest (the packages that talk to the API)" make --no-print-directory integration-newest
+phase "end to end on a real kubelet" make --no-print-directory e2e
+phases_end
