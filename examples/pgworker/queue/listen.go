@@ -18,6 +18,11 @@ import (
 // visibility timeout runs out sends nothing: pollers still see it.
 const VisibleChannel = "handoff_queue_visible"
 
+// ListenerApplicationName is the application_name of the Listener's
+// connection, by which pg_stat_activity shows it (its query column shows
+// the last statement, a ping most of the time, not the LISTEN).
+const ListenerApplicationName = "handoff-queue-listener"
+
 // Listener wakes a worker's idle claim loops when messages become visible,
 // so that a message handed back is claimed again at once rather than at the
 // next poll. It listens on VisibleChannel over a connection of its own
@@ -60,6 +65,10 @@ func Listen(ctx context.Context, cfg *pgx.ConnConfig, retry time.Duration, log l
 }
 
 func (l *Listener) listen(ctx context.Context, cfg *pgx.ConnConfig, retry time.Duration) error {
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["application_name"] = ListenerApplicationName
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err

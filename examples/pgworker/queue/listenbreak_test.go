@@ -26,7 +26,7 @@ func listeners(t *testing.T, pool *pgxpool.Pool) []int {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `
 SELECT pid FROM pg_stat_activity
-WHERE datname = current_database() AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()`)
+WHERE datname = current_database() AND application_name = $1 AND pid <> pg_backend_pid()`, queue.ListenerApplicationName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,10 @@ func TestListenerReconnectsAfterItsBackendIsKilled(t *testing.T) {
 	for round := range 3 {
 		old := listeners(t, pool)
 		visible := l.Visible()
-		if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'`); err != nil {
+		// By application_name: the backend's query column shows its last
+		// statement, the listener's ping once it has been idle 100 ms, not
+		// the LISTEN (matching on the LISTEN missed it under load).
+		if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, queue.ListenerApplicationName); err != nil {
 			t.Fatal(err)
 		}
 		if !woken(visible) {
