@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
-	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -89,12 +87,14 @@ type Settings struct {
 	// Fallback is the policy for claims still unfinished at the drain deadline.
 	Fallback Fallback
 
-	// ControlAddr is the loopback host:port of the control API (preStop).
-	ControlAddr string
+	// ControlAddr is where the control API (preStop) listens: the control
+	// socket, or by opt-in a loopback TCP address.
+	ControlAddr protocol.Endpoint
 	// MetricsAddr is the host:port of the read-only metrics and probes.
 	MetricsAddr string
-	// AppURL is the base URL of the app side of the protocol, on loopback.
-	AppURL string
+	// AppURL is where the app serves its side of the protocol: the app
+	// socket, or by opt-in a loopback TCP address.
+	AppURL protocol.Endpoint
 	// Kubeconfig is a kubeconfig path; empty means in-cluster configuration.
 	Kubeconfig string
 	// TokenFile is the file with the pod's token (protocol.TokenFile in an
@@ -208,14 +208,14 @@ var Table = []Setting{
 	{Name: "fallback", Default: string(FallbackReturn), Form: "one of return, cancel, abandon", Annotation: true,
 		Usage: "what happens to unfinished claims at the drain deadline",
 		set:   setFallback},
-	{Name: "control-addr", Default: "127.0.0.1:7450", Form: "a loopback host:port, like 127.0.0.1:7450", Annotation: true,
-		Usage: "address of the control API (preStop); loopback only",
+	{Name: "control-addr", Default: "unix://" + protocol.ControlSocket, Form: "unix:// and an absolute socket path, like unix://" + protocol.ControlSocket + ", or a loopback host:port, like 127.0.0.1:7450 (TCP: docs/protocol.md, Transport)", Annotation: true,
+		Usage: "address of the control API (preStop, status): a Unix socket in the handoff-run volume, or by opt-in a loopback TCP address",
 		set:   setControlAddr},
 	{Name: "metrics-addr", Default: ":7451", Form: "a host:port, like :7451", Annotation: true,
 		Usage: "address of the read-only metrics, /healthz and /readyz",
 		set:   setMetricsAddr},
-	{Name: "app-url", Default: "http://127.0.0.1:7452", Form: "an http URL on loopback with no query or fragment, like http://127.0.0.1:7452", Annotation: true,
-		Usage: "base URL of the app's side of the handoff protocol",
+	{Name: "app-url", Default: "unix://" + protocol.AppSocket, Form: "unix:// and an absolute socket path, like unix://" + protocol.AppSocket + ", or an http URL on loopback with no path, query or fragment, like http://127.0.0.1:7452 (TCP: docs/protocol.md, Transport)", Annotation: true,
+		Usage: "address of the app's side of the handoff protocol: a Unix socket in the handoff-run volume, or by opt-in a loopback TCP address",
 		set:   setAppURL},
 	{Name: "kubeconfig", Form: "a file path, or empty for in-cluster configuration",
 		Usage: "kubeconfig file; empty means in-cluster configuration",
@@ -521,15 +521,9 @@ func setFallback(s *Settings, v string) error {
 }
 
 func setControlAddr(s *Settings, v string) error {
-	host, err := hostPort(v)
-	if err != nil {
-		return err
-	}
-	if !isLoopback(host) {
-		return errors.New("the control API never listens beyond loopback")
-	}
-	s.ControlAddr = v
-	return nil
+	e, err := endpoint(v)
+	s.ControlAddr = e
+	return err
 }
 
 func setMetricsAddr(s *Settings, v string) error {
@@ -541,29 +535,19 @@ func setMetricsAddr(s *Settings, v string) error {
 }
 
 func setAppURL(s *Settings, v string) error {
-	u, err := url.Parse(v)
-	if err != nil || u.Scheme != "http" || u.Host == "" {
-		return errors.New("not an http:// URL")
+	e, err := endpoint(v)
+	s.AppURL = e
+	return err
+}
+
+// endpoint parses a protocol address (protocol.ParseEndpoint) into an error
+// without the value, which config.Error names already.
+func endpoint(v string) (protocol.Endpoint, error) {
+	e, err := protocol.ParseEndpoint(v)
+	if ee := (*protocol.EndpointError)(nil); errors.As(err, &ee) {
+		return protocol.Endpoint{}, errors.New(ee.Reason)
 	}
-	// The clients append the protocol's paths to this base: a query or a
-	// fragment would swallow them, and an unclean path ("//", "..") is
-	// redirected by the app's mux, which turns a POST into a GET.
-	if strings.ContainsAny(v, "?#") || u.User != nil {
-		return errors.New("a base URL has no user, query or fragment: the protocol's paths are appended to it")
-	}
-	if p := strings.TrimRight(u.EscapedPath(), "/"); p != "" && path.Clean(p) != p {
-		return fmt.Errorf("path %q is not clean", u.EscapedPath())
-	}
-	if p := u.Port(); p != "" {
-		if _, err := Port(p); err != nil {
-			return err
-		}
-	}
-	if !isLoopback(u.Hostname()) {
-		return errors.New("the app is called on loopback only")
-	}
-	s.AppURL = strings.TrimRight(v, "/")
-	return nil
+	return e, err
 }
 
 // hostPort checks a host:port whose port is a number from 0 to 65535 (0:
@@ -586,12 +570,4 @@ func Port(p string) (int, error) {
 		return 0, fmt.Errorf("port %q is not a number from 0 to 65535", p)
 	}
 	return n, nil
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

@@ -19,7 +19,7 @@ func TestDefaultsAreValid(t *testing.T) {
 	if s.LeaseDuration != 15*time.Second || s.RenewDeadline != 10*time.Second || s.RetryPeriod != 2*time.Second {
 		t.Errorf("timings = %s/%s/%s, want client-go's 15s/10s/2s", s.LeaseDuration, s.RenewDeadline, s.RetryPeriod)
 	}
-	if s.Fallback != config.FallbackReturn || len(s.Leases) != 0 || s.ControlAddr != "127.0.0.1:7450" {
+	if s.Fallback != config.FallbackReturn || len(s.Leases) != 0 || s.ControlAddr.String() != "unix:///handoff-run/control.sock" || s.AppURL.String() != "unix:///handoff-run/app.sock" {
 		t.Errorf("fallback %s, leases %v, control %s", s.Fallback, s.Leases, s.ControlAddr)
 	}
 }
@@ -34,8 +34,9 @@ func TestBadValuesNameSettingOriginAndForm(t *testing.T) {
 		{map[string]string{"renew-deadline": "20s"}, []string{"renew-deadline", "not shorter than lease-duration 15s"}},
 		{map[string]string{"retry-period": "9s"}, []string{"retry-period", "1.2", "renew-deadline 10s"}},
 		{map[string]string{"fallback": "drop"}, []string{"fallback", `"drop"`, "one of return, cancel, abandon"}},
-		{map[string]string{"control-addr": "0.0.0.0:7450"}, []string{"control-addr", "never listens beyond loopback"}},
-		{map[string]string{"app-url": "http://10.0.0.1:80"}, []string{"app-url", "loopback only"}},
+		{map[string]string{"control-addr": "0.0.0.0:7450"}, []string{"control-addr", "not a loopback address"}},
+		{map[string]string{"app-url": "http://10.0.0.1:80"}, []string{"app-url", "not a loopback address"}},
+		{map[string]string{"app-url": "unix://app.sock"}, []string{"app-url", "not absolute", "unix:///handoff-run/app.sock"}},
 		{map[string]string{"leases": "Work_Queue"}, []string{"leases", "not a DNS subdomain"}},
 		{map[string]string{"leases": "a,a"}, []string{"leases", "listed twice"}},
 		{map[string]string{"leases": "a", "pod-name": "p", "pod-uid": "u", "role-leases": "b"}, []string{"role-leases", `"b" is not one of leases "a"`, "names from leases"}},
@@ -43,9 +44,9 @@ func TestBadValuesNameSettingOriginAndForm(t *testing.T) {
 		{map[string]string{"control-addr": "127.0.0.1:"}, []string{"control-addr", `port "" is not a number from 0 to 65535`}},
 		{map[string]string{"metrics-addr": ":99999"}, []string{"metrics-addr", `port "99999"`}},
 		{map[string]string{"app-url": "http://127.0.0.1:http"}, []string{"app-url"}},
-		{map[string]string{"app-url": "http://127.0.0.1:7452?x=1"}, []string{"app-url", "no user, query or fragment"}},
-		{map[string]string{"app-url": "http://127.0.0.1:7452#"}, []string{"app-url", "no user, query or fragment"}},
-		{map[string]string{"app-url": "http://127.0.0.1:7452/a//b"}, []string{"app-url", `path "/a//b" is not clean`}},
+		{map[string]string{"app-url": "http://127.0.0.1:7452?x=1"}, []string{"app-url", "no user, path, query or fragment"}},
+		{map[string]string{"app-url": "http://127.0.0.1:7452#"}, []string{"app-url", "no user, path, query or fragment"}},
+		{map[string]string{"app-url": "http://127.0.0.1:7452/a//b"}, []string{"app-url", "no user, path, query or fragment"}},
 		{map[string]string{"leases": "a"}, []string{"pod-name: required when leases are set", "pod-uid: required when leases are set"}},
 		{map[string]string{"leases": "a", "pod-name": "p"}, []string{"pod-uid: required when leases are set", "want a UID"}},
 		{map[string]string{"shards": "a", "shard-peers": "app=x", "pod-uid": "u"}, []string{"pod-name: required when shards are set", "want a pod name"}},

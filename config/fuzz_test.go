@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/url"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -56,6 +57,8 @@ func FuzzLoad(f *testing.F) {
 		{"app-url", "https://127.0.0.1:7452", "pod-name", "p"},
 		{"app-url", "http://127.0.0.1:http", "pod-name", "p"},
 		{"app-url", "http://127.0.0.1:7452/app", "pod-name", "p"},
+		{"app-url", "unix:///handoff-run/app.sock", "control-addr", "unix://relative.sock"},
+		{"app-url", "unix:///a/../b.sock", "control-addr", "unix:///" + strings.Repeat("x", 200)},
 	} {
 		f.Add(index(seed.a), seed.va, index(seed.b), seed.vb)
 	}
@@ -190,20 +193,29 @@ func checkSettings(t *testing.T, values map[string]string, s *config.Settings) {
 	if s.DeadlineMargin < 0 || s.HandbackReserve < 0 || s.GracePeriod < 0 {
 		t.Errorf("%q: accepted a negative duration: %+v", values, s)
 	}
-	host, _, err := net.SplitHostPort(s.ControlAddr)
-	if ip := net.ParseIP(host); err != nil || (host != "localhost" && (ip == nil || !ip.IsLoopback())) {
-		t.Errorf("%q: accepted control address %q, not a loopback host:port", values, s.ControlAddr)
-	}
-	// The clients call AppURL + a protocol path: the result must be that
-	// path on the app's loopback host, not a query or fragment holding it.
-	for _, p := range []string{protocol.StopClaimingPath, protocol.DrainPath, protocol.ReturnPath, protocol.LeasePathPrefix + "work"} {
-		u, err := url.Parse(s.AppURL + p)
-		if err != nil || u.Scheme != "http" || !strings.HasSuffix(u.Path, p) || strings.Contains(u.Path, "//") || u.RawQuery != "" || u.Fragment != "" {
-			t.Errorf("%q: app URL %q + %q is %v (%v), not the path %s on the app", values, s.AppURL, p, u, err, p)
-			continue
+	// Each address is a socket by an absolute, clean path short enough to
+	// bind, or TCP on loopback: the protocol never leaves the pod.
+	for name, e := range map[string]protocol.Endpoint{"control-addr": s.ControlAddr, "app-url": s.AppURL} {
+		switch e.Network {
+		case "unix":
+			if !filepath.IsAbs(e.Address) || filepath.Clean(e.Address) != e.Address || len(e.Address) > 107 {
+				t.Errorf("%q: accepted %s socket %q", values, name, e.Address)
+			}
+		case "tcp":
+			host, _, err := net.SplitHostPort(e.Address)
+			if ip := net.ParseIP(host); err != nil || (host != "localhost" && (ip == nil || !ip.IsLoopback())) {
+				t.Errorf("%q: accepted %s %q, not a loopback host:port", values, name, e.Address)
+			}
+		default:
+			t.Errorf("%q: accepted %s %+v, neither a socket nor TCP", values, name, e)
 		}
-		if h := u.Hostname(); h != "localhost" && !net.ParseIP(h).IsLoopback() {
-			t.Errorf("%q: app URL %q is not on loopback", values, s.AppURL)
+	}
+	// The clients call URL() + a protocol path: the result must be that
+	// path, not a query or fragment holding it.
+	for _, p := range []string{protocol.StopClaimingPath, protocol.DrainPath, protocol.ReturnPath, protocol.LeasePathPrefix + "work"} {
+		u, err := url.Parse(s.AppURL.URL() + p)
+		if err != nil || u.Scheme != "http" || u.Path != p || u.RawQuery != "" || u.Fragment != "" {
+			t.Errorf("%q: app URL %q + %q is %v (%v), not the path %s on the app", values, s.AppURL.URL(), p, u, err, p)
 		}
 	}
 	for _, l := range s.Leases {
@@ -224,7 +236,7 @@ func render(s *config.Settings) map[string]string {
 		"lease-duration": s.LeaseDuration.String(), "renew-deadline": s.RenewDeadline.String(), "retry-period": s.RetryPeriod.String(),
 		"grace-period": s.GracePeriod.String(), "deadline-margin": s.DeadlineMargin.String(), "handback-reserve": s.HandbackReserve.String(),
 		"fallback":     string(s.Fallback),
-		"control-addr": s.ControlAddr, "metrics-addr": s.MetricsAddr, "app-url": s.AppURL,
+		"control-addr": s.ControlAddr.String(), "metrics-addr": s.MetricsAddr, "app-url": s.AppURL.String(),
 		"kubeconfig": s.Kubeconfig, "token-file": s.TokenFile,
 	}
 }

@@ -4,19 +4,53 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/handoff-dev/handoff/protocol"
 )
 
-// token: every endpoint refuses a call without the pod's token (no header,
-// another token, another scheme, anything after the token) with 401, a
-// Bearer challenge and a JSON error, and acts on none of them.
-func (s *suite) token(ctx context.Context) (string, error) {
-	lease := s.lease("token")
-	refusedSeq := time.Now().Add(5 * time.Second).UnixNano()
+// Signers of refused calls, for the auth cases.
+
+// unsigned sends the Authorization value authz (none when ""), and no
+// timestamp or nonce.
+func unsigned(authz string) signer {
+	return func(req *http.Request, _ []byte) {
+		if authz != "" {
+			req.Header.Set("Authorization", authz)
+		}
+	}
+}
+
+// signedWith signs with token at the time at.
+func signedWith(token string, at time.Time) signer {
+	return func(req *http.Request, body []byte) { protocol.Sign(req, token, body, at) }
+}
+
+// thenAltered signs as the sidecar does, then changes the call: what the
+// signature covers no longer matches.
+func (s *suite) thenAltered(alter func(req *http.Request)) signer {
+	return func(req *http.Request, body []byte) {
+		protocol.Sign(req, s.t.Token, body, time.Now())
+		alter(req)
+	}
+}
+
+// refusedCalls sends each state-changing call (stop-claiming, return, a
+// grant and a revoke carrying a later sequence) and the drain status once
+// with each signer, wants every one refused 401 with a JSON error and a
+// HANDOFF-HMAC-SHA256 challenge, and then checks that none was acted on:
+// the app is not stopping, and a grant with the next sequence is applied
+// (it would be stale had a refused message been recorded). It returns how
+// many calls were refused.
+func (s *suite) refusedCalls(ctx context.Context, lease string, signers []struct {
+	what string
+	sign signer
+}) (int, error) {
+	refusedSeq := time.Now().Add(500 * time.Millisecond).UnixNano()
 	calls := []struct{ method, path, body string }{
 		{http.MethodPost, protocol.StopClaimingPath, "{}"},
 		{http.MethodGet, protocol.DrainPath + "?waitMillis=0", ""},
@@ -24,56 +58,176 @@ func (s *suite) token(ctx context.Context) (string, error) {
 		{http.MethodPut, protocol.LeasePathPrefix + lease, grantBody(lease, refusedSeq, s.term, time.Now().Add(s.term))},
 		{http.MethodPut, protocol.LeasePathPrefix + lease, revokeBody(lease, refusedSeq)},
 	}
-	wrong := strings.Repeat("0", len(s.t.Token))
-	if wrong == s.t.Token {
-		wrong = strings.Repeat("1", len(s.t.Token))
-	}
-	authz := []struct{ what, value string }{
-		{"no Authorization header", noAuth},
-		{"another token", protocol.TokenScheme + " " + wrong},
-		{"another scheme", "Basic " + s.t.Token},
-		{"data after the token", protocol.TokenScheme + " " + s.t.Token + "x"},
-		{"two spaces", protocol.TokenScheme + "  " + s.t.Token},
-	}
 	n := 0
 	for _, c := range calls {
-		for _, au := range authz {
-			a, err := s.call(ctx, c.method, c.path, c.body, au.value, 0)
+		for _, sg := range signers {
+			a, err := s.call(ctx, c.method, c.path, c.body, sg.sign, 0)
 			if err != nil {
-				return "", err
+				return n, err
 			}
-			what := fmt.Sprintf("%s %s with %s", c.method, c.path, au.what)
+			what := fmt.Sprintf("%s %s %s", c.method, c.path, sg.what)
 			if err := wantError(what, a, http.StatusUnauthorized); err != nil {
-				return "", err
+				return n, err
 			}
-			if ch := a.header.Get("WWW-Authenticate"); !strings.HasPrefix(strings.ToLower(ch), "bearer") {
-				return "", fmt.Errorf("%s: WWW-Authenticate %q, want a Bearer challenge", what, ch)
+			if ch := a.header.Get("WWW-Authenticate"); !strings.HasPrefix(strings.ToUpper(ch), protocol.AuthScheme) {
+				return n, fmt.Errorf("%s: WWW-Authenticate %q, want a %s challenge", what, ch, protocol.AuthScheme)
 			}
 			n++
 		}
 	}
 	st, err := s.status(ctx)
 	if err != nil {
-		return "", err
+		return n, err
 	}
 	if st.Stopping {
-		return "", fmt.Errorf("after stop-claiming calls refused 401 the app says stopping: a refused call was acted on")
+		return n, fmt.Errorf("after stop-claiming calls refused 401 the app says stopping: a refused call was acted on")
 	}
-	// The refused messages carried a later sequence: had one been
-	// recorded, this grant would be stale.
+	// The refused messages carried a later sequence (within
+	// protocol.MaxSequenceAhead): had one been recorded, this grant would
+	// be stale.
 	if err := s.grant(ctx, lease, s.next()); err != nil {
-		return "", fmt.Errorf("after leadership calls refused 401: %w (a refused call was acted on)", err)
+		return n, fmt.Errorf("after leadership calls refused 401: %w (a refused call was acted on)", err)
+	}
+	return n, s.revoke(ctx, lease, s.next())
+}
+
+// authUnsigned: a call that is not signed (no Authorization header, the
+// pod's token as a bearer token, another scheme) is refused 401 and acted
+// on by none.
+func (s *suite) authUnsigned(ctx context.Context) (string, error) {
+	n, err := s.refusedCalls(ctx, s.lease("unsigned"), []struct {
+		what string
+		sign signer
+	}{
+		{"with no Authorization header", unsigned("")},
+		{"with the token as a bearer token", unsigned("Bearer " + s.t.Token)},
+		{"with another scheme", unsigned("Basic " + s.t.Token)},
+		{"with the scheme and no timestamp or nonce", unsigned(protocol.AuthScheme + " " + strings.Repeat("0", 64))},
+	})
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%d unsigned calls answered 401 with a %s challenge and acted on by none", n, protocol.AuthScheme), nil
+}
+
+// authBadSignature: a call signed with another token, or changed after it
+// was signed (its body, its query, its method's target, its timestamp), is
+// refused 401 and acted on by none.
+func (s *suite) authBadSignature(ctx context.Context) (string, error) {
+	wrong := strings.Repeat("0", len(s.t.Token))
+	if wrong == s.t.Token {
+		wrong = strings.Repeat("1", len(s.t.Token))
+	}
+	n, err := s.refusedCalls(ctx, s.lease("badsig"), []struct {
+		what string
+		sign signer
+	}{
+		{"signed with another token", signedWith(wrong, time.Now())},
+		{"with another target than signed", s.thenAltered(func(r *http.Request) { r.URL.RawQuery = "x=1" })},
+		{"with another timestamp than signed", s.thenAltered(func(r *http.Request) {
+			r.Header.Set(protocol.TimestampHeader, strconv.FormatInt(time.Now().Add(-time.Second).UnixMilli(), 10))
+		})},
+		{"with another nonce than signed", s.thenAltered(func(r *http.Request) { r.Header.Set(protocol.NonceHeader, protocol.NewNonce()) })},
+		{"with another body than signed", s.thenAltered(func(r *http.Request) {
+			r.Body, r.ContentLength = io.NopCloser(strings.NewReader(`{"other": true}`)), int64(len(`{"other": true}`))
+		})},
+	})
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%d calls signed with another token or altered after signing answered 401 and acted on by none", n), nil
+}
+
+// authStale: a call signed at a time more than protocol.MaxClockSkew from
+// now, either way, is refused 401 and acted on by none.
+func (s *suite) authStale(ctx context.Context) (string, error) {
+	off := protocol.MaxClockSkew + 5*time.Second
+	n, err := s.refusedCalls(ctx, s.lease("stale"), []struct {
+		what string
+		sign signer
+	}{
+		{fmt.Sprintf("signed %s ago", off), signedWith(s.t.Token, time.Now().Add(-off))},
+		{fmt.Sprintf("signed %s ahead", off), signedWith(s.t.Token, time.Now().Add(off))},
+	})
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%d calls signed more than %s away from now answered 401 and acted on by none", n, protocol.MaxClockSkew), nil
+}
+
+// authReplay: a signed call sent again as it was (read off the wire) is
+// refused 401: a drain status, and a revoke, which the app must not apply
+// a second time after a later grant.
+func (s *suite) authReplay(ctx context.Context) (string, error) {
+	lease := s.lease("replay")
+	var sent http.Header
+	keep := func(req *http.Request, body []byte) {
+		protocol.Sign(req, s.t.Token, body, time.Now())
+		sent = req.Header.Clone()
+	}
+	again := func(req *http.Request, _ []byte) {
+		for k, v := range sent {
+			req.Header[k] = v
+		}
+	}
+	path := protocol.DrainPath + "?waitMillis=0"
+	if a, err := s.call(ctx, http.MethodGet, path, "", keep, 0); err != nil {
+		return "", err
+	} else if a.code != http.StatusOK {
+		return "", fmt.Errorf("a signed drain status = %s, want 200", a)
+	}
+	a, err := s.call(ctx, http.MethodGet, path, "", again, 0)
+	if err != nil {
+		return "", err
+	}
+	if err := wantError("the same drain status call again", a, http.StatusUnauthorized); err != nil {
+		return "", err
+	}
+	// A revoke, a grant after it, then the revoke again: applied, it would
+	// end the later term.
+	if err := s.grant(ctx, lease, s.next()); err != nil {
+		return "", err
+	}
+	rv := revokeBody(lease, s.next())
+	if a, err := s.call(ctx, http.MethodPut, protocol.LeasePathPrefix+lease, rv, keep, 0); err != nil {
+		return "", err
+	} else if a.code != http.StatusOK {
+		return "", fmt.Errorf("a signed revoke = %s, want 200", a)
+	}
+	if err := s.grant(ctx, lease, s.next()); err != nil {
+		return "", err
+	}
+	a, err = s.call(ctx, http.MethodPut, protocol.LeasePathPrefix+lease, rv, again, 0)
+	if err != nil {
+		return "", err
+	}
+	if err := wantError("the same revoke again", a, http.StatusUnauthorized); err != nil {
+		return "", err
 	}
 	if err := s.revoke(ctx, lease, s.next()); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("%d calls without the pod's token answered 401 with a Bearer challenge and acted on by none", n), nil
+	return "a drain status and a revoke sent again as they were answered 401", nil
 }
 
-// tokenScheme: the scheme is read in any case (RFC 9110).
-func (s *suite) tokenScheme(ctx context.Context) (string, error) {
-	for _, scheme := range []string{"bearer", "BEARER"} {
-		a, err := s.call(ctx, http.MethodGet, protocol.DrainPath+"?waitMillis=0", "", scheme+" "+s.t.Token, 0)
+// authSchemeCase: the scheme is read in any case (RFC 9110). Checked only
+// once an unsigned call is refused: an app that checks no signature would
+// pass it whatever it does.
+func (s *suite) authSchemeCase(ctx context.Context) (string, error) {
+	path := protocol.DrainPath + "?waitMillis=0"
+	a, err := s.call(ctx, http.MethodGet, path, "", unsigned(""), 0)
+	if err != nil {
+		return "", err
+	}
+	if a.code != http.StatusUnauthorized {
+		return "", fmt.Errorf("an unsigned drain status = %s, want 401: the app checks no signature, so the scheme's case cannot be checked", a)
+	}
+	for _, scheme := range []string{strings.ToLower(protocol.AuthScheme), "Handoff-Hmac-Sha256"} {
+		sign := s.thenAltered(func(r *http.Request) {
+			_, sig, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+			r.Header.Set("Authorization", scheme+" "+sig)
+		})
+		a, err := s.call(ctx, http.MethodGet, path, "", sign, 0)
 		if err != nil {
 			return "", err
 		}
@@ -81,7 +235,7 @@ func (s *suite) tokenScheme(ctx context.Context) (string, error) {
 			return "", fmt.Errorf("drain with scheme %q = %s, want 200: the scheme is read in any case", scheme, a)
 		}
 	}
-	return `"bearer" and "BEARER" accepted as "Bearer"`, nil
+	return fmt.Sprintf("unsigned refused; %q and %q accepted as %s", strings.ToLower(protocol.AuthScheme), "Handoff-Hmac-Sha256", protocol.AuthScheme), nil
 }
 
 // badWaitMillis: a waitMillis that is not a whole number of milliseconds ≥ 0,
@@ -89,7 +243,7 @@ func (s *suite) tokenScheme(ctx context.Context) (string, error) {
 func (s *suite) badWaitMillis(ctx context.Context) (string, error) {
 	queries := []string{"-1", "1.5", "1e3", "soon", "0x10", "1&waitMillis=2"}
 	for _, q := range queries {
-		a, err := s.call(ctx, http.MethodGet, protocol.DrainPath+"?waitMillis="+q, "", "", 0)
+		a, err := s.call(ctx, http.MethodGet, protocol.DrainPath+"?waitMillis="+q, "", nil, 0)
 		if err != nil {
 			return "", err
 		}
@@ -118,7 +272,7 @@ func (s *suite) badReturn(ctx context.Context) (string, error) {
 		{oversized(`{"cancel": false`), 413},
 	}
 	for _, b := range bodies {
-		a, err := s.call(ctx, http.MethodPost, protocol.ReturnPath, b.body, "", 0)
+		a, err := s.call(ctx, http.MethodPost, protocol.ReturnPath, b.body, nil, 0)
 		if err != nil {
 			return "", err
 		}
@@ -134,7 +288,7 @@ func (s *suite) badReturn(ctx context.Context) (string, error) {
 // (413 over 64 KiB) and not applied.
 func (s *suite) badLeadership(ctx context.Context) (string, error) {
 	lease := s.lease("bad")
-	hi := time.Now().Add(5 * time.Second).UnixNano()
+	hi := time.Now().Add(protocol.MaxSequenceAhead / 2).UnixNano()
 	bodies := []struct {
 		body string
 		code int
@@ -147,7 +301,7 @@ func (s *suite) badLeadership(ctx context.Context) (string, error) {
 		{oversized(fmt.Sprintf(`{"lease": %q, "leader": true, "sequence": %d`, lease, hi)), 413},
 	}
 	for _, b := range bodies {
-		a, err := s.call(ctx, http.MethodPut, protocol.LeasePathPrefix+lease, b.body, "", 0)
+		a, err := s.call(ctx, http.MethodPut, protocol.LeasePathPrefix+lease, b.body, nil, 0)
 		if err != nil {
 			return "", err
 		}
@@ -182,7 +336,7 @@ func (s *suite) unknownCall(ctx context.Context) (string, error) {
 		{http.MethodGet, protocol.AppPrefix, ""},
 	}
 	for _, c := range calls {
-		a, err := s.call(ctx, c.method, c.path, c.body, "", 0)
+		a, err := s.call(ctx, c.method, c.path, c.body, nil, 0)
 		if err != nil {
 			return "", err
 		}
@@ -200,20 +354,23 @@ func (s *suite) unknownCall(ctx context.Context) (string, error) {
 	return fmt.Sprintf("%d calls of unknown paths or methods answered 4xx, none acted on", len(calls)), nil
 }
 
-// notGenuine: a sequence more than 10 s ahead, a grant valid for longer
+// notGenuine: a sequence more than protocol.MaxSequenceAhead (1 s) ahead of
+// the app's clock, a grant valid for longer
 // than the lease duration, an until beyond it are answered 422 and not
 // applied (no sequence recorded).
 func (s *suite) notGenuine(ctx context.Context) (string, error) {
 	lease := s.lease("genuine")
 	ahead := time.Now().Add(protocol.MaxSequenceAhead + time.Minute).UnixNano()
+	nearly := time.Now().Add(protocol.MaxSequenceAhead + 2*time.Second).UnixNano()
 	bodies := []struct{ what, body string }{
-		{"a grant with a sequence 70 s ahead", grantBody(lease, ahead, s.term, time.Now().Add(s.term))},
-		{"a revoke with a sequence 70 s ahead", revokeBody(lease, ahead)},
+		{"a grant with a sequence a minute and more ahead", grantBody(lease, ahead, s.term, time.Now().Add(s.term))},
+		{"a revoke with a sequence a minute and more ahead", revokeBody(lease, ahead)},
+		{fmt.Sprintf("a grant with a sequence 2 s more than %s ahead", protocol.MaxSequenceAhead), grantBody(lease, nearly, s.term, time.Now().Add(s.term))},
 		{"a grant valid for longer than the lease duration", grantBody(lease, s.next(), s.ld+time.Minute, time.Now().Add(s.term))},
 		{"a grant with an until beyond the lease duration", grantBody(lease, s.next(), s.term, time.Now().Add(s.ld+time.Minute))},
 	}
 	for _, b := range bodies {
-		a, err := s.call(ctx, http.MethodPut, protocol.LeasePathPrefix+lease, b.body, "", 0)
+		a, err := s.call(ctx, http.MethodPut, protocol.LeasePathPrefix+lease, b.body, nil, 0)
 		if err != nil {
 			return "", err
 		}

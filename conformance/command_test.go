@@ -148,7 +148,13 @@ func TestPythonApp(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(testToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(python, filepath.Join("testdata", "app.py"), "0", tokenFile)
+	sock, err := os.MkdirTemp("", "py") // short: a socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(sock) })
+	sock = filepath.Join(sock, "app.sock")
+	cmd := exec.Command(python, filepath.Join("testdata", "app.py"), sock, tokenFile)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -158,13 +164,13 @@ func TestPythonApp(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	var port int
-	if _, err := fmt.Fscanf(out, "listening %d\n", &port); err != nil {
-		t.Fatalf("app.py did not say where it listens: %v", err)
+	var listening string
+	if _, err := fmt.Fscanf(out, "listening %s\n", &listening); err != nil || listening != sock {
+		t.Fatalf("app.py did not say it listens on %s: %q, %v", sock, listening, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rep := conformance.Run(ctx, conformance.Target{URL: fmt.Sprintf("http://127.0.0.1:%d", port), Token: testToken})
+	rep := conformance.Run(ctx, conformance.Target{URL: "unix://" + sock, Token: testToken})
 	t.Logf("\n%s", rep)
 	if rep.Failed() || rep.Count(conformance.Pass) < 14 {
 		t.Fatalf("want every case that needs no fixture passed:\n%s", rep)

@@ -44,11 +44,12 @@ import (
 
 // Target is the app under test.
 type Target struct {
-	// URL is the app API's base URL, like "http://127.0.0.1:7452" (the
-	// sidecar's --app-url).
+	// URL is the app API's address, as the sidecar's --app-url takes it
+	// (protocol.ParseEndpoint): "unix:///handoff-run/app.sock", or
+	// "http://127.0.0.1:7452".
 	URL string
-	// Token is the pod's token the app checks (docs/protocol.md, "The pod's
-	// token").
+	// Token is the pod's token, the key of the calls' signatures, which
+	// the app checks (docs/protocol.md, "Signed calls").
 	Token string
 	// Fixture makes the app hold claims; nil: the cases that need claims
 	// held are skipped.
@@ -177,8 +178,11 @@ func (r Report) String() string {
 
 // Names of the cases, in the order Run runs them.
 const (
-	CaseToken               = "token/refused-without-the-pods-token"
-	CaseTokenScheme         = "token/scheme-in-any-case"
+	CaseUnsigned            = "auth/unsigned-refused"
+	CaseBadSignature        = "auth/bad-signature-refused"
+	CaseStaleSignature      = "auth/stale-timestamp-refused"
+	CaseReplay              = "auth/replay-refused"
+	CaseSchemeCase          = "auth/scheme-in-any-case"
 	CaseBadWaitMillis       = "bad-request/drain-waitMillis"
 	CaseBadReturn           = "bad-request/return-body"
 	CaseBadLeadership       = "bad-request/leadership-body"
@@ -205,7 +209,7 @@ const (
 )
 
 // allCases are the names of every case, in the order Run runs them.
-var allCases = []string{CaseToken, CaseTokenScheme, CaseBadWaitMillis, CaseBadReturn, CaseBadLeadership, CaseUnknownCall,
+var allCases = []string{CaseUnsigned, CaseBadSignature, CaseStaleSignature, CaseReplay, CaseSchemeCase, CaseBadWaitMillis, CaseBadReturn, CaseBadLeadership, CaseUnknownCall,
 	CaseNotGenuine, CaseSequence, CaseFirstMessage, CaseRevokeUnknown, CaseStaleRevoke, CaseRevokeAck, CaseTermValidFor,
 	CaseTermUntil, CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseLeadDuringDrain,
 	CaseDrainReturnsDrained, CaseDrainLarge, CaseReturnCounts, CaseReturnRepeat, CaseCancelReturn,
@@ -225,8 +229,11 @@ func Run(ctx context.Context, t Target) Report {
 		s.failAll(allCases, err.Error())
 		return s.rep
 	}
-	s.run(ctx, CaseToken, s.token)
-	s.run(ctx, CaseTokenScheme, s.tokenScheme)
+	s.run(ctx, CaseUnsigned, s.authUnsigned)
+	s.run(ctx, CaseBadSignature, s.authBadSignature)
+	s.run(ctx, CaseStaleSignature, s.authStale)
+	s.run(ctx, CaseReplay, s.authReplay)
+	s.run(ctx, CaseSchemeCase, s.authSchemeCase)
 	s.run(ctx, CaseBadWaitMillis, s.badWaitMillis)
 	s.run(ctx, CaseBadReturn, s.badReturn)
 	s.run(ctx, CaseBadLeadership, s.badLeadership)

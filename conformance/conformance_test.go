@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -200,12 +201,34 @@ func TestWithoutFixturesCasesAreSkippedNotPassed(t *testing.T) {
 			t.Errorf("%s = %s (%s), want skip without its fixture", name, c.Result, c.Reason)
 		}
 	}
-	for _, name := range []string{conformance.CaseToken, conformance.CaseSequence, conformance.CaseStopIdempotent, conformance.CaseDrainLarge} {
+	for _, name := range []string{conformance.CaseUnsigned, conformance.CaseBadSignature, conformance.CaseStaleSignature, conformance.CaseReplay, conformance.CaseSchemeCase, conformance.CaseSequence, conformance.CaseStopIdempotent, conformance.CaseDrainLarge} {
 		if c, _ := rep.Case(name); c.Result != conformance.Pass {
 			t.Errorf("%s = %s (%s), want pass: it needs no fixture", name, c.Result, c.Reason)
 		}
 	}
 }
+
+// resign signs r anew, as it came, with the pod's token now: a broken app
+// that takes any call for a genuine one.
+func resign(r *http.Request, body []byte) {
+	ts := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	nonce := protocol.NewNonce()
+	r.Header.Set(protocol.TimestampHeader, ts)
+	r.Header.Set(protocol.NonceHeader, nonce)
+	r.Header.Set("Authorization", protocol.AuthScheme+" "+protocol.Signature(testToken, r.Method, r.RequestURI, ts, nonce, protocol.BodyDigest(body)))
+}
+
+// genuine says whether r is signed with the pod's token (a verifier of its
+// own: the app's keeps its nonces).
+func genuine(r *http.Request, body []byte) bool {
+	return protocol.NewVerifier(testToken, nil).Verify(r, body) == nil
+}
+
+// nonces are those a broken app has seen.
+var nonces = struct {
+	sync.Mutex
+	seen map[string]bool
+}{seen: map[string]bool{}}
 
 // rewrite is a broken app: the Go worker with one defect in front of it.
 type rewrite func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool
@@ -300,12 +323,35 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 		},
 		fails: []string{conformance.CaseBadReturn, conformance.CaseBadLeadership},
 	}, {
-		name: "serves calls without the pod's token",
-		f: func(_ http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
-			protocol.SetToken(r.Header, testToken)
+		name: "serves calls without checking their signature",
+		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
+			resign(r, body)
 			return false
 		},
-		fails: []string{conformance.CaseToken},
+		fails: []string{conformance.CaseUnsigned, conformance.CaseBadSignature, conformance.CaseStaleSignature, conformance.CaseReplay, conformance.CaseSchemeCase},
+	}, {
+		name: "serves a call sent again",
+		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
+			nonces.Lock()
+			defer nonces.Unlock()
+			if n := r.Header.Get(protocol.NonceHeader); nonces.seen[n] {
+				resign(r, body)
+			} else {
+				nonces.seen[n] = true
+			}
+			return false
+		},
+		fails: []string{conformance.CaseReplay},
+	}, {
+		name: "serves a call signed a minute away",
+		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
+			ms, _ := strconv.ParseInt(r.Header.Get(protocol.TimestampHeader), 10, 64)
+			if d := time.Since(time.UnixMilli(ms)); d > 20*time.Second || d < -20*time.Second {
+				resign(r, body)
+			}
+			return false
+		},
+		fails: []string{conformance.CaseStaleSignature},
 	}, {
 		name: "answers the drain at once whatever waitMillis",
 		f: func(_ http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
@@ -354,9 +400,10 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 		fails: []string{conformance.CaseTermUntil},
 	}, {
 		name: "stops claiming on any method",
-		f: func(_ http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
-			if r.URL.Path == protocol.StopClaimingPath && r.Method != http.MethodPost {
+		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
+			if r.URL.Path == protocol.StopClaimingPath && r.Method != http.MethodPost && genuine(r, body) {
 				r.Method = http.MethodPost
+				resign(r, body) // its defect is the method, not the signature
 			}
 			return false
 		},
@@ -410,8 +457,8 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 		fails: []string{conformance.CaseReturnCounts},
 	}, {
 		name: "forgets its in-flight count at a second stop-claiming",
-		f: func(w http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
-			if r.URL.Path != protocol.StopClaimingPath || r.Method != http.MethodPost || !protocol.HasToken(r.Header, testToken) {
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
+			if r.URL.Path != protocol.StopClaimingPath || r.Method != http.MethodPost || !genuine(r, body) {
 				return false
 			}
 			stops.Lock()

@@ -38,12 +38,15 @@ const (
 	poll = 20 * time.Millisecond
 )
 
-// noAuth, as the Authorization value, sends no header.
-const noAuth = "\x00"
+// signer sets a call's authentication headers, given its body; nil signs
+// it as the sidecar does (protocol.Sign with the pod's token, now).
+type signer func(req *http.Request, body []byte)
 
 type suite struct {
 	t      Target
 	c      *http.Client
+	base   string // the URL calls are sent to, before the protocol's paths
+	bad    error  // Target.URL is not an address
 	rep    Report
 	term   time.Duration // the term of an ordinary grant, under the lease duration
 	ld     time.Duration
@@ -53,9 +56,13 @@ type suite struct {
 }
 
 func newSuite(t Target) *suite {
+	e, bad := protocol.ParseEndpoint(t.URL)
+	if bad != nil {
+		bad = fmt.Errorf("Target.URL: %w", bad)
+	}
 	c := t.Client
 	if c == nil {
-		c = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}}
+		c = &http.Client{Transport: e.Transport(4, 30*time.Second), CheckRedirect: protocol.NoRedirects}
 	}
 	ld := t.LeaseDuration
 	if ld <= 0 {
@@ -63,13 +70,15 @@ func newSuite(t Target) *suite {
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	t.URL = strings.TrimRight(t.URL, "/")
-	return &suite{t: t, c: c, ld: ld, term: min(10*time.Second, ld/2), id: hex.EncodeToString(b[:])}
+	return &suite{t: t, c: c, base: e.URL(), bad: bad, ld: ld, term: min(10*time.Second, ld/2), id: hex.EncodeToString(b[:])}
 }
 
 // ready restarts the app when there is a Fixture, and checks that it
 // answers the drain status and is not stopping.
 func (s *suite) ready(ctx context.Context) error {
+	if s.bad != nil {
+		return fmt.Errorf("not run: %w", s.bad)
+	}
 	if s.t.Fixture != nil {
 		if err := s.t.Fixture.Restart(ctx); err != nil {
 			return fmt.Errorf("not run: Fixture.Restart: %w", err)
@@ -172,28 +181,27 @@ func (a answer) String() string {
 	return fmt.Sprintf("%d %s", a.code, bytes.TrimSpace(a.body))
 }
 
-// call sends one call with the pod's token (authz "" ), another
-// Authorization value, or none (noAuth), bounded by wait plus callBound.
-func (s *suite) call(ctx context.Context, method, path, body, authz string, wait time.Duration) (answer, error) {
+// call sends one call, signed as the sidecar signs it (sign nil) or by
+// sign, bounded by wait plus callBound. The request target is s.t.URL's
+// path (none for a socket) and path.
+func (s *suite) call(ctx context.Context, method, path, body string, sign signer, wait time.Duration) (answer, error) {
 	ctx, cancel := context.WithTimeout(ctx, wait+callBound)
 	defer cancel()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, s.t.URL+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, s.base+path, rd)
 	if err != nil {
 		return answer{}, err
 	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	switch authz {
-	case "":
-		protocol.SetToken(req.Header, s.t.Token)
-	case noAuth:
-	default:
-		req.Header.Set("Authorization", authz)
+	if sign == nil {
+		protocol.Sign(req, s.t.Token, []byte(body), time.Now())
+	} else {
+		sign(req, []byte(body))
 	}
 	start := time.Now()
 	resp, err := s.c.Do(req)
@@ -214,7 +222,7 @@ func (s *suite) call(ctx context.Context, method, path, body, authz string, wait
 // ok sends a call with the token, wants 200 and decodes the answer into
 // out.
 func (s *suite) ok(ctx context.Context, method, path, body string, wait time.Duration, out any) (answer, error) {
-	a, err := s.call(ctx, method, path, body, "", wait)
+	a, err := s.call(ctx, method, path, body, nil, wait)
 	if err != nil {
 		return a, err
 	}

@@ -10,12 +10,17 @@
 //     container with restartPolicy Always, started before the worker and
 //     stopped after it; with the legacy layout a plain container whose own
 //     preStop hook waits for the handover;
+//   - a volume handoff-run (emptyDir in memory) for the sockets of the
+//     control API (the sidecar's) and the app API (the worker's),
+//     protocol.ControlSocket and protocol.AppSocket, mounted at
+//     protocol.RunDir into the sidecar and the worker container alone;
 //   - handoff-bin mounted read-only at BinDir into the sidecar, which
 //     reads the token (HANDOFF_TOKEN_FILE);
 //   - on the worker container, handoff-bin mounted read-only at BinDir, a
-//     preStop exec hook running `handoff prestop --token-file ...`, and
-//     HANDOFF_TOKEN_FILE and HANDOFF_LEASE_DURATION for package worker (the
-//     token its calls need, the bound of a term);
+//     preStop exec hook running `handoff prestop --addr ... --token-file
+//     ...`, and HANDOFF_TOKEN_FILE, HANDOFF_APP_URL and
+//     HANDOFF_LEASE_DURATION for package worker (the key its calls are
+//     signed with, where to serve, the bound of a term);
 //   - the annotation handoff.dev/status: injected.
 package inject
 
@@ -25,7 +30,6 @@ import (
 	"maps"
 	"math"
 	"net"
-	"net/url"
 	"path"
 	"slices"
 	"strconv"
@@ -48,6 +52,9 @@ const (
 	SidecarName = "handoff"
 	InstallName = "handoff-install"
 	VolumeName  = "handoff-bin"
+	// RunVolumeName is the volume of the sockets, mounted at
+	// protocol.RunDir.
+	RunVolumeName = "handoff-run"
 	// BinDir is where the install step and the worker container mount the
 	// volume with the handoff binary: a top-level directory, since the
 	// handoff image's own /handoff is a file, not a directory.
@@ -225,6 +232,10 @@ func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec) (*plan, error
 				errs = append(errs, refuse(ReasonNameTaken, fmt.Errorf("spec.containers[%s].volumeMounts: %s is taken by volume %q; handoff mounts its binary there",
 					spec.Containers[p.worker].Name, BinDir, m.Name)))
 			}
+			if path.Clean(m.MountPath) == protocol.RunDir {
+				errs = append(errs, refuse(ReasonNameTaken, fmt.Errorf("spec.containers[%s].volumeMounts: %s is taken by volume %q; handoff mounts its sockets there",
+					spec.Containers[p.worker].Name, protocol.RunDir, m.Name)))
+			}
 		}
 	}
 	errs = append(errs, conflicts(spec)...)
@@ -239,14 +250,28 @@ func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec) (*plan, error
 }
 
 // checkPorts refuses ports the injected pod cannot use: the preStop hook
-// needs a fixed control port, and the sidecar's three ports share the pod's
-// network namespace.
+// needs a fixed control port, and the sidecar's ports share the pod's
+// network namespace. Only TCP addresses have ports: the control and app
+// APIs are on sockets unless a pod opts into TCP.
 func (p *plan) checkPorts() []error {
 	var errs []error
 	ports := map[int]string{}
-	for _, x := range []struct{ setting, addr string }{
-		{"control-addr", p.settings.ControlAddr}, {"metrics-addr", p.settings.MetricsAddr}, {"app-url", appAddr(p.settings.AppURL)},
-	} {
+	addrs := []struct{ setting, addr string }{{"metrics-addr", p.settings.MetricsAddr}}
+	if p.settings.ControlAddr == p.settings.AppURL {
+		errs = append(errs, fmt.Errorf("annotations %scontrol-addr and %sapp-url: both are %s; want distinct addresses", config.AnnotationPrefix, config.AnnotationPrefix, p.settings.AppURL))
+	}
+	for _, e := range []struct {
+		setting string
+		e       protocol.Endpoint
+	}{{"control-addr", p.settings.ControlAddr}, {"app-url", p.settings.AppURL}} {
+		if e.e.Network == "tcp" {
+			addrs = append(addrs, struct{ setting, addr string }{e.setting, e.e.Address})
+		} else if path.Dir(e.e.Address) != protocol.RunDir {
+			errs = append(errs, fmt.Errorf("annotation %s: socket %s is not in %s, the volume that the sidecar and the worker container both mount; want a path like %s/NAME.sock",
+				config.AnnotationPrefix+e.setting, e.e.Address, protocol.RunDir, protocol.RunDir))
+		}
+	}
+	for _, x := range addrs {
 		_, port, _ := net.SplitHostPort(x.addr) // checked by config
 		n, _ := config.Port(port)
 		key := config.AnnotationPrefix + x.setting
@@ -321,17 +346,6 @@ func serviceAccountToken(spec *corev1.PodSpec) error {
 		return nil
 	}
 	return refuse(ReasonNoServiceAccountToken, errors.New("spec.automountServiceAccountToken false: the handoff sidecar needs the pod's service account token to read its Pod, record Events and hold its Leases through the API, even with no handoff.dev/leases; remove the field or set it to true"))
-}
-
-// appAddr is the host:port of an http URL (checked by config), port 80 when
-// it has none.
-func appAddr(raw string) string {
-	u, _ := url.Parse(raw)
-	port := u.Port()
-	if port == "" {
-		port = "80"
-	}
-	return net.JoinHostPort(u.Hostname(), port)
 }
 
 // unknownKeys refuses annotations under the handoff.dev/ prefix that are
@@ -441,8 +455,8 @@ func conflicts(spec *corev1.PodSpec) []error {
 		}
 	}
 	for _, v := range spec.Volumes {
-		if v.Name == VolumeName {
-			errs = append(errs, refuse(ReasonNameTaken, fmt.Errorf("spec.volumes: the pod already has a volume named %q; rename it", VolumeName)))
+		if v.Name == VolumeName || v.Name == RunVolumeName {
+			errs = append(errs, refuse(ReasonNameTaken, fmt.Errorf("spec.volumes: the pod already has a volume named %q; rename it", v.Name)))
 		}
 	}
 	return errs
@@ -451,7 +465,7 @@ func conflicts(spec *corev1.PodSpec) []error {
 // preStop is the worker's hook command: handoff prestop, then the hook the
 // container had, when asked to wrap it.
 func (p *plan) preStop(w corev1.Container, wrap bool) ([]string, error) {
-	hook := []string{BinDir + "/handoff", "prestop", "--addr", p.settings.ControlAddr, "--timeout", fmt.Sprintf("%ds", p.grace), "--token-file", protocol.TokenFile}
+	hook := []string{BinDir + "/handoff", "prestop", "--addr", p.settings.ControlAddr.String(), "--timeout", fmt.Sprintf("%ds", p.grace), "--token-file", protocol.TokenFile}
 	if w.Lifecycle == nil || w.Lifecycle.PreStop == nil {
 		return hook, nil
 	}
@@ -476,7 +490,10 @@ func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
 	meta.Annotations[AnnotationStatus] = StatusInjected
 
 	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: VolumeName, VolumeSource: corev1.VolumeSource{
-		EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("64Mi"))}}})
+		EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("64Mi"))}}},
+		// Two sockets: nothing is written there but their inodes.
+		corev1.Volume{Name: RunVolumeName, VolumeSource: corev1.VolumeSource{
+			EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: ptr.To(resource.MustParse("1Mi"))}}})
 	install := corev1.Container{
 		Name: InstallName, Image: o.Image, ImagePullPolicy: o.ImagePullPolicy,
 		Command:         []string{SidecarBinary},
@@ -489,7 +506,7 @@ func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
 	spec.InitContainers = append(spec.InitContainers, install)
 	if p.layout == LayoutLegacy {
 		sidecar.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{
-			Command: []string{SidecarBinary, "prestop", "--addr", p.settings.ControlAddr, "--timeout", fmt.Sprintf("%ds", p.grace), "--token-file", protocol.TokenFile}}}}
+			Command: []string{SidecarBinary, "prestop", "--addr", p.settings.ControlAddr.String(), "--timeout", fmt.Sprintf("%ds", p.grace), "--token-file", protocol.TokenFile}}}}
 		spec.Containers = append(spec.Containers, sidecar)
 	} else {
 		sidecar.RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
@@ -498,11 +515,13 @@ func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
 	}
 
 	w := &spec.Containers[p.worker]
-	w.VolumeMounts = append(w.VolumeMounts, corev1.VolumeMount{Name: VolumeName, MountPath: BinDir, ReadOnly: true})
-	// For package worker: the token the sidecar's calls carry, and the
-	// lease duration that bounds any term it grants.
+	w.VolumeMounts = append(w.VolumeMounts, corev1.VolumeMount{Name: VolumeName, MountPath: BinDir, ReadOnly: true},
+		corev1.VolumeMount{Name: RunVolumeName, MountPath: protocol.RunDir})
+	// For package worker: the key of the sidecar's signed calls, where to
+	// serve them, and the lease duration that bounds any term it grants.
 	w.Env = append(w.Env,
 		corev1.EnvVar{Name: protocol.TokenFileEnv, Value: protocol.TokenFile},
+		corev1.EnvVar{Name: protocol.AppURLEnv, Value: p.settings.AppURL.String()},
 		corev1.EnvVar{Name: protocol.LeaseDurationEnv, Value: p.settings.LeaseDuration.String()})
 	if len(p.settings.Shards) > 0 {
 		// The shard set, so the app knows which shards to try to lead.
@@ -535,7 +554,7 @@ func (p *plan) sidecar(o Options) corev1.Container {
 		Command:         []string{SidecarBinary},
 		Args:            []string{"sidecar"},
 		Env:             append(env, p.env...),
-		VolumeMounts:    []corev1.VolumeMount{{Name: VolumeName, MountPath: BinDir, ReadOnly: true}},
+		VolumeMounts:    []corev1.VolumeMount{{Name: VolumeName, MountPath: BinDir, ReadOnly: true}, {Name: RunVolumeName, MountPath: protocol.RunDir}},
 		Resources:       o.Resources,
 		SecurityContext: securityContext(),
 	}

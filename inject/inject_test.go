@@ -122,8 +122,14 @@ func TestPodRefusesWithNamedCause(t *testing.T) {
 			[]string{"handoff.dev/lease:", "not a handoff annotation", "the handoff annotations are", "handoff.dev/leases"}},
 		{"control port 0", on("handoff.dev/control-addr", "127.0.0.1:0"), nil, nil,
 			[]string{"handoff.dev/control-addr: port 0", "fixed port"}},
-		{"ports shared", on("handoff.dev/metrics-addr", ":7452"), nil, nil,
+		{"ports shared", on("handoff.dev/metrics-addr", ":7452", "handoff.dev/app-url", "http://127.0.0.1:7452"), nil, nil,
 			[]string{"handoff.dev/metrics-addr and handoff.dev/app-url: both use port 7452", "distinct ports"}},
+		{"socket outside the run volume", on("handoff.dev/app-url", "unix:///tmp/app.sock"), nil, nil,
+			[]string{"handoff.dev/app-url: socket /tmp/app.sock is not in /handoff-run", "/handoff-run/NAME.sock"}},
+		{"one socket for both", on("handoff.dev/app-url", "unix:///handoff-run/control.sock"), nil, nil,
+			[]string{"handoff.dev/control-addr and handoff.dev/app-url: both are unix:///handoff-run/control.sock", "distinct addresses"}},
+		{"run mount path taken", on(), []corev1.Container{{Name: "worker", VolumeMounts: []corev1.VolumeMount{{Name: "tools", MountPath: "/handoff-run"}}}}, nil,
+			[]string{"spec.containers[worker].volumeMounts", "/handoff-run", `"tools"`, "sockets"}},
 		{"mount path taken", on(), []corev1.Container{{Name: "worker", VolumeMounts: []corev1.VolumeMount{{Name: "tools", MountPath: "/handoff-bin/"}}}}, nil,
 			[]string{"spec.containers[worker].volumeMounts", "/handoff-bin", `"tools"`}},
 		{"bad duration", on("handoff.dev/lease-duration", "fast"), nil, nil,
@@ -390,7 +396,7 @@ func TestPodRefusesWhatTheSidecarCannotRunIn(t *testing.T) {
 // Every refusal carries its code; several problems give several codes.
 func TestRefusalReasons(t *testing.T) {
 	meta, spec := pod(map[string]string{"handoff.dev/inject": "true", "handoff.dev/layout": "x", "handoff.dev/lease": "y",
-		"handoff.dev/metrics-addr": ":7452"}, corev1.Container{Name: "worker"}, corev1.Container{Name: "handoff"})
+		"handoff.dev/metrics-addr": ":7452", "handoff.dev/app-url": "http://127.0.0.1:7452"}, corev1.Container{Name: "worker"}, corev1.Container{Name: "handoff"})
 	spec.HostNetwork = true
 	spec.TerminationGracePeriodSeconds = ptr.To[int64](3)
 	_, err := inject.Pod(meta, spec, opts)

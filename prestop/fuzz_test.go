@@ -59,7 +59,7 @@ func FuzzCall(f *testing.F) {
 		}
 	}))
 	f.Cleanup(srv.Close)
-	addr := strings.TrimPrefix(srv.URL, "http://")
+	addr := protocol.Endpoint{Network: "tcp", Address: srv.Listener.Addr().String()}
 	f.Fuzz(func(t *testing.T, code uint16, b []byte) {
 		mu.Lock()
 		status, body = 200+int(code)%400, b

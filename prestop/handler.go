@@ -3,7 +3,6 @@ package prestop
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"time"
 
@@ -26,28 +25,22 @@ const TriggerPreStop = protocol.TriggerPreStop
 
 // Handler serves POST protocol.PreStopPath: it runs seq and answers 200 with
 // the JSON Report when the sequence is over, or 503 if the caller went away
-// first. A call without "Authorization: Bearer <token>" (token is the pod's
-// token) is answered 401 with {"error": "..."} and starts nothing.
-func Handler(seq Sequence, token string) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if protocol.RefuseWithoutToken(w, r, token) {
-			return
-		}
+// first. A call that v does not verify (unsigned, signed with another
+// token, altered, stale, replayed: protocol.Verifier) is answered 401 with
+// {"error": "..."} and starts nothing; a nil v verifies nothing (tests
+// only).
+func Handler(seq Sequence, v *protocol.Verifier) http.Handler {
+	return protocol.Signed(v, maxBody, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", http.MethodPost)
 			http.Error(w, "use POST", http.StatusMethodNotAllowed)
 			return
 		}
-		// The call has no body; what there is, up to maxBody, is read under
-		// the server's read deadline. Then the connection's deadlines are
-		// cleared: the answer waits for the whole sequence (bounded by its
-		// own deadline), and a read deadline passing meanwhile would end
-		// the server's wait for the hook to go away, and cancel the call.
-		if _, err := io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, maxBody)); err != nil {
-			w.Header().Set("Connection", "close")
-			http.Error(w, "body: "+err.Error()+"; POST "+protocol.PreStopPath+" takes no body", http.StatusRequestEntityTooLarge)
-			return
-		}
+		// The call's body (none) was read under the server's read
+		// deadline. Now the connection's deadlines are cleared: the answer
+		// waits for the whole sequence (bounded by its own deadline), and a
+		// read deadline passing meanwhile would end the server's wait for
+		// the hook to go away, and cancel the call.
 		rc := http.NewResponseController(w)
 		_ = rc.SetReadDeadline(time.Time{}) // unsupported only off net/http's server: no deadline to clear
 		_ = rc.SetWriteDeadline(time.Time{})
@@ -58,5 +51,5 @@ func Handler(seq Sequence, token string) http.Handler {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(rep)
-	})
+	}))
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -37,19 +39,50 @@ func (s *sequence) Shutdown(ctx context.Context, trigger protocol.Trigger) (*pro
 	return &protocol.Report{Trigger: trigger, Outcome: protocol.OutcomeDrained}, nil
 }
 
-// A call without the pod's token (none, another one, another scheme) is
-// answered 401 with a JSON error and starts no sequence; Call says so, and
-// with the token it runs.
-func TestHandlerRequiresTheToken(t *testing.T) {
+// serveSocket serves h on a Unix socket, as the sidecar serves its control
+// API, until the test ends, and returns its endpoint.
+func serveSocket(t *testing.T, h http.Handler) protocol.Endpoint {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "ps") // short: a socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	e := protocol.Endpoint{Network: "unix", Address: filepath.Join(dir, "control.sock")}
+	ln, err := e.Listen(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return e
+}
+
+// A call that is not signed with the pod's token (none, the token as a
+// bearer token, another token's signature) or that is sent again as it was
+// is answered 401 with a JSON error and starts no sequence; Call says so,
+// and signed with the token it runs.
+func TestHandlerRequiresASignedCall(t *testing.T) {
 	seq := &sequence{}
-	srv := httptest.NewServer(prestop.Handler(seq, testToken))
-	defer srv.Close()
-	for _, auth := range []string{"", "Bearer " + strings.Repeat("0", 64), "Basic " + testToken, "Bearer  " + testToken, testToken} {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+protocol.PreStopPath, nil)
-		if auth != "" {
-			req.Header.Set("Authorization", auth)
+	control := serveSocket(t, prestop.Handler(seq, protocol.NewVerifier(testToken, nil)))
+	client := &http.Client{Transport: control.Transport(0, 0)}
+	var replay http.Header
+	for _, tc := range []struct {
+		what string
+		sign func(*http.Request)
+	}{
+		{"no Authorization", func(*http.Request) {}},
+		{"the token as a bearer token", func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+testToken) }},
+		{"another token's signature", func(r *http.Request) { protocol.Sign(r, strings.Repeat("0", 64), nil, time.Now()) }},
+		{"a signed call sent again", func(r *http.Request) { r.Header = replay }},
+	} {
+		if replay == nil && tc.what == "a signed call sent again" {
+			t.Fatal("no call to replay")
 		}
-		resp, err := http.DefaultClient.Do(req)
+		req, _ := http.NewRequest(http.MethodPost, control.URL()+protocol.PreStopPath, nil)
+		tc.sign(req)
+		resp, err := client.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,21 +90,47 @@ func TestHandlerRequiresTheToken(t *testing.T) {
 		derr := json.NewDecoder(resp.Body).Decode(&e)
 		_ = resp.Body.Close()
 		if resp.StatusCode != http.StatusUnauthorized || derr != nil || !strings.Contains(e.Error, protocol.TokenFileEnv) {
-			t.Errorf("Authorization %q: %s, error %q (%v); want 401 with a JSON error naming %s", auth, resp.Status, e.Error, derr, protocol.TokenFileEnv)
+			t.Errorf("%s: %s, error %q (%v); want 401 with a JSON error naming %s", tc.what, resp.Status, e.Error, derr, protocol.TokenFileEnv)
+		}
+		if replay == nil {
+			// A genuine call, whose headers the last case sends again.
+			req, _ := http.NewRequest(http.MethodPost, control.URL()+protocol.PreStopPath, nil)
+			protocol.Sign(req, testToken, nil, time.Now())
+			resp, err := client.Do(req)
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("a signed call: %v, %v", resp, err)
+			}
+			_ = resp.Body.Close()
+			replay = req.Header.Clone()
 		}
 	}
-	addr := strings.TrimPrefix(srv.URL, "http://")
-	if _, err := prestop.Call(context.Background(), addr, strings.Repeat("1", 64), time.Second); !errors.Is(err, prestop.ErrUnauthorized) {
+	if _, err := prestop.Call(context.Background(), control, strings.Repeat("1", 64), time.Second); !errors.Is(err, prestop.ErrUnauthorized) {
 		t.Errorf("Call with another token: %v; want ErrUnauthorized", err)
 	}
-	if n := seq.runs.Load(); n != 0 {
-		t.Fatalf("%d sequences started without the token; want none", n)
+	if n := seq.runs.Load(); n != 1 {
+		t.Fatalf("%d sequences started; want 1, the genuine call's", n)
 	}
-	if rep, err := prestop.Call(context.Background(), addr, testToken, time.Second); err != nil || rep.Outcome != protocol.OutcomeDrained {
+	if rep, err := prestop.Call(context.Background(), control, testToken, time.Second); err != nil || rep.Outcome != protocol.OutcomeDrained {
 		t.Fatalf("Call with the token: %+v, %v", rep, err)
 	}
-	if n := seq.runs.Load(); n != 1 {
-		t.Errorf("%d sequences with the token; want 1", n)
+	if n := seq.runs.Load(); n != 2 {
+		t.Errorf("%d sequences; want 2", n)
+	}
+}
+
+// A status read is a signed call too: the sequence's state is not for a
+// process that cannot sign.
+func TestGetStatusIsSigned(t *testing.T) {
+	h := protocol.Signed(protocol.NewVerifier(testToken, nil), 1<<10, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_ = json.NewEncoder(w).Encode(protocol.Status{Identity: "p_u", Phase: protocol.PhaseRunning})
+	}))
+	control := serveSocket(t, h)
+	st, err := prestop.GetStatus(context.Background(), control, testToken)
+	if err != nil || st.Identity != "p_u" {
+		t.Fatalf("GetStatus = %+v, %v", st, err)
+	}
+	if _, err := prestop.GetStatus(context.Background(), control, strings.Repeat("1", 64)); !errors.Is(err, prestop.ErrUnauthorized) {
+		t.Errorf("GetStatus with another token: %v; want ErrUnauthorized", err)
 	}
 }
 
@@ -82,7 +141,7 @@ func TestHandlerRequiresTheToken(t *testing.T) {
 // the sequence goes on past them.
 func TestLongCallOutlivesTheServersTimeouts(t *testing.T) {
 	seq := &sequence{release: make(chan struct{})}
-	srv := httptest.NewUnstartedServer(prestop.Handler(seq, testToken))
+	srv := httptest.NewUnstartedServer(prestop.Handler(seq, protocol.NewVerifier(testToken, nil)))
 	srv.Config.ReadTimeout, srv.Config.WriteTimeout, srv.Config.ReadHeaderTimeout = 100*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond
 	srv.Start()
 	defer srv.Close()
@@ -93,7 +152,7 @@ func TestLongCallOutlivesTheServersTimeouts(t *testing.T) {
 		time.Sleep(500 * time.Millisecond) // five times the timeouts
 		close(seq.release)
 	}()
-	rep, err := prestop.Call(context.Background(), strings.TrimPrefix(srv.URL, "http://"), testToken, time.Second)
+	rep, err := prestop.Call(context.Background(), protocol.Endpoint{Network: "tcp", Address: srv.Listener.Addr().String()}, testToken, time.Second)
 	if err != nil || rep.Outcome != protocol.OutcomeDrained {
 		t.Fatalf("Call across the server's timeouts: %+v, %v; want the report", rep, err)
 	}

@@ -3,6 +3,7 @@ package prestop_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/handoff-dev/handoff/prestop"
+	"github.com/handoff-dev/handoff/protocol"
 )
 
 func TestDeadline(t *testing.T) {
@@ -45,14 +47,19 @@ func TestDeadline(t *testing.T) {
 
 func TestCallUnreachableSidecar(t *testing.T) {
 	start := time.Now()
-	_, err := prestop.Call(context.Background(), "127.0.0.1:1", testToken, 300*time.Millisecond)
-	if !errors.Is(err, prestop.ErrUnreachable) {
-		t.Fatalf("Call = %v, want ErrUnreachable", err)
+	for _, control := range []protocol.Endpoint{
+		{Network: "tcp", Address: "127.0.0.1:1"},
+		{Network: "unix", Address: filepath.Join(t.TempDir(), "control.sock")}, // not made yet
+	} {
+		_, err := prestop.Call(context.Background(), control, testToken, 300*time.Millisecond)
+		if !errors.Is(err, prestop.ErrUnreachable) {
+			t.Fatalf("Call = %v, want ErrUnreachable", err)
+		}
+		if !strings.Contains(err.Error(), control.String()) || !strings.Contains(err.Error(), "is the handoff sidecar running") {
+			t.Errorf("error %q does not name the address and the likely cause", err)
+		}
 	}
-	if !strings.Contains(err.Error(), "127.0.0.1:1") || !strings.Contains(err.Error(), "is the handoff sidecar running") {
-		t.Errorf("error %q does not name the address and the likely cause", err)
-	}
-	if time.Since(start) < 300*time.Millisecond {
+	if time.Since(start) < 600*time.Millisecond {
 		t.Errorf("gave up after %s, before the connect timeout", time.Since(start))
 	}
 }

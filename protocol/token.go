@@ -1,21 +1,18 @@
 package protocol
 
 import (
-	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"strings"
 	"time"
 )
 
 // The pod's token: a secret that only the pod's own handoff sidecar, preStop
-// hook and worker can read, sent on every call between them, so that
-// another process on the pod's loopback (another container of the pod, an
-// agent) can neither start the shutdown sequence nor tell the worker about
-// leadership. docs/protocol.md, "The pod's token".
+// hook and worker can read, the key that signs every call between them
+// (Sign, Verifier), so that nothing else, even a process that reads the
+// calls off the wire, can start the shutdown sequence or tell the worker
+// about leadership. It is never sent. docs/protocol.md, "The pod's token".
 const (
 	// TokenFileEnv names the environment variable that holds the path of
 	// the token file. The injector sets it in the sidecar and the worker
@@ -25,9 +22,6 @@ const (
 	// handoff-install init container into the handoff-bin emptyDir, mounted
 	// read-only into the sidecar and the worker container.
 	TokenFile = "/handoff-bin/token"
-	// TokenScheme is the Authorization scheme of the token: every call
-	// carries "Authorization: Bearer <token>".
-	TokenScheme = "Bearer"
 	// MinTokenLength is the shortest token a reader accepts, in bytes; the
 	// install step writes 64 hex digits (256 random bits).
 	MinTokenLength = 32
@@ -68,44 +62,6 @@ func CheckToken(tok string) error {
 	return nil
 }
 
-// SetToken sets the Authorization header of a call to the pod's token.
-func SetToken(h http.Header, token string) {
-	h.Set("Authorization", TokenScheme+" "+token)
-}
-
-// HasToken reports whether h carries "Authorization: Bearer <token>" (the
-// scheme in any case, as RFC 9110 has it; one space), in constant time in
-// the token's content (crypto/subtle), so that the answer time does not
-// tell how much of a guess was right. An empty token matches nothing.
-func HasToken(h http.Header, token string) bool {
-	v := h.Get("Authorization")
-	prefix := len(TokenScheme) + 1
-	if token == "" || len(v) < prefix || !strings.EqualFold(v[:len(TokenScheme)], TokenScheme) || v[len(TokenScheme)] != ' ' {
-		return false
-	}
-	return subtle.ConstantTimeCompare([]byte(v[prefix:]), []byte(token)) == 1
-}
-
-// RefuseWithoutToken answers a call that does not carry the pod's token
-// (HasToken) with 401, a WWW-Authenticate challenge and {"error": "..."}
-// saying what was wrong, and returns true; it leaves a call that carries
-// it alone and returns false. The sidecar's control API and package
-// worker's app API both guard every call with it.
-func RefuseWithoutToken(w http.ResponseWriter, r *http.Request, token string) bool {
-	if HasToken(r.Header, token) {
-		return false
-	}
-	msg := "the Authorization header does not carry the pod's token; want \"" + TokenScheme + " <token>\" with the content of the file named by " + TokenFileEnv
-	if r.Header.Get("Authorization") == "" {
-		msg = "no Authorization header; every call must carry \"" + TokenScheme + " <token>\" with the pod's token (the file named by " + TokenFileEnv + ")"
-	}
-	w.Header().Set("WWW-Authenticate", TokenScheme+` realm="handoff"`)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusUnauthorized)
-	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
-	return true
-}
-
 // Bounds of a Leadership message the app accepts: a message beyond them
 // cannot come from the sidecar, and the app answers it 422 without
 // applying it (package worker; docs/protocol.md).
@@ -130,5 +86,7 @@ const (
 	// more than the moment the message takes, unless the clock was set back
 	// by more than this while both ran: then the app refuses the grants
 	// (leadership runs out early, never late) until the clock catches up.
-	MaxSequenceAhead = 10 * time.Second
+	// Small, so that no message, even a genuine one sent early, raises the
+	// floor under which later messages are stale by more than this.
+	MaxSequenceAhead = time.Second
 )

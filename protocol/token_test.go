@@ -1,7 +1,6 @@
 package protocol_test
 
 import (
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,40 +10,6 @@ import (
 )
 
 const token = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
-
-func TestHasToken(t *testing.T) {
-	for _, tc := range []struct {
-		header string
-		want   bool
-	}{
-		{"Bearer " + token, true},
-		{"bearer " + token, true},
-		{"BEARER " + token, true},
-		{"", false},
-		{"Bearer", false},
-		{"Bearer ", false},
-		{"Bearer  " + token, false},
-		{"Bearer " + token + " ", false},
-		{"Bearer " + token[:63], false},
-		{"Bearer " + token + "0", false},
-		{"Basic " + token, false},
-		{"Bearer" + token, false},
-		{token, false},
-	} {
-		h := http.Header{}
-		if tc.header != "" {
-			h.Set("Authorization", tc.header)
-		}
-		if got := protocol.HasToken(h, token); got != tc.want {
-			t.Errorf("Authorization %q: HasToken = %t, want %t", tc.header, got, tc.want)
-		}
-	}
-	h := http.Header{}
-	protocol.SetToken(h, token)
-	if !protocol.HasToken(h, token) || protocol.HasToken(h, "") {
-		t.Errorf("SetToken's header %q: not taken for the token, or taken for an empty one", h.Get("Authorization"))
-	}
-}
 
 func TestReadTokenFile(t *testing.T) {
 	dir := t.TempDir()

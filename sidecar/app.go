@@ -15,23 +15,25 @@ import (
 	"github.com/handoff-dev/handoff/protocol"
 )
 
-// AppClient calls the app's side of the protocol on loopback. Every call is
-// bounded by its context.
+// AppClient calls the app's side of the protocol, on its socket or on
+// loopback. Every call is bounded by its context, and signed.
 type AppClient struct {
 	base  string
 	token string
 	http  *http.Client
+	now   func() time.Time
 }
 
-// NewAppClient returns a client for the app API at base, e.g.
-// "http://127.0.0.1:7452", that sends token, the pod's token, on every call
-// ("Authorization: Bearer <token>").
-func NewAppClient(base, token string) *AppClient {
-	return &AppClient{base: base, token: token, http: &http.Client{Transport: &http.Transport{
-		Proxy:               nil, // loopback: never through a proxy
-		MaxIdleConnsPerHost: 4,
-		IdleConnTimeout:     30 * time.Second,
-	}}}
+// NewAppClient returns a client for the app API at app (a socket, or a
+// loopback address: protocol.ParseEndpoint) that signs every call with
+// token, the pod's token (protocol.Sign), and follows no redirect: a call
+// goes to the app's address only. Idle connections are kept 30 s, under the
+// Go worker's 90 s, so the client closes them first.
+func NewAppClient(app protocol.Endpoint, token string) *AppClient {
+	return &AppClient{base: app.URL(), token: token, now: time.Now, http: &http.Client{
+		Transport:     app.Transport(4, 30*time.Second),
+		CheckRedirect: protocol.NoRedirects,
+	}}
 }
 
 // IsAppGone reports whether err means the app process has exited (or not
@@ -88,9 +90,10 @@ func (a *AppClient) Return(ctx context.Context, cancel bool, cancelWait time.Dur
 }
 
 // ErrUnauthorized is wrapped by the error of a call the app answered 401:
-// it refused the sidecar's token, so the sidecar and the worker do not read
-// the same token file (HANDOFF_TOKEN_FILE), or the app is not the pod's.
-var ErrUnauthorized = errors.New("the app refused the sidecar's token (401): the sidecar and the worker must read the same token file (" + protocol.TokenFileEnv + ")")
+// it refused the sidecar's signature, so the sidecar and the worker do not
+// read the same token file (HANDOFF_TOKEN_FILE), their clocks differ by
+// more than 30 s, or the app is not the pod's.
+var ErrUnauthorized = errors.New("the app refused the sidecar's signed call (401): the sidecar and the worker must read the same token file (" + protocol.TokenFileEnv + ")")
 
 // ErrStale is returned by SetLeadership when the app ignored the message
 // because it had applied one with a higher sequence.
@@ -131,7 +134,7 @@ func (a *AppClient) do(ctx context.Context, method, path string, in, out any) er
 		if in != nil {
 			req.Header.Set("Content-Type", "application/json")
 		}
-		protocol.SetToken(req.Header, a.token)
+		protocol.Sign(req, a.token, encoded, a.now()) // a new nonce for each send
 		return a.http.Do(req)
 	}
 	resp, err := send()

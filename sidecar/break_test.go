@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"strconv"
 	"strings"
@@ -418,44 +417,55 @@ func TestBreakStopClaimingNotRetried(t *testing.T) {
 	}
 }
 
-// A process on the pod's loopback without the pod's token (another
-// container of the pod, an agent): its POST /v1/prestop is answered 401
-// with a JSON error and starts nothing: the sidecar keeps running, the app
-// is never told to stop claiming, the Lease stays held. Its calls to the
-// app are answered 401 too, and the app's term and claiming are unchanged.
-// Every call the sidecar itself makes to the app carries the token. Then
-// the hook, with the token, hands over.
-func TestBreakNeighbourWithoutTheToken(t *testing.T) {
+// A process that reaches the control and app sockets but cannot sign with
+// the pod's token (no header, a bearer token, another token's signature):
+// its POST /v1/prestop is answered 401 with a JSON error and starts
+// nothing: the sidecar keeps running, the app is never told to stop
+// claiming, the Lease stays held. Its calls to the app are answered 401
+// too, and the app's term and claiming are unchanged. Every call the
+// sidecar itself makes to the app is signed. Then the hook, signing with
+// the token, hands over.
+func TestBreakNeighbourWithoutASignature(t *testing.T) {
 	env := kubetest.Get(t)
 	ns := env.Namespace(t)
 	p := startPod(t, env.Pod(t, ns, "pod-a", 30), nil, worker.Options{}, nil)
 	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", p.leads)
 	inner := *p.app.Load()
-	var untokened atomic.Int32
+	var unsigned atomic.Int32
 	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if !protocol.HasToken(req.Header, testToken) {
-			untokened.Add(1)
+		if !strings.HasPrefix(req.Header.Get("Authorization"), protocol.AuthScheme+" ") || req.Header.Get(protocol.NonceHeader) == "" {
+			unsigned.Add(1)
 		}
 		inner.ServeHTTP(w, req)
 	})
 	p.app.Store(&h)
-	control := httptest.NewServer(p.c.ControlHandler())
-	t.Cleanup(control.Close)
+	control, _ := serveSocket(t, "control.sock", p.c.ControlHandler())
 
 	lead, _ := p.agent.Leader(lease)
-	far := strconv.FormatInt(time.Now().Add(24*time.Hour).UnixNano(), 10)
-	for _, auth := range []string{"", "Bearer " + strings.Repeat("a", 64), "Bearer " + testToken[:63]} {
-		for _, c := range []struct{ url, method, body string }{
-			{control.URL + protocol.PreStopPath, http.MethodPost, ``},
-			{p.appURL + protocol.StopClaimingPath, http.MethodPost, `{}`},
-			{p.appURL + protocol.LeasePathPrefix + lease, http.MethodPut, `{"leader":false,"sequence":` + far + `}`},
-			{p.appURL + protocol.LeasePathPrefix + lease, http.MethodPut, `{"leader":true,"fencingToken":99,"validForMillis":2000,"sequence":` + far + `}`},
+	later := strconv.FormatInt(time.Now().Add(protocol.MaxSequenceAhead/2).UnixNano(), 10)
+	other := strings.Repeat("a", 64)
+	for _, sg := range []struct {
+		what string
+		sign func(r *http.Request, body string)
+	}{
+		{"no Authorization", func(*http.Request, string) {}},
+		{"the token as a bearer token", func(r *http.Request, _ string) { r.Header.Set("Authorization", "Bearer "+testToken) }},
+		{"another token's signature", func(r *http.Request, body string) { protocol.Sign(r, other, []byte(body), time.Now()) }},
+	} {
+		for _, c := range []struct {
+			to           protocol.Endpoint
+			method, path string
+			body         string
+		}{
+			{control, http.MethodPost, protocol.PreStopPath, ``},
+			{control, http.MethodGet, protocol.StatusPath, ``},
+			{p.appAddr, http.MethodPost, protocol.StopClaimingPath, `{}`},
+			{p.appAddr, http.MethodPut, protocol.LeasePathPrefix + lease, `{"leader":false,"sequence":` + later + `}`},
+			{p.appAddr, http.MethodPut, protocol.LeasePathPrefix + lease, `{"leader":true,"fencingToken":99,"validForMillis":2000,"sequence":` + later + `}`},
 		} {
-			req, _ := http.NewRequest(c.method, c.url, strings.NewReader(c.body))
-			if auth != "" {
-				req.Header.Set("Authorization", auth)
-			}
-			resp, err := http.DefaultClient.Do(req)
+			req, _ := http.NewRequest(c.method, c.to.URL()+c.path, strings.NewReader(c.body))
+			sg.sign(req, c.body)
+			resp, err := (&http.Client{Transport: c.to.Transport(0, 0)}).Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -463,7 +473,7 @@ func TestBreakNeighbourWithoutTheToken(t *testing.T) {
 			derr := json.NewDecoder(resp.Body).Decode(&e)
 			_ = resp.Body.Close()
 			if resp.StatusCode != http.StatusUnauthorized || derr != nil || e.Error == "" {
-				t.Errorf("Authorization %q, %s %s: %s (%v); want 401 with a JSON error", auth, c.method, c.url, resp.Status, derr)
+				t.Errorf("%s, %s %s %s: %s (%v); want 401 with a JSON error", sg.what, c.method, c.to, c.path, resp.Status, derr)
 			}
 		}
 	}
@@ -478,12 +488,12 @@ func TestBreakNeighbourWithoutTheToken(t *testing.T) {
 	if now, ok := p.agent.Leader(lease); !ok || now.FencingToken != lead.FencingToken {
 		t.Errorf("after the neighbour's calls: Leader = %+v, %v; want the sidecar's term, fencing token %d", now, ok, lead.FencingToken)
 	}
-	n := untokened.Load() // the neighbour's own calls to the app
-	rep, err := prestop.Call(context.Background(), strings.TrimPrefix(control.URL, "http://"), testToken, time.Second)
+	n := unsigned.Load() // the neighbour's own calls to the app
+	rep, err := prestop.Call(context.Background(), control, testToken, time.Second)
 	if err != nil || rep.Outcome != protocol.OutcomeDrained || len(rep.Errors) > 0 || len(rep.Leases) != 1 || !rep.Leases[0].Released {
-		t.Fatalf("the hook with the token: %+v, %v; want Drained, the Lease released", rep, err)
+		t.Fatalf("the hook, signing with the token: %+v, %v; want Drained, the Lease released", rep, err)
 	}
-	if got := untokened.Load() - n; got != 0 || n != 9 {
-		t.Errorf("%d of the sidecar's calls to the app had no token (the neighbour's: %d of 9); want none", got, n)
+	if got := unsigned.Load() - n; got != 0 || n != 6 {
+		t.Errorf("%d of the sidecar's calls to the app were not signed (the neighbour's unsigned: %d of 6); want none", got, n)
 	}
 }

@@ -64,8 +64,9 @@ type Options struct {
 	// elector's wall clock.
 	Clock clock.WithTicker
 	// Token is the pod's token (protocol.ReadTokenFile of the file named by
-	// the token-file setting): the control API's POST /v1/prestop requires
-	// it, and every call to the app carries it. Required.
+	// the token-file setting): every call to the control API must be
+	// signed with it, and every call to the app is (protocol.Sign).
+	// Required.
 	Token string
 	// LeaseBudget is the rate budget of the Leases client, for the
 	// handoff_lease_* budget metrics and, when it cannot hold every
@@ -78,7 +79,7 @@ type Options struct {
 type Coordinator struct {
 	s        *config.Settings
 	log      logr.Logger
-	token    string
+	verifier *protocol.Verifier // of calls to the control API
 	app      *AppClient
 	leaseAPI coordinationv1client.LeasesGetter
 	pods     *prestop.PodWatch // nil when the pod is unknown
@@ -180,7 +181,7 @@ func New(o Options) (*Coordinator, error) {
 	c := &Coordinator{
 		s:        s,
 		log:      o.Logger,
-		token:    o.Token,
+		verifier: protocol.NewVerifier(o.Token, nil),
 		app:      NewAppClient(s.AppURL, o.Token),
 		leaseAPI: o.Leases,
 		events:   o.Events,

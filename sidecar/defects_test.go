@@ -51,9 +51,8 @@ func TestShutdownBeforeStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	control := httptest.NewServer(c.ControlHandler())
-	t.Cleanup(control.Close)
-	rep, err := prestop.Call(context.Background(), strings.TrimPrefix(control.URL, "http://"), testToken, time.Second)
+	control, _ := serveSocket(t, "control.sock", c.ControlHandler())
+	rep, err := prestop.Call(context.Background(), control, testToken, time.Second)
 	if err != nil {
 		t.Fatalf("preStop before Start: %v", err)
 	}
@@ -301,13 +300,15 @@ func (p *pod) exitOn(t *testing.T, match func(*http.Request, []byte) bool) {
 			inner.ServeHTTP(w, r)
 			return
 		}
-		_ = p.server.Listener.Close()
+		_ = p.appLn.Close() // the socket is removed: later dials find none
 		conn, _, err := w.(http.Hijacker).Hijack()
 		if err != nil {
 			t.Error(err)
 			return
 		}
-		_ = conn.(*net.TCPConn).SetLinger(0) // RST, not FIN
+		if tcp, ok := conn.(*net.TCPConn); ok {
+			_ = tcp.SetLinger(0) // RST, not FIN
+		}
 		_ = conn.Close()
 	})
 	p.app.Store(&h)

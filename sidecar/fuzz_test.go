@@ -71,7 +71,7 @@ func FuzzAppClient(f *testing.F) {
 	app := &answer{}
 	srv := httptest.NewServer(app)
 	f.Cleanup(srv.Close)
-	client := sidecar.NewAppClient(srv.URL, testToken)
+	client := sidecar.NewAppClient(protocol.Endpoint{Network: "tcp", Address: srv.Listener.Addr().String()}, testToken)
 	f.Fuzz(func(t *testing.T, call uint8, status uint16, body []byte) {
 		app.mu.Lock()
 		app.status, app.body = 200+int(status)%400, body

@@ -12,19 +12,18 @@ import (
 )
 
 // ControlHandler serves the control API: POST /v1/prestop and GET
-// /v1/status. Serve it on loopback only. POST /v1/prestop requires the
-// pod's token (Options.Token; prestop.Handler answers 401 without it).
-// GET /v1/status does not: it changes nothing, and shows only what the Pod
-// and its Leases show any reader of the API (identity, holders, fencing
-// tokens, the last report), so that an operator can read it with curl from
-// any container of the pod.
+// /v1/status, on the control socket (or, by opt-in, loopback). Every call
+// must be signed with the pod's token (Options.Token; protocol.Signed
+// answers 401 otherwise), the status too: a process that cannot sign learns
+// nothing of the sequence from it, and reads Leases and Events through the
+// API like any other reader.
 func (c *Coordinator) ControlHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle(protocol.PreStopPath, prestop.Handler(c, c.token))
-	mux.HandleFunc("GET "+protocol.StatusPath, func(w http.ResponseWriter, _ *http.Request) {
+	mux.Handle(protocol.PreStopPath, prestop.Handler(c, c.verifier))
+	mux.Handle("GET "+protocol.StatusPath, protocol.Signed(c.verifier, 1<<10, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(c.Status())
-	})
+	})))
 	return mux
 }
 

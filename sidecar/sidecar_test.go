@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
-	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,8 +47,8 @@ type pod struct {
 	settings *config.Settings
 	calls    *appCalls
 	app      atomic.Pointer[http.Handler] // the worker process now serving the app API
-	appURL   string
-	server   *httptest.Server // serves the app API
+	appAddr  protocol.Endpoint            // the app API's socket
+	appLn    net.Listener                 // serves the app API
 	metrics  *sidecar.Metrics
 	recorder record.EventRecorder
 	leases   coordinationv1client.LeasesGetter // nil: the test's client
@@ -116,7 +118,7 @@ func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts work
 	p.agent = newAgent(t, opts)
 	h0 := p.agent.Handler()
 	p.app.Store(&h0)
-	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	p.appAddr, p.appLn = serveSocket(t, "app.sock", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := *p.app.Load()
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
@@ -136,14 +138,12 @@ func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts work
 		p.calls.mu.Unlock()
 		h.ServeHTTP(w, r)
 	}))
-	t.Cleanup(app.Close)
-	p.appURL, p.server = app.URL, app
 
 	v := map[string]string{
 		"pod-name": name, "pod-namespace": ns, "pod-uid": p.uid, "leases": lease,
 		"lease-duration": "3s", "renew-deadline": "2s", "retry-period": "250ms",
 		"grace-period": "30s", "deadline-margin": "1s", "handback-reserve": "1s",
-		"app-url": app.URL,
+		"app-url": p.appAddr.String(),
 	}
 	for k, val := range values {
 		v[k] = val
@@ -161,6 +161,27 @@ func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts work
 	}()
 	p.c, p.stop = p.startSidecar(t, p.metrics)
 	return p
+}
+
+// serveSocket serves h on a Unix socket named name, as the worker serves the
+// app API and the sidecar its control API in an injected pod, until the
+// test ends; it returns the socket's address and listener.
+func serveSocket(t *testing.T, name string, h http.Handler) (protocol.Endpoint, net.Listener) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sc") // short: a socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	e := protocol.Endpoint{Network: "unix", Address: filepath.Join(dir, name)}
+	ln, err := e.Listen(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return e, ln
 }
 
 // startSidecar makes and starts a Coordinator for the pod (one sidecar
@@ -388,9 +409,7 @@ func TestConcurrentTriggersJoinOneSequence(t *testing.T) {
 	ns := kubetest.Get(t).Namespace(t)
 	a := newPod(t, ns, "pod-a", nil, worker.Options{})
 	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", a.leads)
-	control := httptest.NewServer(a.c.ControlHandler())
-	t.Cleanup(control.Close)
-	addr := strings.TrimPrefix(control.URL, "http://")
+	control, _ := serveSocket(t, "control.sock", a.c.ControlHandler())
 
 	reports := make([]*protocol.Report, 9)
 	errs := make([]error, 9)
@@ -403,7 +422,7 @@ func TestConcurrentTriggersJoinOneSequence(t *testing.T) {
 				reports[i], errs[i] = a.c.Shutdown(context.Background(), sidecar.TriggerSignal)
 				return
 			}
-			reports[i], errs[i] = prestop.Call(context.Background(), addr, testToken, time.Second)
+			reports[i], errs[i] = prestop.Call(context.Background(), control, testToken, time.Second)
 		}()
 	}
 	wg.Wait()

@@ -132,7 +132,8 @@ type Options struct {
 	Clock clock.WithDelayedExecution
 
 	// Token is the pod's token (docs/protocol.md, "The pod's token"): every
-	// call to Handler must carry "Authorization: Bearer <Token>", or it is
+	// call to Handler must be signed with it (protocol.Sign: a signature,
+	// a timestamp within 30 s and a nonce not seen before), or it is
 	// answered 401 and not acted on. Empty: read from the file TokenFile.
 	Token string
 	// TokenFile is the file the token is read from, once, by New (it does
@@ -143,7 +144,8 @@ type Options struct {
 	// InsecureNoToken lets New return an Agent that answers calls without a
 	// token when none is configured (Token, TokenFile and
 	// HANDOFF_TOKEN_FILE all empty): any process that reaches its address
-	// can then stop its claiming and grant or revoke its leadership. For
+	// can then stop its claiming and grant or revoke its leadership, and a
+	// call may be replayed. For
 	// local development and tests without a sidecar only; a configured
 	// token is required even with this set.
 	InsecureNoToken bool
@@ -162,8 +164,8 @@ type Options struct {
 type Agent struct {
 	instance string // DrainStatus.Instance: this process's, random
 	opts     Options
-	token    string        // the pod's token; "" only with InsecureNoToken
-	maxTerm  time.Duration // the longest grant accepted
+	verifier *protocol.Verifier // of the pod's token; nil only with InsecureNoToken
+	maxTerm  time.Duration      // the longest grant accepted
 	log      logr.Logger
 	clock    clock.WithDelayedExecution
 
@@ -222,10 +224,16 @@ func New(opts Options) (*Agent, error) {
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:]) // crypto/rand.Read never fails
+	var verifier *protocol.Verifier
+	if token != "" {
+		// The node's wall clock, which the sidecar signs with, whatever
+		// Options.Clock times the terms with.
+		verifier = protocol.NewVerifier(token, time.Now)
+	}
 	return &Agent{
 		instance:   hex.EncodeToString(id[:]),
 		opts:       opts,
-		token:      token,
+		verifier:   verifier,
 		maxTerm:    maxTerm,
 		log:        opts.Logger,
 		clock:      clk,

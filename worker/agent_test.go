@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,12 +15,6 @@ import (
 	"github.com/handoff-dev/handoff/sidecar"
 	"github.com/handoff-dev/handoff/worker"
 )
-
-func serve(t *testing.T, a *worker.Agent) *sidecar.AppClient {
-	srv := httptest.NewServer(a.Handler())
-	t.Cleanup(srv.Close)
-	return sidecar.NewAppClient(srv.URL, testToken)
-}
 
 func TestStopClaimingOnlyShrinksClaims(t *testing.T) {
 	a := newAgent(t, worker.Options{})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/handoff-dev/handoff/protocol"
+	"github.com/handoff-dev/handoff/sidecar"
 	"github.com/handoff-dev/handoff/worker"
 )
 
@@ -160,7 +162,7 @@ func TestBreakAppAPIBadInput(t *testing.T) {
 		{http.MethodGet, protocol.StopClaimingPath, ``},
 	} {
 		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(tc.body))
-		protocol.SetToken(req.Header, testToken)
+		sign(req, tc.body)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		resp, err := http.DefaultClient.Do(req.WithContext(ctx))
 		cancel()
@@ -181,10 +183,11 @@ func TestBreakAppAPIBadInput(t *testing.T) {
 	}
 }
 
-// neighbour sends what another process on the pod's loopback could: a
-// request with the given Authorization header ("" for none). It returns
-// the status and the body.
-func neighbour(t *testing.T, url, method, path, auth, body string) (int, string) {
+// neighbour sends what another process could send the app on loopback TCP
+// (the transport a pod may opt into): a request with the given
+// Authorization header ("" for none) and no timestamp or nonce, or, with
+// sign, signed by sign. It returns the status and the body.
+func neighbour(t *testing.T, url, method, path, auth, body string, sign ...func(*http.Request)) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, url+path, strings.NewReader(body))
 	if err != nil {
@@ -192,6 +195,9 @@ func neighbour(t *testing.T, url, method, path, auth, body string) (int, string)
 	}
 	if auth != "" {
 		req.Header.Set("Authorization", auth)
+	}
+	for _, s := range sign {
+		s(req)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -204,13 +210,14 @@ func neighbour(t *testing.T, url, method, path, auth, body string) (int, string)
 	return resp.StatusCode, string(b)
 }
 
-// A process on the pod's loopback that does not have the pod's token (no
-// Authorization header, another token, another scheme, the token with
-// something after it) gets 401 with a JSON error on every call, and the
-// Agent acts on none: it keeps claiming, keeps the term it was granted
-// (a revoke, a grant with another fencing token and a far sequence), and
-// the sidecar's next revoke is applied, not answered stale.
-func TestBreakNeighbourWithoutTheTokenIsRefused(t *testing.T) {
+// A process that can reach the app but cannot sign with the pod's token
+// (no Authorization header, the token itself as a bearer token, another
+// token's signature, a signature with its timestamp or nonce changed) gets
+// 401 with a JSON error on every call, and the Agent acts on none: it keeps
+// claiming, keeps the term it was granted (a revoke, a grant with another
+// fencing token and a later sequence), and the sidecar's next revoke is
+// applied, not answered stale.
+func TestBreakNeighbourWithoutASignatureIsRefused(t *testing.T) {
 	a := newAgent(t, worker.Options{})
 	srv := httptest.NewServer(a.Handler())
 	defer srv.Close()
@@ -221,19 +228,42 @@ func TestBreakNeighbourWithoutTheTokenIsRefused(t *testing.T) {
 	if err := app.SetLeadership(context.Background(), grant); err != nil {
 		t.Fatal(err)
 	}
-	far := now.Add(24 * time.Hour).UnixNano()
-	for _, auth := range []string{"", "Bearer " + strings.Repeat("f", 64), "Basic " + testToken, "Bearer " + testToken + "x", "bearer" + testToken} {
+	later := now.Add(protocol.MaxSequenceAhead / 2).UnixNano()
+	other := strings.Repeat("f", 64)
+	signers := []struct {
+		what string
+		auth string
+		sign func(*http.Request, string)
+	}{
+		{what: "no Authorization"},
+		{what: "the token as a bearer token", auth: "Bearer " + testToken},
+		{what: "another scheme", auth: "Basic " + testToken},
+		{what: "another token's signature", sign: func(r *http.Request, body string) { protocol.Sign(r, other, []byte(body), time.Now()) }},
+		{what: "a changed timestamp", sign: func(r *http.Request, body string) {
+			sign(r, body)
+			r.Header.Set(protocol.TimestampHeader, strconv.FormatInt(time.Now().Add(time.Second).UnixMilli(), 10))
+		}},
+		{what: "a changed nonce", sign: func(r *http.Request, body string) {
+			sign(r, body)
+			r.Header.Set(protocol.NonceHeader, protocol.NewNonce())
+		}},
+	}
+	for _, sg := range signers {
 		for _, c := range []struct{ method, path, body string }{
 			{http.MethodPost, protocol.StopClaimingPath, `{}`},
-			{http.MethodPut, protocol.LeasePathPrefix + "work", `{"lease":"work","leader":false,"sequence":` + strconv.FormatInt(far, 10) + `}`},
-			{http.MethodPut, protocol.LeasePathPrefix + "work", `{"lease":"work","leader":true,"fencingToken":99,"validForMillis":5000,"sequence":` + strconv.FormatInt(far, 10) + `}`},
+			{http.MethodPut, protocol.LeasePathPrefix + "work", `{"lease":"work","leader":false,"sequence":` + strconv.FormatInt(later, 10) + `}`},
+			{http.MethodPut, protocol.LeasePathPrefix + "work", `{"lease":"work","leader":true,"fencingToken":99,"validForMillis":5000,"sequence":` + strconv.FormatInt(later, 10) + `}`},
 			{http.MethodPost, protocol.ReturnPath, `{"cancel":true}`},
 			{http.MethodGet, protocol.DrainPath + "?waitMillis=1000", ``},
 		} {
-			code, body := neighbour(t, srv.URL, c.method, c.path, auth, c.body)
+			var signs []func(*http.Request)
+			if sg.sign != nil {
+				signs = append(signs, func(r *http.Request) { sg.sign(r, c.body) })
+			}
+			code, body := neighbour(t, srv.URL, c.method, c.path, sg.auth, c.body, signs...)
 			var e struct{ Error string }
 			if code != http.StatusUnauthorized || json.Unmarshal([]byte(body), &e) != nil || !strings.Contains(e.Error, protocol.TokenFileEnv) {
-				t.Errorf("Authorization %q, %s %s: %d %s; want 401 with a JSON error naming %s", auth, c.method, c.path, code, body, protocol.TokenFileEnv)
+				t.Errorf("%s, %s %s: %d %s; want 401 with a JSON error naming %s", sg.what, c.method, c.path, code, body, protocol.TokenFileEnv)
 			}
 		}
 	}
@@ -250,6 +280,118 @@ func TestBreakNeighbourWithoutTheTokenIsRefused(t *testing.T) {
 	if _, ok := a.Leader("work"); ok {
 		t.Error("still leader after the sidecar's revoke")
 	}
+}
+
+// wiretap is a proxy between the sidecar and the app on loopback TCP that
+// keeps a copy of every call it passes: what a process with CAP_NET_RAW
+// reads off the pod's loopback when the pod opts into TCP.
+type wiretap struct {
+	mu    sync.Mutex
+	calls []tapped
+}
+
+type tapped struct {
+	method, target string
+	header         http.Header
+	body           []byte
+}
+
+func (w *wiretap) proxy(t *testing.T, app string) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.mu.Lock()
+		w.calls = append(w.calls, tapped{r.Method, r.RequestURI, r.Header.Clone(), body})
+		w.mu.Unlock()
+		req, _ := http.NewRequestWithContext(r.Context(), r.Method, app+r.RequestURI, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(rw, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer func() { _ = resp.Body.Close() }()
+		for k, v := range resp.Header {
+			rw.Header()[k] = v
+		}
+		rw.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(rw, resp.Body)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// The attack of issue 20, on the real Agent over loopback TCP: a neighbour
+// that reads the pod's loopback sends, every 100 ms for 2 s, a grant with
+// a sequence 900 ms ahead of the clock and fencing token 99 (a ratchet:
+// each one, applied, raised the floor under which the sidecar's revoke was
+// stale), unsigned, signed with a guessed token, and as a replay of the
+// sidecar's own signed grant it read off the wire with its sequence
+// raised. None is applied: the worker keeps the sidecar's term (fencing
+// token 3), and the sidecar's first revoke ends it; the revoke replayed
+// afterwards is refused too.
+func TestBreakRatchetAttackEndsAtTheFirstGenuineRevoke(t *testing.T) {
+	a := newAgent(t, worker.Options{LeaseDuration: 15 * time.Second})
+	appSrv := httptest.NewServer(a.Handler())
+	defer appSrv.Close()
+	var tap wiretap
+	wire := tap.proxy(t, appSrv.URL)
+	e, err := protocol.ParseEndpoint(wire.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sidecarClient := sidecar.NewAppClient(e, testToken)
+	now := time.Now()
+	if err := sidecarClient.SetLeadership(context.Background(), protocol.Leadership{Lease: "work", Leader: true, Sequence: now.UnixNano(),
+		FencingToken: 3, Until: now.Add(10 * time.Second), ValidForMillis: 10000}); err != nil {
+		t.Fatal(err)
+	}
+	tap.mu.Lock()
+	genuine := tap.calls[0]
+	tap.mu.Unlock()
+
+	refused := 0
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		seq := time.Now().Add(900 * time.Millisecond).UnixNano()
+		forged := fmt.Sprintf(`{"lease":"work","leader":true,"fencingToken":99,"validForMillis":10000,"sequence":%d}`, seq)
+		for _, send := range []func() (int, string){
+			func() (int, string) {
+				return neighbour(t, appSrv.URL, http.MethodPut, protocol.LeasePathPrefix+"work", "", forged)
+			},
+			func() (int, string) {
+				return neighbour(t, appSrv.URL, http.MethodPut, protocol.LeasePathPrefix+"work", "", forged, func(r *http.Request) {
+					protocol.Sign(r, strings.Repeat("a", 64), []byte(forged), time.Now())
+				})
+			},
+			func() (int, string) { // the genuine grant's headers, its sequence raised
+				return neighbour(t, appSrv.URL, genuine.method, genuine.target, "", forged, func(r *http.Request) { r.Header = genuine.header.Clone() })
+			},
+			func() (int, string) { // the genuine grant as it was
+				return neighbour(t, appSrv.URL, genuine.method, genuine.target, "", string(genuine.body), func(r *http.Request) { r.Header = genuine.header.Clone() })
+			},
+		} {
+			if code, body := send(); code != http.StatusUnauthorized {
+				t.Fatalf("a forged or replayed grant: %d %s; want 401", code, body)
+			}
+			refused++
+		}
+		if lead, ok := a.Leader("work"); !ok || lead.FencingToken != 3 {
+			t.Fatalf("during the attack: Leader = %+v, %v; want the sidecar's term, fencing token 3", lead, ok)
+		}
+	}
+	if err := sidecarClient.SetLeadership(context.Background(), protocol.Leadership{Lease: "work", Leader: false, Sequence: time.Now().UnixNano()}); err != nil {
+		t.Fatalf("the sidecar's first revoke after %d forged grants: %v; want it applied, not stale", refused, err)
+	}
+	if _, ok := a.Leader("work"); ok {
+		t.Fatal("still leading after the sidecar's first revoke")
+	}
+	tap.mu.Lock()
+	revoke := tap.calls[len(tap.calls)-1]
+	tap.mu.Unlock()
+	if code, body := neighbour(t, appSrv.URL, revoke.method, revoke.target, "", string(revoke.body), func(r *http.Request) { r.Header = revoke.header.Clone() }); code != http.StatusUnauthorized {
+		t.Errorf("the revoke replayed: %d %s; want 401", code, body)
+	}
+	t.Logf("%d forged and replayed grants refused; the first genuine revoke ended the term", refused)
 }
 
 // A leadership message the sidecar cannot have sent, even one with the
@@ -344,8 +486,9 @@ func TestNewNeedsATokenOrTheInsecureOptOut(t *testing.T) {
 }
 
 // ListenAndServe's server cuts off a client that sends its request a byte
-// at a time, with the token or without (the server closes the connection),
-// but not an authorized long poll that waits past its read and write
+// at a time, signed or not (the server closes the connection: the body is
+// read, under the read timeout, before the signature is checked), but not
+// a signed long poll that waits past its read and write
 // timeouts: the poll still answers when the claim it waits for is done.
 func TestBreakSlowClientCutOffLongPollNot(t *testing.T) {
 	a := newAgent(t, worker.Options{})
@@ -377,7 +520,7 @@ func TestBreakSlowClientCutOffLongPollNot(t *testing.T) {
 			}
 		}
 	}
-	for _, auth := range []string{"", "Authorization: Bearer " + testToken + "\r\n"} {
+	for _, auth := range []string{"", "Authorization: " + protocol.AuthScheme + " " + strings.Repeat("0", 64) + "\r\n"} {
 		conn := dial()
 		_, _ = io.WriteString(conn, "PUT "+protocol.LeasePathPrefix+"work HTTP/1.1\r\nHost: app\r\n"+auth+"Content-Length: 1000\r\n\r\n{")
 		stop := make(chan struct{})
@@ -412,7 +555,7 @@ func TestBreakSlowClientCutOffLongPollNot(t *testing.T) {
 	answered := make(chan string, 1)
 	go func() {
 		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+protocol.DrainPath+"?waitMillis=30000", nil)
-		protocol.SetToken(req.Header, testToken)
+		sign(req, "")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			answered <- err.Error()

@@ -55,8 +55,8 @@ func FuzzHandler(f *testing.F) {
 		h := a.Handler()
 		if lead {
 			w := httptest.NewRecorder()
-			r := httptest.NewRequest(http.MethodPut, protocol.LeasePathPrefix+"work", strings.NewReader(`{"lease":"work","leader":true,"fencingToken":7,"validForMillis":60000,"sequence":1}`))
-			protocol.SetToken(r.Header, testToken)
+			const grant = `{"lease":"work","leader":true,"fencingToken":7,"validForMillis":60000,"sequence":1}`
+			r := sign(httptest.NewRequest(http.MethodPut, protocol.LeasePathPrefix+"work", strings.NewReader(grant)), grant)
 			h.ServeHTTP(w, r)
 			if w.Code != http.StatusOK {
 				t.Fatalf("granting leadership: %d %s", w.Code, w.Body.Bytes())
@@ -68,7 +68,8 @@ func FuzzHandler(f *testing.F) {
 		if err != nil || r.URL.Path != path || r.URL.RawQuery != query {
 			return // not a request a client can send to this path
 		}
-		protocol.SetToken(r.Header, testToken)
+		sign(r, string(body))
+		r.RequestURI = r.URL.RequestURI() // as a server sees it: the handler is called directly
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
 

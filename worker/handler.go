@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +24,9 @@ const (
 	serverIdleTimeout  = 90 * time.Second
 )
 
+// maxHeaderBytes bounds a request's header: the sidecar's are under 1 KiB.
+const maxHeaderBytes = 16 << 10
+
 // maxDrainWait bounds one long poll of the drain status.
 const maxDrainWait = 30 * time.Second
 
@@ -33,41 +36,31 @@ const maxDrainWait = 30 * time.Second
 const MaxBodyBytes = 64 << 10
 
 // Handler serves the app side of the protocol under protocol.AppPrefix
-// ("/handoff/v1/"). Serve it on loopback only. Every call must carry
-// "Authorization: Bearer <the pod's token>" (Options.Token): one without it,
-// or with another token, is answered 401 with a JSON error and not acted on
-// (unless the Agent was made with InsecureNoToken and no token). An
-// authorized call's body is read at once (under the server's read
-// timeout, if it has one), then the connection's read and write deadlines
-// are cleared, so that a drain long poll or a revoke may wait longer than
-// the server's timeouts. A
+// ("/handoff/v1/"). Serve it on the socket the injector names
+// (ListenAndServe), or on loopback. Every call must be signed with the pod's
+// token (Options.Token; protocol.Sign): one unsigned, signed with another
+// token, altered, more than 30 s off this process's clock, or sent again,
+// is answered 401 with a JSON error and not acted on (unless the Agent was
+// made with InsecureNoToken and no token). A call's body (at most
+// MaxBodyBytes; a larger one is answered 413) is read at once, under the
+// server's read timeout if it has one, and checked with its signature; then
+// the connection's read and write deadlines are cleared, so that a drain
+// long poll or a revoke may wait longer than the server's timeouts. A
 // leadership message that cannot come from the sidecar (a sequence more
 // than protocol.MaxSequenceAhead ahead of the Agent's clock, a grant valid
 // for longer than the lease duration) is answered 422 and not applied.
 func (a *Agent) Handler() http.Handler {
 	mux := a.mux()
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a.token != "" && protocol.RefuseWithoutToken(w, r, a.token) {
-			return
-		}
-		// The body (at most one byte over the limit, so that the handler
-		// still answers 413) is read under the server's read deadline;
-		// then the connection's deadlines are cleared: a drain long poll
-		// or a revoke waits longer than a server's read timeout, and a read
-		// deadline passing meanwhile would cancel the call (net/http's wait
-		// for the client to go away fails with it).
-		body, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
-		if err != nil {
-			w.Header().Set("Connection", "close")
-			writeError(w, http.StatusBadRequest, fmt.Errorf("body: %w; want one JSON object of at most %d bytes, sent at once", err, MaxBodyBytes))
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+	return protocol.Signed(a.verifier, MaxBodyBytes, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The body was read whole under the server's read deadline (a drain
+		// long poll or a revoke waits longer than a server's read timeout,
+		// and a read deadline passing meanwhile would cancel the call:
+		// net/http's wait for the client to go away fails with it).
 		rc := http.NewResponseController(w)
 		_ = rc.SetReadDeadline(time.Time{}) // unsupported off net/http's server: no deadline to clear
 		_ = rc.SetWriteDeadline(time.Time{})
 		mux.ServeHTTP(w, r)
-	})
+	}))
 }
 
 func (a *Agent) mux() *http.ServeMux {
@@ -165,32 +158,46 @@ func (a *Agent) genuine(l protocol.Leadership, received time.Time) error {
 	return nil
 }
 
-// ListenAndServe serves Handler on addr until ctx ends. addr must be a
-// loopback host:port, like "127.0.0.1:7452". Its server cuts off a client
-// that takes more than 5 s to send its request or 10 s to read an answer,
-// except an authorized call once its body is read (Handler); it closes
-// idle connections after 90 s.
+// ListenAndServe serves Handler on addr until ctx ends. addr is
+// protocol.ParseEndpoint's form: the socket the injector names,
+// "unix:///handoff-run/app.sock", or a loopback address a pod opted into,
+// like "http://127.0.0.1:7452"; "" is the address in the environment
+// variable HANDOFF_APP_URL (protocol.AppURLEnv), which the injector sets in
+// the worker container. A socket is made as protocol.Endpoint.Listen makes
+// it (a stale one replaced, anything else refused) and removed when the
+// server stops. Its server cuts off a client that takes more than 5 s to
+// send its request or 10 s to read an answer, except a signed call once
+// its body is read (Handler); it closes idle connections after 90 s.
 func (a *Agent) ListenAndServe(ctx context.Context, addr string) error {
-	host, _, err := net.SplitHostPort(addr)
+	from := "address"
+	if addr == "" {
+		addr, from = os.Getenv(protocol.AppURLEnv), "environment variable "+protocol.AppURLEnv
+		if addr == "" {
+			return fmt.Errorf("handoff app address: none given and %s is not set (the handoff injector sets it to unix://%s)", protocol.AppURLEnv, protocol.AppSocket)
+		}
+	}
+	e, err := protocol.ParseEndpoint(addr)
 	if err != nil {
-		return fmt.Errorf("handoff app address %q: want host:port", addr)
+		return fmt.Errorf("handoff app %s: %w", from, err)
 	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return fmt.Errorf("handoff app address %q: want a loopback address, like 127.0.0.1:7452", addr)
+	ln, err := e.Listen(ctx)
+	if err != nil {
+		return fmt.Errorf("handoff app %s %s: %w", from, addr, err)
 	}
-	srv := &http.Server{Addr: addr, Handler: a.Handler(),
+	srv := &http.Server{Handler: a.Handler(),
 		// A client that sends its request (or reads the answer) slower is
-		// cut off; an authorized call, once its body is read, is exempt
+		// cut off; a signed call, once its body is read, is exempt
 		// (Handler). Idle connections outlive the sidecar's own (30 s), so
 		// the sidecar closes them first and never sends on a closing one.
-		ReadHeaderTimeout: serverReadTimeout, ReadTimeout: serverReadTimeout, WriteTimeout: serverWriteTimeout, IdleTimeout: serverIdleTimeout}
+		ReadHeaderTimeout: serverReadTimeout, ReadTimeout: serverReadTimeout, WriteTimeout: serverWriteTimeout, IdleTimeout: serverIdleTimeout,
+		MaxHeaderBytes: maxHeaderBytes}
 	stop := context.AfterFunc(ctx, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	})
 	defer stop()
-	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

@@ -22,7 +22,7 @@ func call(t *testing.T, srv *httptest.Server, method, path, body string) (int, s
 	if err != nil {
 		t.Fatal(err)
 	}
-	protocol.SetToken(req.Header, testToken)
+	sign(req, body)
 	resp, err := srv.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +124,7 @@ func TestHugeWaitMillisWaitsForTheDrain(t *testing.T) {
 		answered := make(chan string, 1)
 		go func() {
 			req, _ := http.NewRequest(http.MethodGet, app.URL+protocol.DrainPath+"?waitMillis="+v, nil)
-			protocol.SetToken(req.Header, testToken)
+			sign(req, "")
 			resp, err := app.Client().Do(req)
 			if err != nil {
 				answered <- err.Error()

@@ -1,8 +1,17 @@
 package worker_test
 
 import (
+	"context"
+	"errors"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/handoff-dev/handoff/protocol"
+	"github.com/handoff-dev/handoff/sidecar"
 	"github.com/handoff-dev/handoff/worker"
 )
 
@@ -18,4 +27,51 @@ func newAgent(t testing.TB, o worker.Options) *worker.Agent {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// sign signs req, whose body is body, as the sidecar signs its calls.
+func sign(req *http.Request, body string) *http.Request {
+	protocol.Sign(req, testToken, []byte(body), time.Now())
+	return req
+}
+
+// socket is a Unix socket path for one test, short enough to bind.
+func socket(t *testing.T) protocol.Endpoint {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "wk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return protocol.Endpoint{Network: "unix", Address: filepath.Join(dir, "app.sock")}
+}
+
+// serve runs a.ListenAndServe on a Unix socket, as an injected worker
+// serves (protocol.AppSocket), until the test ends, and returns a client
+// that calls it as the sidecar does: signed, on the socket.
+func serve(t *testing.T, a *worker.Agent) *sidecar.AppClient {
+	t.Helper()
+	e := socket(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- a.ListenAndServe(ctx, e.String()) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("ListenAndServe: %v", err)
+		}
+	})
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if _, err := os.Lstat(e.Address); err == nil {
+			break
+		} else if !errors.Is(err, fs.ErrNotExist) || time.Now().After(deadline) {
+			t.Fatalf("the app socket %s: %v", e.Address, err)
+		}
+		select {
+		case err := <-served:
+			t.Fatalf("ListenAndServe: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return sidecar.NewAppClient(e, testToken)
 }

@@ -538,7 +538,7 @@ func runHandoff(env *kubetest.Env, ns string, specs []spec) (result, error) {
 		cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
 		tok, _, err := benchenv.PodToken()
 		if err == nil {
-			_, err = prestop.Call(cctx, p.control, tok, 5*time.Second)
+			_, err = prestop.Call(cctx, tcp(p.control), tok, 5*time.Second)
 		}
 		ccancel()
 		if err != nil {
@@ -635,8 +635,7 @@ func (p *process) waitUp(leader bool) error {
 	timeout := 4 * *leaseDuration
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		var st protocol.Status
-		if err := getJSON("http://"+p.control+protocol.StatusPath, &st); err == nil && len(st.Leases) == len(p.spec.leases) {
+		if st, err := status(p.control); err == nil && len(st.Leases) == len(p.spec.leases) {
 			ok := 0
 			for _, l := range st.Leases {
 				if leader && l.Leader && p.trace.Leading(l.Lease) || !leader && !l.Leader && l.HolderIdentity != "" {
@@ -692,17 +691,20 @@ func freeAddr() (string, error) {
 	return "", errors.New("no free port below 32768")
 }
 
-func getJSON(url string, v any) error {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get(url)
+// tcp is the sidecar's control address, on loopback TCP (the opt-in
+// transport: the bench's processes share one network namespace).
+func tcp(addr string) protocol.Endpoint { return protocol.Endpoint{Network: "tcp", Address: addr} }
+
+// status asks the sidecar at the control address addr for its status, a
+// call signed with the pod's token, bounded by a second.
+func status(addr string) (*protocol.Status, error) {
+	tok, _, err := benchenv.PodToken()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return errors.New(resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return prestop.GetStatus(ctx, tcp(addr), tok)
 }
 
 // ---- client-go: plain LeaderElectors, one process per sidecar ----

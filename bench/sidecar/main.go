@@ -12,7 +12,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -188,8 +187,7 @@ func (b *bench) start(leases []string) (*sidecar, error) {
 func (s *sidecar) waitLeading(n int) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		var st protocol.Status
-		if err := getJSON("http://"+s.control+protocol.StatusPath, &st); err == nil {
+		if st, err := status(s.control); err == nil {
 			leading := 0
 			for _, l := range st.Leases {
 				if l.Leader {
@@ -267,7 +265,7 @@ func (b *bench) shutdown(i int) (*protocol.Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	return prestop.Call(ctx, s.control, tok, 5*time.Second)
+	return prestop.Call(ctx, tcp(s.control), tok, 5*time.Second)
 }
 
 // startApp serves the worker library's endpoints with nothing in flight,
@@ -302,17 +300,20 @@ func freeAddr() (string, error) {
 	return addr, l.Close()
 }
 
-func getJSON(url string, v any) error {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get(url)
+// tcp is the sidecar's control address, on loopback TCP (the opt-in
+// transport: the bench's processes share one network namespace).
+func tcp(addr string) protocol.Endpoint { return protocol.Endpoint{Network: "tcp", Address: addr} }
+
+// status asks the sidecar at the control address addr for its status, a
+// call signed with the pod's token, bounded by a second.
+func status(addr string) (*protocol.Status, error) {
+	tok, _, err := benchenv.PodToken()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return errors.New(resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return prestop.GetStatus(ctx, tcp(addr), tok)
 }
 
 // imageSize is the sum of the compressed layers of a docker-archive tarball.

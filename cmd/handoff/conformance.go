@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"os"
 	"time"
 
@@ -43,9 +42,9 @@ command run with a step appended:
 (lead and stopping print yes or no). docs/protocol.md, "Checking an app".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			u, err := url.Parse(appURL)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-				return fmt.Errorf("--app-url %q: want an http URL with no query or fragment, like http://127.0.0.1:7452", appURL)
+			_, err := protocol.ParseEndpoint(appURL)
+			if err != nil {
+				return fmt.Errorf("--app-url: %w", err)
 			}
 			if leaseDuration < 0 || leaseDuration > protocol.MaxLeaseDuration {
 				return fmt.Errorf("--lease-duration %s: want the app's lease duration, above 0 and at most %s, or 0 for $%s or else %s",
@@ -86,7 +85,7 @@ command run with a step appended:
 		},
 	}
 	d, _ := config.Lookup("app-url")
-	cmd.Flags().StringVar(&appURL, "app-url", d.Default, "base URL of the app's side of the handoff protocol")
+	cmd.Flags().StringVar(&appURL, "app-url", d.Default, "address of the app's side of the handoff protocol: "+d.Form)
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file with the pod's token the app checks (default $"+protocol.TokenFileEnv+")")
 	cmd.Flags().StringVar(&fixtureCmd, "fixture-cmd", "", "shell command that makes the app hold claims: run with restart, hold N, hold-cancelable N or finish appended")
 	cmd.Flags().StringVar(&leaderCmd, "leader-cmd", "", "shell command that makes the app begin leader work: run with lead, stopping or release and the Lease appended")

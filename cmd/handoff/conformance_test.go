@@ -3,11 +3,15 @@
 package main
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/worker"
@@ -39,14 +43,34 @@ func TestConformanceCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	good := httptest.NewServer(agent.Handler())
-	defer good.Close()
-	out, err := runConformance(t, "--app-url", good.URL, "--token-file", file)
+	// The Go worker as an injected pod runs it: on its app socket.
+	sock, err := os.MkdirTemp("", "cf") // short: a socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(sock) })
+	good := "unix://" + filepath.Join(sock, "app.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- agent.ListenAndServe(ctx, good) }()
+	defer func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("ListenAndServe: %v", err)
+		}
+	}()
+	for i := 0; ; i++ {
+		if _, err := os.Stat(filepath.Join(sock, "app.sock")); err == nil || i > 500 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	out, err := runConformance(t, "--app-url", good, "--token-file", file)
 	t.Logf("\n%s", out)
 	if err != nil {
 		t.Fatalf("conformance of the Go worker: %v", err)
 	}
-	for _, want := range []string{"pass  token/refused-without-the-pods-token", "skip  return/counts", "0 failed"} {
+	for _, want := range []string{"pass  auth/unsigned-refused", "pass  auth/replay-refused", "skip  return/counts", "0 failed"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q", want)
 		}
@@ -62,12 +86,12 @@ func TestConformanceCommand(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "does not conform") {
 		t.Fatalf("conformance of an app answering 200 to anything: %v, want an error", err)
 	}
-	if !strings.Contains(out, "fail  token/refused-without-the-pods-token") {
-		t.Errorf("output lacks the token case's failure")
+	if !strings.Contains(out, "fail  auth/unsigned-refused") {
+		t.Errorf("output lacks the unsigned case's failure")
 	}
 
 	// A fixture command that fails fails the cases that need it.
-	out, err = runConformance(t, "--app-url", good.URL, "--token-file", file, "--fixture-cmd", "echo cannot hold >&2; exit 2")
+	out, err = runConformance(t, "--app-url", good, "--token-file", file, "--fixture-cmd", "echo cannot hold >&2; exit 2")
 	if err == nil || !strings.Contains(out, "fail  return/counts") || !strings.Contains(out, "cannot hold") {
 		t.Fatalf("with a failing --fixture-cmd: %v\n%s", err, out)
 	}
@@ -79,8 +103,9 @@ func TestConformanceCommandRefusesBadFlags(t *testing.T) {
 		args []string
 		says string
 	}{
-		{[]string{"--app-url", "127.0.0.1:7452", "--token-file", file}, "--app-url"},
-		{[]string{"--app-url", "http://127.0.0.1:7452/?x=1", "--token-file", file}, "no query"},
+		{[]string{"--app-url", "http://10.0.0.1:7452", "--token-file", file}, "--app-url"},
+		{[]string{"--app-url", "unix://app.sock", "--token-file", file}, "not absolute"},
+		{[]string{"--app-url", "http://127.0.0.1:7452/?x=1", "--token-file", file}, "no user, path, query or fragment"},
 		{[]string{"--token-file", t.TempDir() + "/none"}, "token file"},
 		{[]string{"--token-file", file, "--lease-duration", "2h"}, "--lease-duration"},
 		{[]string{"--token-file", file, "--timeout", "0s"}, "--timeout"},

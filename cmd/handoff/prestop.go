@@ -19,7 +19,8 @@ import (
 var prestopCmd = command{
 	use:   "prestop [-- COMMAND [ARG...]]",
 	short: "The preStop hook: run the handover in the sidecar and wait until it is over",
-	long: `prestop asks the handoff sidecar on loopback to run the shutdown sequence
+	long: `prestop asks the pod's handoff sidecar, on its control socket (or a loopback
+address the pod opted into), to run the shutdown sequence
 (stop claiming, drain, hand back claims, release the Lease) and blocks until
 it is over, then prints what happened. It exits non-zero when the sidecar
 cannot be reached, so the kubelet records FailedPreStopHook.
@@ -37,19 +38,20 @@ hook).`,
 			tokenFile      string
 		)
 		d, _ := config.Lookup("control-addr")
-		fs.StringVar(&addr, "addr", d.Default, "address of the sidecar's control API")
+		fs.StringVar(&addr, "addr", d.Default, "address of the sidecar's control API: "+d.Form)
 		fs.DurationVar(&timeout, "timeout", 10*time.Minute, "give up waiting after this long (the kubelet also ends the hook at the grace period)")
 		fs.DurationVar(&connectTimeout, "connect-timeout", 5*time.Second, "keep retrying a refused connection for this long")
 		fs.DurationVar(&thenSleep, "then-sleep", 0, "sleep this long after the handover (a wrapped sleep hook)")
-		fs.StringVar(&tokenFile, "token-file", "", "file with the pod's token, sent to the sidecar (default $"+protocol.TokenFileEnv+")")
+		fs.StringVar(&tokenFile, "token-file", "", "file with the pod's token, which signs the call (default $"+protocol.TokenFileEnv+")")
 		return func(inv invocation) error {
 			args := inv.args
 			if n := inv.argsAtDash; n != 0 && len(args) > 0 {
 				return fmt.Errorf("unexpected argument %q: a command to run after the handover goes after --", args[0])
 			}
-			// The pod's token goes to addr: loopback only, as the sidecar listens.
-			if err := d.Check(addr, "flag --addr"); err != nil {
-				return err
+			// A socket, or loopback only, as the sidecar listens.
+			control, err := protocol.ParseEndpoint(addr)
+			if err != nil {
+				return fmt.Errorf("flag --addr: %w", err)
 			}
 			ctx, cancel := context.WithTimeout(inv.ctx, timeout)
 			defer cancel()
@@ -57,7 +59,7 @@ hook).`,
 			token, err := hookToken(tokenFile)
 			var rep *protocol.Report
 			if err == nil {
-				rep, err = prestop.Call(ctx, addr, token, connectTimeout)
+				rep, err = prestop.Call(ctx, control, token, connectTimeout)
 			}
 			switch {
 			case err != nil:

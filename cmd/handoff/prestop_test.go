@@ -23,14 +23,14 @@ func TestSidecarRefusesBadConfiguration(t *testing.T) {
 	}
 }
 
-// TestPrestopRefusesAddrBeyondLoopback: the hook sends the pod's token to
-// --addr, so it refuses any address the sidecar could not listen on, before
-// it reads the token or connects.
+// TestPrestopRefusesAddrBeyondLoopback: the hook calls only the pod's own
+// sidecar, so it refuses any address the sidecar could not listen on (not
+// a socket, not loopback), before it reads the token or connects.
 func TestPrestopRefusesAddrBeyondLoopback(t *testing.T) {
-	for _, addr := range []string{"10.0.0.1:7450", "localhost", "0.0.0.0:7450"} {
+	for _, addr := range []string{"10.0.0.1:7450", "localhost", "0.0.0.0:7450", "unix://control.sock"} {
 		var out bytes.Buffer
 		err := runCommand(prestopCmd, []string{"--addr", addr, "--connect-timeout", "100ms", "--token-file", tokenFile(t)}, &out, &out)
-		for _, want := range []string{"control-addr", "flag --addr", "a loopback host:port"} {
+		for _, want := range []string{"flag --addr", addr, "want unix:// and an absolute socket path"} {
 			if err == nil || !strings.Contains(err.Error(), want) {
 				t.Errorf("prestop --addr %s = %v, want an error saying %q", addr, err, want)
 			}

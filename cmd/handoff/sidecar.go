@@ -124,7 +124,7 @@ func runSidecar(s *config.Settings) error {
 		return err
 	}
 
-	control, err := listen(s.ControlAddr, c.ControlHandler(), log, controlTimeouts)
+	control, err := listenControl(s.ControlAddr, c.ControlHandler(), log, controlTimeouts)
 	if err != nil {
 		return fmt.Errorf("control-addr: %w", err)
 	}
@@ -136,7 +136,7 @@ func runSidecar(s *config.Settings) error {
 	defer stop()
 	c.Start(ctx)
 	log.Info("handoff sidecar started", "identity", s.Identity(), "leases", s.Leases,
-		"control", s.ControlAddr, "metrics", s.MetricsAddr, "app", s.AppURL, "version", version,
+		"control", s.ControlAddr.String(), "metrics", s.MetricsAddr, "app", s.AppURL.String(), "version", version,
 		"leaseClientQPS", budget.QPS, "leaseClientBurst", budget.Burst, "leaseCapacity", budget.Leases)
 
 	sig := make(chan os.Signal, 2)
@@ -241,11 +241,35 @@ func listen(addr string, h http.Handler, log logr.Logger, t serverTimeouts) (*ht
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Addr: ln.Addr().String(), Handler: h, ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read, WriteTimeout: t.write, IdleTimeout: t.idle}
+	return serve(ln, h, log, t), nil
+}
+
+// listenControl makes the control API's socket (protocol.Endpoint.Listen:
+// a stale one replaced, anything else at its path refused), or binds its
+// TCP address where the pod opted into one, before returning.
+func listenControl(e protocol.Endpoint, h http.Handler, log logr.Logger, t serverTimeouts) (*http.Server, error) {
+	if e.Network == "tcp" {
+		return listen(e.Address, h, log, t)
+	}
+	ln, err := e.Listen(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	return serve(ln, h, log, t), nil
+}
+
+// serve serves h on ln with the limits t until the server is shut down.
+func serve(ln net.Listener, h http.Handler, log logr.Logger, t serverTimeouts) *http.Server {
+	srv := &http.Server{Addr: ln.Addr().String(), Handler: h, ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read, WriteTimeout: t.write, IdleTimeout: t.idle,
+		MaxHeaderBytes: maxHeaderBytes}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error(err, "serving stopped", "addr", addr)
+			log.Error(err, "serving stopped", "addr", srv.Addr)
 		}
 	}()
-	return srv, nil
+	return srv
 }
+
+// maxHeaderBytes bounds a request's header on every listener: the hook's,
+// the kubelet's and a scraper's are under 1 KiB.
+const maxHeaderBytes = 16 << 10

@@ -3,11 +3,13 @@
 # always drained. conformance's TestPythonApp runs the suite on it, as an
 # app in another language than Go.
 #
-# python3 app.py PORT TOKEN_FILE   (PORT 0: any free port; prints "listening PORT")
-import hmac, json, os, socket, sys, threading, time
-from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
+# python3 app.py SOCKET TOKEN_FILE   (serves on the Unix socket SOCKET; prints "listening SOCKET")
+import hashlib, hmac, json, os, re, socket, socketserver, sys, threading, time
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit, parse_qs
-TOKEN = open(sys.argv[2]).read().strip()
+TOKEN = open(sys.argv[2]).read().strip().encode()
+SKEW_MS = 30000
+NONCES = {}  # nonce -> the Unix ms until which its timestamp is accepted
 LEASE_NS = 3600 * 10**9
 state = {"stopping": False, "seq": {}, "lock": threading.Lock()}
 INSTANCE = os.urandom(8).hex()
@@ -27,20 +29,19 @@ def parse_time(s):
 
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    def setup(self):
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def address_string(self): return "unix"
     def log_message(self, *a): pass
     def send(self, code, obj, extra=None):
         body = (json.dumps(obj) + "\n").encode()
         head = "HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (code, len(body))
         for k, v in (extra or {}).items(): head += "%s: %s\r\n" % (k, v)
         self.wfile.write(head.encode() + b"\r\n" + body)
-    def body(self):
+    def read_body(self):
         n = int(self.headers.get("Content-Length") or 0)
-        if n > 65536:
-            self.rfile.read(n); return 413, "body: larger than 65536 bytes"
-        raw = self.rfile.read(n).decode()
+        self.raw = self.rfile.read(n)
+    def body(self):
+        if len(self.raw) > 65536: return 413, "body: larger than 65536 bytes"
+        raw = self.raw.decode()
         if not raw.strip(): return 400, "body: empty"
         try:
             v, end = json.JSONDecoder().raw_decode(raw.lstrip())
@@ -50,19 +51,35 @@ class H(BaseHTTPRequestHandler):
         if not isinstance(v, dict): return 400, "body: not a JSON object"
         return 200, v
     def authorized(self):
-        v = self.headers.get("Authorization", "")
-        ok = len(v) > 7 and v[:6].lower() == "bearer" and v[6] == " " and hmac.compare_digest(v[7:].encode(), TOKEN.encode())
-        if not ok:
-            n = int(self.headers.get("Content-Length") or 0); self.rfile.read(n)
-            self.send(401, {"error": "no pod token"}, {"WWW-Authenticate": 'Bearer realm="handoff"'})
-        return ok
+        # docs/protocol.md, "Signed calls"
+        scheme, _, sig = self.headers.get("Authorization", "").partition(" ")
+        ts, nonce = self.headers.get("Handoff-Timestamp", ""), self.headers.get("Handoff-Nonce", "")
+        why = None
+        if scheme.upper() != "HANDOFF-HMAC-SHA256" or len(sig) != 64 or not re.fullmatch(r"[0-9]{1,15}", ts) or not re.fullmatch(r"[A-Za-z0-9_-]{16,64}", nonce):
+            why = "not a signed call"
+        else:
+            msg = "\n".join(["HANDOFF-HMAC-SHA256", self.command, self.path, ts, nonce, hashlib.sha256(self.raw).hexdigest()])
+            want = hmac.new(TOKEN, msg.encode(), hashlib.sha256).hexdigest()
+            now = int(time.time() * 1000)
+            with state["lock"]:
+                if not hmac.compare_digest(sig.lower().encode(), want.encode()): why = "bad signature"
+                elif abs(now - int(ts)) > SKEW_MS: why = "timestamp out of range"
+                elif nonce in NONCES: why = "replayed call"
+                else:
+                    for n in [n for n, until in NONCES.items() if until < now]: del NONCES[n]
+                    NONCES[nonce] = int(ts) + SKEW_MS
+        if why:
+            self.send(401, {"error": why}, {"WWW-Authenticate": 'HANDOFF-HMAC-SHA256 realm="handoff"'})
+        return why is None
     def status(self):
         return {"stopping": state["stopping"], "inFlight": 0, "receiving": 0, "drained": True, "instance": INSTANCE}
     def route(self, method):
+        self.read_body()
+        if len(self.raw) > 65536: return self.send(413, {"error": "body: larger than 65536 bytes"})
         if not self.authorized(): return
         u = urlsplit(self.path); p = u.path
         if p == "/handoff/v1/stop-claiming" and method == "POST":
-            self.body(); state["stopping"] = True; return self.send(200, self.status())
+            state["stopping"] = True; return self.send(200, self.status())
         if p == "/handoff/v1/drain" and method == "GET":
             q = parse_qs(u.query, keep_blank_values=True).get("waitMillis", [])
             if len(q) > 1: return self.send(400, {"error": "waitMillis given twice"})
@@ -87,7 +104,7 @@ class H(BaseHTTPRequestHandler):
                 return self.send(400, {"error": "body: %s" % e})
             if b.get("lease") and b["lease"] != lease: return self.send(400, {"error": "body: lease differs from the path"})
             now = time.time_ns()
-            if seq - now > 10 * 10**9: return self.send(422, {"error": "sequence too far ahead"})
+            if seq - now > 1 * 10**9: return self.send(422, {"error": "sequence too far ahead"})
             if leader and (vf * 10**6 > LEASE_NS or (until is not None and until - now > LEASE_NS)):
                 return self.send(422, {"error": "grant longer than the lease duration"})
             with state["lock"]:
@@ -95,12 +112,15 @@ class H(BaseHTTPRequestHandler):
                 if last is not None and seq <= last: return self.send(200, {"leader": leader, "stale": True})
                 state["seq"][lease] = seq
             return self.send(200, {"leader": leader})
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))  # keep-alive: the next request follows the body
         self.send(405 if p.startswith("/handoff/v1/") else 404, {"error": "no such call"})
     def do_GET(self): self.route("GET")
     def do_POST(self): self.route("POST")
     def do_PUT(self): self.route("PUT")
     def do_DELETE(self): self.route("DELETE")
-srv = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
-print("listening", srv.server_address[1], flush=True)
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+if os.path.exists(sys.argv[1]): os.unlink(sys.argv[1])
+srv = Server(sys.argv[1], H)
+os.chmod(sys.argv[1], 0o666)
+print("listening", sys.argv[1], flush=True)
 srv.serve_forever()

@@ -155,7 +155,7 @@ type holderChange struct {
 // pod is one worker pod run as two local processes.
 type pod struct {
 	name, uid       string
-	control, app    string // loopback addresses
+	control, app    string // the sockets of the control and app APIs, as in an injected pod
 	token           string // the pod's token file
 	sidecar, worker *exec.Cmd
 	exited          map[*exec.Cmd]chan struct{}
@@ -175,8 +175,14 @@ func (d *demo) startPod(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	// The pod's handoff-run volume: the sockets of the control and app
+	// APIs, which the sidecar and the worker make.
+	run := filepath.Join(d.o.dir, name+"-run")
+	if err := os.MkdirAll(run, 0o700); err != nil {
+		return err
+	}
 	p := &pod{name: name, uid: string(obj.UID), exited: map[*exec.Cmd]chan struct{}{},
-		control: fmt.Sprintf("127.0.0.1:%d", base), app: fmt.Sprintf("127.0.0.1:%d", base+2)}
+		control: "unix://" + filepath.Join(run, "control.sock"), app: "unix://" + filepath.Join(run, "app.sock")}
 	// The pod's token, written as the install step writes it, given to the
 	// sidecar, the worker and the hook in HANDOFF_TOKEN_FILE.
 	p.token = filepath.Join(d.o.dir, name+"-token")
@@ -190,7 +196,7 @@ func (d *demo) startPod(ctx context.Context, name string) error {
 		// over right after stop-claiming, not after the drain.
 		"HANDOFF_LEASES="+leaseName, "HANDOFF_ROLE_LEASES="+leaseName, "HANDOFF_KUBECONFIG="+d.kube.Kubeconfig,
 		"HANDOFF_CONTROL_ADDR="+p.control, fmt.Sprintf("HANDOFF_METRICS_ADDR=127.0.0.1:%d", base+1),
-		"HANDOFF_APP_URL=http://"+p.app, "HANDOFF_GRACE_PERIOD="+d.o.grace.String())
+		"HANDOFF_APP_URL="+p.app, "HANDOFF_GRACE_PERIOD="+d.o.grace.String())
 	p.worker = exec.Command(d.o.worker, "--database-url", d.dbURL, "--worker-id", name,
 		"--handoff-addr", p.app, "--lease", leaseName, "--visibility-timeout", visibility.String())
 	p.worker.Env = append(os.Environ(), "HANDOFF_TOKEN_FILE="+p.token, "HANDOFF_LEASE_DURATION=15s") // the sidecar's default

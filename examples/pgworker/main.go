@@ -96,7 +96,7 @@ func parseFlags(args []string) (options, error) {
 	fs := flag.NewFlagSet("pgworker", flag.ContinueOnError)
 	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL URL, like postgres://user@host:5432/db (default $DATABASE_URL)")
 	fs.StringVar(&o.workerID, "worker-id", "", "name of this worker in claims and logs (default $HANDOFF_POD_NAME, else the host name)")
-	fs.StringVar(&o.handoffAddr, "handoff-addr", "127.0.0.1:7452", "loopback host:port to serve the handoff app API on, for the sidecar")
+	fs.StringVar(&o.handoffAddr, "handoff-addr", "", "where to serve the handoff app API, for the sidecar: unix:///handoff-run/app.sock, or a loopback address like http://127.0.0.1:7452 (default $"+protocol.AppURLEnv+", which the injector sets)")
 	fs.StringVar(&o.handoffTokenFile, "handoff-token-file", "", "file with the pod's token, which the sidecar's calls must carry (default $HANDOFF_TOKEN_FILE, set by the injector)")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "number of messages worked on at once")
 	fs.IntVar(&o.batch, "batch", 4, "messages each claim loop claims in one statement and works on in turn; those not started are handed back at stop-claiming")
@@ -265,16 +265,19 @@ func run(ctx context.Context, log logr.Logger, opts options) error {
 	a.visible = queue.Listen(lctx, pool.Config().ConnConfig, time.Second, log.WithName("listen"))
 
 	// Listen before the first claim: from then on the sidecar must be able
-	// to stop claiming and hand work back.
-	ln, err := listenLoopback(ctx, opts.handoffAddr)
-	if err != nil {
-		pool.Close()
-		return err
-	}
-	srv := &http.Server{Handler: a.agent.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	defer func() { _ = srv.Close() }()
+	// to stop claiming and hand work back. The baseline, with no sidecar,
+	// serves only where it is told to.
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	if !opts.withoutHandoff || opts.handoffAddr != "" {
+		ln, err := listenApp(ctx, opts.handoffAddr)
+		if err != nil {
+			pool.Close()
+			return err
+		}
+		srv := &http.Server{Handler: a.agent.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		defer func() { _ = srv.Close() }()
+		go func() { served <- srv.Serve(ln) }()
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -342,21 +345,23 @@ func newApp(opts options, log logr.Logger, pool *pgxpool.Pool) (*app, error) {
 	return a, nil
 }
 
-// listenLoopback listens on addr, which must be a loopback host:port like
-// 127.0.0.1:7452: the app API is for the pod's own sidecar (which also
-// proves itself with the pod's token).
-func listenLoopback(ctx context.Context, addr string) (net.Listener, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, fmt.Errorf("--handoff-addr %q: want host:port", addr)
+// listenApp listens where the sidecar calls the app API: addr, else
+// $HANDOFF_APP_URL (the injector sets it to the app socket in the
+// handoff-run volume); a socket, or a loopback address (the calls are also
+// signed with the pod's token).
+func listenApp(ctx context.Context, addr string) (net.Listener, error) {
+	if addr == "" {
+		if addr = os.Getenv(protocol.AppURLEnv); addr == "" {
+			return nil, fmt.Errorf("--handoff-addr: not given and %s is not set; want unix://%s or a loopback address like http://127.0.0.1:7452", protocol.AppURLEnv, protocol.AppSocket)
+		}
 	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return nil, fmt.Errorf("--handoff-addr %q: want a loopback address, like 127.0.0.1:7452", addr)
-	}
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", addr)
+	e, err := protocol.ParseEndpoint(addr)
 	if err != nil {
 		return nil, fmt.Errorf("--handoff-addr: %w", err)
+	}
+	ln, err := e.Listen(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("--handoff-addr %s: %w", addr, err)
 	}
 	return ln, nil
 }

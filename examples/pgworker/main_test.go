@@ -17,6 +17,7 @@ import (
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/internal/pgtest"
+	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
 )
 
@@ -69,7 +70,7 @@ func startTestWorker(t *testing.T, pool *pgxpool.Pool, opts options, listen bool
 	}
 	w := &testWorker{app: a, ended: make(chan struct{})}
 	srv := httptest.NewServer(w.agent.Handler())
-	w.sidecar = sidecar.NewAppClient(srv.URL, testToken)
+	w.sidecar = sidecar.NewAppClient(protocol.Endpoint{Network: "tcp", Address: srv.Listener.Addr().String()}, testToken)
 	var loops sync.WaitGroup
 	w.startLoops(ctx, &loops)
 	go func() { loops.Wait(); close(w.ended) }()

@@ -34,6 +34,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 	"go.uber.org/zap"
 
+	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/worker"
 	handoffriver "github.com/handoff-dev/handoff/worker/river"
 )
@@ -90,7 +91,7 @@ func parseFlags(args []string) (options, error) {
 	fs := flag.NewFlagSet("riverworker", flag.ContinueOnError)
 	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL URL, like postgres://user@host:5432/db (default $DATABASE_URL)")
 	fs.StringVar(&o.workerID, "worker-id", "", "River client ID and name in riverworker_applied (default $HANDOFF_POD_NAME, else the host name)")
-	fs.StringVar(&o.handoffAddr, "handoff-addr", "127.0.0.1:7452", "loopback host:port to serve the handoff app API on, for the sidecar")
+	fs.StringVar(&o.handoffAddr, "handoff-addr", "", "where to serve the handoff app API, for the sidecar: unix:///handoff-run/app.sock, or a loopback address like http://127.0.0.1:7452 (default $"+protocol.AppURLEnv+", which the injector sets)")
 	fs.StringVar(&o.handoffTokenFile, "handoff-token-file", "", "file with the pod's token (default $HANDOFF_TOKEN_FILE, set by the injector)")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "jobs worked at once (River's MaxWorkers of the default queue)")
 	fs.BoolVar(&o.migrate, "migrate", true, "run River's migrations and create riverworker_applied at start")

@@ -29,7 +29,7 @@
 //
 //	w, err := jetstream.New(worker.Options{Logger: log}, nc, consumer, jetstream.Config{Batch: 4})
 //	...
-//	go func() { _ = w.Agent().ListenAndServe(ctx, "127.0.0.1:7452") }() // or mount w.Agent().Handler()
+//	go func() { _ = w.Agent().ListenAndServe(ctx, "") }() // $HANDOFF_APP_URL; or mount w.Agent().Handler()
 //	err = w.Run(ctx, func(ctx context.Context, msg js.Msg) error {
 //		return apply(ctx, msg.Data()) // nil: acked; an error: Nak'd
 //	})
