@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -122,9 +120,9 @@ func idleConnectionMemory(b *testing.B) (rss, stack, heap float64) {
 	// and go: a margin of 16).
 	want := before.goroutines + idleConns - 16
 	deadline := time.Now().Add(30 * time.Second)
-	for serverMetric(b, addr, "go_goroutines") < want {
+	for metric(b, addr, "go_goroutines") < want {
 		if time.Now().After(deadline) {
-			b.Fatalf("the server has %v goroutines after 30s; want %v", serverMetric(b, addr, "go_goroutines"), want)
+			b.Fatalf("the server has %v goroutines after 30s; want %v", metric(b, addr, "go_goroutines"), want)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -140,28 +138,6 @@ func serverMemory(b *testing.B, pid int, addr string) memory {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return memory{rss: m["VmRSS"] * (1 << 20), stack: serverMetric(b, addr, "go_memstats_stack_inuse_bytes"),
-		heap: serverMetric(b, addr, "go_memstats_heap_inuse_bytes"), goroutines: serverMetric(b, addr, "go_goroutines")}
-}
-
-// serverMetric reads one unlabelled metric from the server's /metrics.
-func serverMetric(b *testing.B, addr, name string) float64 {
-	b.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	s := bufio.NewScanner(resp.Body)
-	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return f
-		}
-	}
-	b.Fatalf("no %s in /metrics", name)
-	return 0
+	return memory{rss: m["VmRSS"] * (1 << 20), stack: metric(b, addr, "go_memstats_stack_inuse_bytes"),
+		heap: metric(b, addr, "go_memstats_heap_inuse_bytes"), goroutines: metric(b, addr, "go_goroutines")}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -21,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/internal/memlimit"
 	"github.com/handoff-dev/handoff/internal/procstat"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
@@ -85,7 +88,7 @@ func TestHandoverUnderConnectionFlood(t *testing.T) {
 		"HANDOFF_APP_URL=http://"+appLn.Addr().String(),
 		"HANDOFF_LEASE_DURATION=3s", "HANDOFF_RENEW_DEADLINE=2s", "HANDOFF_RETRY_PERIOD=250ms",
 		// As the injector gives it (downward API, limits.memory, in bytes).
-		"HANDOFF_MEMORY_LIMIT="+strconv.Itoa(injectedMemoryLimit))
+		memlimit.EnvVar+"="+strconv.Itoa(injectedMemoryLimit))
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -100,6 +103,10 @@ func TestHandoverUnderConnectionFlood(t *testing.T) {
 		return err == nil && ptr.Deref(l.Spec.HolderIdentity, "") == identity && probe(metrics) == nil
 	})
 	kubetest.WaitFor(t, 10*time.Second, "the worker to be told it leads", func() bool { _, ok := agent.Leader("work"); return ok })
+	// The runtime took 3/4 of the container's limit.
+	if got, want := metric(t, metrics, "go_gc_gomemlimit_bytes"), float64(injectedMemoryLimit/4*3); got != want {
+		t.Errorf("the sidecar's go_gc_gomemlimit_bytes = %v with %s=%d; want %v (3/4)", got, memlimit.EnvVar, injectedMemoryLimit, want)
+	}
 	before, err := procstat.Memory(pid)
 	if err != nil {
 		t.Fatal(err)
@@ -202,6 +209,28 @@ func probe(addr string) error {
 		return errors.New(resp.Status)
 	}
 	return nil
+}
+
+// metric reads one unlabelled metric from /metrics at addr.
+func metric(t testing.TB, addr, name string) float64 {
+	t.Helper()
+	resp, err := probeClient.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	s := bufio.NewScanner(resp.Body)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in /metrics at %s", name, addr)
+	return 0
 }
 
 type prober struct {

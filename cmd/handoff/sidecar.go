@@ -28,6 +28,7 @@ import (
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/internal/connlimit"
+	"github.com/handoff-dev/handoff/internal/memlimit"
 	"github.com/handoff-dev/handoff/leaderelection"
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
@@ -80,6 +81,9 @@ func runSidecar(s *config.Settings) error {
 	}
 	log := newLogger(os.Stderr).WithValues("pod", s.PodNamespace+"/"+s.PodName)
 	klog.SetLogger(log.WithName("client-go"))
+	if err := setMemoryLimit(log); err != nil {
+		return err
+	}
 
 	setHTTP2HealthCheck(os.LookupEnv, os.Setenv, s.RenewDeadline)
 	rc, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
@@ -168,6 +172,26 @@ func runSidecar(s *config.Settings) error {
 		done()
 	}
 	log.Info("exiting", "sinceSignal", time.Since(signalled).String(), "serversShutdown", time.Since(joined).String())
+	return nil
+}
+
+// setMemoryLimit gives the Go runtime its soft memory limit from the
+// container's (internal/memlimit: 3/4 of it, from HANDOFF_MEMORY_LIMIT,
+// unless GOMEMLIMIT is set) and logs it.
+func setMemoryLimit(log logr.Logger) error {
+	m, err := memlimit.Set(os.LookupEnv)
+	if err != nil {
+		return err
+	}
+	switch m.Source {
+	case memlimit.EnvVar:
+		log.Info("memory limit set", "bytes", m.Limit, "containerLimitBytes", m.Container,
+			"share", fmt.Sprintf("%d/%d", memlimit.ShareNum, memlimit.ShareDen), "from", memlimit.EnvVar)
+	case "GOMEMLIMIT":
+		log.Info("memory limit set", "bytes", m.Limit, "from", "GOMEMLIMIT")
+	default:
+		log.Info("no memory limit set: neither GOMEMLIMIT nor " + memlimit.EnvVar + " (the container's limit, which injected pods have) is set")
+	}
 	return nil
 }
 
