@@ -117,8 +117,8 @@ func TestHandoverUnderConnectionFlood(t *testing.T) {
 	f := openFlood(t, "127.0.0.2", metrics, floodConns)
 	t.Cleanup(f.close)
 	during, _ := procstat.Memory(pid)
-	t.Logf("flood from 127.0.0.2: %d dials in %s, %d connected (%d of them still open), %d failed; sidecar RSS %.1f MiB before, %.1f MiB after",
-		len(f.conns)+f.failed, f.took.Round(time.Millisecond), len(f.conns), f.open(), f.failed, before["VmRSS"], during["VmRSS"])
+	t.Logf("flood from 127.0.0.2: %d dials in %s, %d connected (%d of them still open), %d failed (%d reset by the server before the dial returned); sidecar RSS %.1f MiB before, %.1f MiB after",
+		len(f.conns)+f.failed, f.took.Round(time.Millisecond), len(f.conns), f.open(), f.failed, f.reset, before["VmRSS"], during["VmRSS"])
 
 	// The flood held, the hook runs.
 	time.Sleep(2 * time.Second)
@@ -284,7 +284,8 @@ func (p *prober) stop() probeStats {
 type flood struct {
 	mu     sync.Mutex
 	conns  []net.Conn
-	failed int
+	failed int // dials that failed, reset ones included
+	reset  int // dials the server reset before they returned
 	took   time.Duration
 	once   sync.Once
 }
@@ -322,6 +323,9 @@ func openFlood(t *testing.T, from, addr string, n int) *flood {
 				f.mu.Lock()
 				if err != nil {
 					f.failed++
+					if errors.Is(err, syscall.ECONNRESET) {
+						f.reset++
+					}
 				} else {
 					f.conns = append(f.conns, c)
 				}
