@@ -15,7 +15,8 @@
 //     protocol.ControlSocket and protocol.AppSocket, mounted at
 //     protocol.RunDir into the sidecar and the worker container alone;
 //   - handoff-bin mounted read-only at BinDir into the sidecar, which
-//     reads the token (HANDOFF_TOKEN_FILE);
+//     reads the token (HANDOFF_TOKEN_FILE), and its own memory limit in
+//     HANDOFF_MEMORY_LIMIT (downward API), for the Go runtime's;
 //   - on the worker container, handoff-bin mounted read-only at BinDir, a
 //     preStop exec hook running `handoff prestop --addr ... --token-file
 //     ...`, and HANDOFF_TOKEN_FILE, HANDOFF_APP_URL and
@@ -44,6 +45,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/internal/memlimit"
 	"github.com/handoff-dev/handoff/protocol"
 )
 
@@ -548,6 +550,7 @@ func (p *plan) sidecar(o Options) corev1.Container {
 		{Name: grace.Env(), Value: fmt.Sprintf("%ds", p.grace)},
 		{Name: workerContainer.Env(), Value: p.workerName},
 		{Name: tokenFile.Env(), Value: protocol.TokenFile},
+		memoryLimitEnv(),
 	}
 	c := corev1.Container{
 		Name: SidecarName, Image: o.Image, ImagePullPolicy: o.ImagePullPolicy,
@@ -564,6 +567,15 @@ func (p *plan) sidecar(o Options) corev1.Container {
 		c.LivenessProbe = p.probe("/healthz", 10, 3)
 	}
 	return c
+}
+
+// memoryLimitEnv gives the sidecar its own container's memory limit, in
+// bytes (the downward API's limits.memory; the node's allocatable memory
+// when the container has no limit), from which it sets the Go runtime's
+// soft limit (internal/memlimit: 3/4 of it, unless GOMEMLIMIT is set).
+func memoryLimitEnv() corev1.EnvVar {
+	return corev1.EnvVar{Name: memlimit.EnvVar, ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{
+		Resource: "limits.memory", Divisor: resource.MustParse("1")}}}
 }
 
 // metricsPort is the port of metrics-addr when the kubelet can reach it

@@ -23,6 +23,10 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
+	if os.Getenv(probeServerEnv) != "" {
+		serveProbesUncapped()
+		os.Exit(0)
+	}
 	kubetest.Main(m)
 }
 

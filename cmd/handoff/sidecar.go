@@ -27,6 +27,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/internal/connlimit"
+	"github.com/handoff-dev/handoff/internal/memlimit"
 	"github.com/handoff-dev/handoff/leaderelection"
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
@@ -79,6 +81,9 @@ func runSidecar(s *config.Settings) error {
 	}
 	log := newLogger(os.Stderr).WithValues("pod", s.PodNamespace+"/"+s.PodName)
 	klog.SetLogger(log.WithName("client-go"))
+	if err := setMemoryLimit(log); err != nil {
+		return err
+	}
 
 	setHTTP2HealthCheck(os.LookupEnv, os.Setenv, s.RenewDeadline)
 	rc, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
@@ -170,6 +175,26 @@ func runSidecar(s *config.Settings) error {
 	return nil
 }
 
+// setMemoryLimit gives the Go runtime its soft memory limit from the
+// container's (internal/memlimit: 3/4 of it, from HANDOFF_MEMORY_LIMIT,
+// unless GOMEMLIMIT is set) and logs it.
+func setMemoryLimit(log logr.Logger) error {
+	m, err := memlimit.Set(os.LookupEnv)
+	if err != nil {
+		return err
+	}
+	switch m.Source {
+	case memlimit.EnvVar:
+		log.Info("memory limit set", "bytes", m.Limit, "containerLimitBytes", m.Container,
+			"share", fmt.Sprintf("%d/%d", memlimit.ShareNum, memlimit.ShareDen), "from", memlimit.EnvVar)
+	case "GOMEMLIMIT":
+		log.Info("memory limit set", "bytes", m.Limit, "from", "GOMEMLIMIT")
+	default:
+		log.Info("no memory limit set: neither GOMEMLIMIT nor " + memlimit.EnvVar + " (the container's limit, which injected pods have) is set")
+	}
+	return nil
+}
+
 // leaseConfig is the REST configuration of the Lease client: its own rate
 // budget, sized for the sidecar's Leases (leaderelection.ClientBudget), so
 // that other API use can never delay a renewal and the renewals of many
@@ -212,30 +237,79 @@ func http2HealthCheck(renewDeadline time.Duration) (readIdle, ping time.Duration
 	return max(time.Second, (renewDeadline / 5).Truncate(time.Second)), max(time.Second, (renewDeadline / 2).Truncate(time.Second))
 }
 
-// serverTimeouts are the limits of one server's connections (net/http's
-// http.Server fields of the same names): a client that sends its request,
-// or reads the answer, slower than that, or keeps an idle connection
-// longer, is cut off, so no client holds the server's connections.
+// serverTimeouts are the limits of one server's connections. The timeouts
+// (net/http's http.Server fields of the same names): a client that sends
+// its request, or reads the answer, slower than that, or keeps an idle
+// connection longer, is cut off, so no client holds a connection for long.
+// conns: how many it may hold at once (internal/connlimit).
 type serverTimeouts struct {
 	readHeader, read, write, idle time.Duration
+	conns                         connlimit.Limits
 }
+
+// maxHeaderBytes bounds a request's header on every listen server (8 KiB,
+// and the 4 KiB net/http reads past it; its default is 1 MiB, read into
+// memory): the kubelet's probes, a scrape and the hook's calls send well
+// under 1 KiB. A larger header is answered 431. A connection sending the largest header holds about twice
+// it (the bytes read and their parse) over its idle cost (idleConnBytes)
+// while the header is read: at most the read-header timeout.
+const maxHeaderBytes = 8 << 10
+
+// idleConnBytes is what one idle connection (connected, nothing sent)
+// costs the sidecar, measured by BenchmarkIdleConnectionMemory on the
+// probe server (2026-12-03, amd64, go1.27.3; a fresh process, 4,000
+// connections): 4.1 KiB of goroutine stack and 10.2 KiB of heap (net/http's
+// conn, its 4 KiB read and write buffers), of which 7.8 KiB is resident
+// while idle, plus about 3.7 KiB of kernel memory for the socket (slab
+// objects TCP, sock_inode_cache, filp, dentry, eventpoll_epi; charged to
+// the container's memory cgroup, not in RSS). 16,000 of them, the issue's
+// flood, are 280 MiB: over any limit the sidecar is given. The caps are
+// sized from it.
+const idleConnBytes = 18 << 10
+
+// probeConnBudget is the most the probe port's connections may cost idle:
+// 9 MiB, 7% of the injected 128 MiB limit, over a sidecar of 28 MiB
+// resident (docs/performance.md). It makes probeTimeouts' total 512.
+const probeConnBudget = 9 << 20
 
 var (
 	// probeTimeouts: the kubelet's probes and metrics scrapes send no body
 	// and get a small answer; the write limit leaves time to gather the
 	// metrics, the idle one keeps a scraper's connection between scrapes
 	// 15s apart.
-	probeTimeouts = serverTimeouts{readHeader: 5 * time.Second, read: 5 * time.Second, write: 10 * time.Second, idle: 30 * time.Second}
+	// Connections: the port listens on every interface (metrics-addr
+	// :7451), for the kubelet (a new connection per probe, from the node's
+	// address: 2 probes every 5 and 10 s on the injected sidecar, each done
+	// within its 1 s timeout) and a scraper (one kept-alive connection per
+	// scrape job). 16 from one address is several times what they hold;
+	// a flood from one pod holds 16 and the rest are reset. The total is
+	// what probeConnBudget pays for: 512 (9 MiB idle, about 17 MiB all
+	// sending the largest header); it takes 32 addresses flooding at once
+	// to fill it, and then new connections wait in the kernel's accept
+	// queue until a held one times out (readHeader, 5 s).
+	probeTimeouts = serverTimeouts{readHeader: 5 * time.Second, read: 5 * time.Second, write: 10 * time.Second, idle: 30 * time.Second,
+		conns: connlimit.Limits{Total: probeConnBudget / idleConnBytes, PerAddr: 16}}
 	// controlTimeouts: the same for GET /v1/status and every refused call.
 	// POST /v1/prestop, once authorized and its (empty) body read, clears
 	// its connection's read and write deadlines (prestop.Handler): its
 	// answer waits for the whole sequence, which its own deadline bounds,
 	// and a read deadline passing meanwhile would cancel it.
 	// The hook calls once: an idle connection is not kept long.
-	controlTimeouts = serverTimeouts{readHeader: 5 * time.Second, read: 5 * time.Second, write: 10 * time.Second, idle: 5 * time.Second}
+	// Connections: its clients are the hook and status readers in the pod,
+	// a handful at once; 64 cost at most 1.2 MiB idle. Over TCP they all come from
+	// loopback, one address for every container of the pod, so the
+	// per-address cap is the total: it cannot tell the hook from a
+	// neighbour container (a Unix socket in a volume only the injected
+	// containers mount can).
+	controlTimeouts = serverTimeouts{readHeader: 5 * time.Second, read: 5 * time.Second, write: 10 * time.Second, idle: 5 * time.Second,
+		conns: connlimit.Limits{Total: 64, PerAddr: 64}}
 )
 
-// listen binds addr before returning, so a busy port is an error at start.
+// listen binds addr before returning, so a busy port is an error at start,
+// and serves h there within t: its timeouts, maxHeaderBytes, and its
+// connection caps (connlimit.Listen: past t.conns.Total open, new
+// connections wait in the kernel's accept queue; past t.conns.PerAddr from
+// one address, they are reset at once).
 func listen(addr string, h http.Handler, log logr.Logger, t serverTimeouts) (*http.Server, error) {
 	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
 	if err != nil {
@@ -258,18 +332,18 @@ func listenControl(e protocol.Endpoint, h http.Handler, log logr.Logger, t serve
 	return serve(ln, h, log, t), nil
 }
 
-// serve serves h on ln with the limits t until the server is shut down.
+// serve serves h on ln within t until the server is shut down: its
+// timeouts, maxHeaderBytes and its connection caps (connlimit.Listen; a
+// socket's connections count against the total only).
 func serve(ln net.Listener, h http.Handler, log logr.Logger, t serverTimeouts) *http.Server {
 	srv := &http.Server{Addr: ln.Addr().String(), Handler: h, ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read, WriteTimeout: t.write, IdleTimeout: t.idle,
 		MaxHeaderBytes: maxHeaderBytes}
+	limited := connlimit.Listen(ln, t.conns)
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(limited); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error(err, "serving stopped", "addr", srv.Addr)
 		}
 	}()
 	return srv
 }
 
-// maxHeaderBytes bounds a request's header on every listener: the hook's,
-// the kubelet's and a scraper's are under 1 KiB.
-const maxHeaderBytes = 16 << 10

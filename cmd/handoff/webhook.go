@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/handoff-dev/handoff/webhook"
 )
@@ -72,8 +71,9 @@ them in --cert-secret and writing the CA into the caBundle of
 			}
 			rc.UserAgent = "handoff-webhook/" + version
 			mgr, err := manager.New(rc, manager.Options{
-				Metrics:                metricsserver.Options{BindAddress: metricsAddr},
-				HealthProbeBindAddress: healthAddr,
+				Metrics: metricsserver.Options{BindAddress: metricsAddr},
+				// Served by serveHealth, with connection caps.
+				HealthProbeBindAddress: "0",
 				// The rotator reads only its Secret (and the cluster-scoped webhook configuration).
 				Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{namespace: {}}},
 			})
@@ -99,7 +99,7 @@ them in --cert-secret and writing the CA into the caBundle of
 			} else {
 				close(certsReady)
 			}
-			srv := ctrlwebhook.NewServer(ctrlwebhook.Options{Port: port, CertDir: certDir})
+			srv := newWebhookServer(port, certDir, log.WithName("webhook-server"))
 			webhook.NewInjector(opts, ctrlmetrics.Registry, log.WithName("webhook")).Register(srv)
 			// The server reads its certificate when it starts: start it once
 			// the rotator has written one.
@@ -110,11 +110,13 @@ them in --cert-secret and writing the CA into the caBundle of
 					os.Exit(1)
 				}
 			}()
-			if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-				return err
-			}
-			if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
-				return err
+			if healthAddr != "0" {
+				health, err := serveHealth(healthAddr, map[string]healthz.Checker{"ping": healthz.Ping},
+					map[string]healthz.Checker{"webhook": srv.StartedChecker()}, log.WithName("health"))
+				if err != nil {
+					return fmt.Errorf("--health-addr: %w", err)
+				}
+				defer func() { _ = health.Close() }()
 			}
 			log.Info("starting", "version", version, "port", port, "certRotation", rotate)
 			return mgr.Start(ctrl.SetupSignalHandler())
@@ -125,7 +127,7 @@ them in --cert-secret and writing the CA into the caBundle of
 	f.IntVar(&port, "port", 9443, "HTTPS port of the webhook")
 	f.StringVar(&certDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory of tls.crt and tls.key")
 	f.StringVar(&metricsAddr, "metrics-addr", ":8080", `address of /metrics, "0" to turn it off`)
-	f.StringVar(&healthAddr, "health-addr", ":8081", "address of /healthz and /readyz")
+	f.StringVar(&healthAddr, "health-addr", ":8081", `address of /healthz and /readyz, "0" to turn it off`)
 	f.BoolVar(&rotate, "cert-rotation", true, "make and renew the serving certificate with cert-controller (off when cert-manager provides it)")
 	f.StringVar(&namespace, "namespace", os.Getenv("POD_NAMESPACE"), "namespace of the webhook's Service and certificate Secret")
 	f.StringVar(&secret, "cert-secret", "handoff-webhook-cert", "Secret holding the rotated certificate and CA")

@@ -20,9 +20,17 @@ import (
 	"github.com/handoff-dev/handoff/webhook"
 )
 
+// webhookFloodConns is the flood TestWebhookProcessRotatesItsCertificateAndInjects
+// opens on the webhook's port from one address: 2,000 connections (each a
+// goroutine and a TLS connection in the webhook process, which runs with
+// the race detector here).
+const webhookFloodConns = 2000
+
 // The real webhook process with certificate rotation: it makes its CA and
 // certificate, stores them in its Secret, writes the CA into its webhook
-// configuration, and the apiserver then sends it pods to inject.
+// configuration, and the apiserver then sends it pods to inject. A flood
+// of connections from another address takes none of the slots the
+// apiserver needs.
 func TestWebhookProcessRotatesItsCertificateAndInjects(t *testing.T) {
 	env := kubetest.Get(t)
 	ctx := context.Background()
@@ -91,6 +99,22 @@ func TestWebhookProcessRotatesItsCertificateAndInjects(t *testing.T) {
 	if len(pod.Spec.InitContainers) != 2 || pod.Spec.InitContainers[1].Image != "handoff:test" {
 		t.Errorf("pod init containers %v: want handoff-install and the handoff sidecar from handoff:test", pod.Spec.InitContainers)
 	}
+
+	// A flood from another pod (127.0.0.2): the webhook keeps at most
+	// webhookTimeouts.conns.PerAddr of its connections and resets the
+	// rest, and the apiserver's calls are still served.
+	f := openFlood(t, "127.0.0.2", fmt.Sprintf("127.0.0.1:%d", port), webhookFloodConns)
+	t.Cleanup(f.close)
+	if open := f.open(); open > webhookTimeouts.conns.PerAddr {
+		t.Errorf("the webhook holds %d of %d connections from one address; want at most %d", open, len(f.conns), webhookTimeouts.conns.PerAddr)
+	}
+	if _, err := env.Client.CoreV1().Pods(podNs).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "worker-", Annotations: map[string]string{"handoff.dev/inject": "true"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "worker", Image: "worker:1"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Errorf("a pod created during the flood: %v; want it admitted", err)
+	}
+	f.close()
 
 	terminate(t, cmd, exited, "webhook")
 }

@@ -1,0 +1,378 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/internal/memlimit"
+	"github.com/handoff-dev/handoff/internal/procstat"
+	"github.com/handoff-dev/handoff/prestop"
+	"github.com/handoff-dev/handoff/protocol"
+	"github.com/handoff-dev/handoff/worker"
+)
+
+// The flood of the issue: 16,000 idle TCP connections opened at once from
+// one other pod. Its bounds on this machine: floodConns connections (file
+// descriptors of the test process, within its RLIMIT_NOFILE), dialed by
+// floodDialers at once, each dial given floodDialTimeout, the whole flood
+// given floodWithin; loopback only.
+const (
+	floodConns       = 16000
+	floodDialers     = 32
+	floodDialTimeout = time.Second
+	floodWithin      = 15 * time.Second
+	// injectedMemoryLimit is the sidecar's memory limit in injected pods
+	// (handoff inject --sidecar-memory-limit, the chart's
+	// sidecar.resources.limits.memory): 128 MiB.
+	injectedMemoryLimit = 128 << 20
+)
+
+// TestHandoverUnderConnectionFlood: a real handoff sidecar process (the
+// sidecaronly build injected pods run, without the race detector) on the
+// real apiserver, with a worker Agent as its app. Another pod (127.0.0.2)
+// opens 16,000 idle TCP connections to the probe and metrics port and holds
+// them; meanwhile the kubelet's probes (127.0.0.1, a new connection each,
+// 1 s timeout as the kubelet's default) keep being answered (never
+// failureThreshold 3 in a row), a preStop call completes the sequence and
+// releases the Lease, and the sidecar's peak resident memory (VmHWM) stays
+// under the injected 128 MiB limit.
+func TestHandoverUnderConnectionFlood(t *testing.T) {
+	env := kubetest.Get(t)
+	ensureFileLimit(t, floodConns+2048)
+	bin := sidecarBuild(t)
+	ns := env.Namespace(t)
+	pod := env.Pod(t, ns, "worker-0", 30)
+	identity := "worker-0_" + string(pod.UID)
+	tokenPath := tokenFile(t)
+	token, err := protocol.ReadTokenFile(tokenPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := worker.New(worker.Options{Token: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pod's handoff-run volume: the sockets, as injected.
+	run, err := os.MkdirTemp("", "fl") // short: a socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(run) })
+	appAddr := protocol.Endpoint{Network: "unix", Address: filepath.Join(run, "app.sock")}
+	control := protocol.Endpoint{Network: "unix", Address: filepath.Join(run, "control.sock")}
+	appLn, err := appAddr.Listen(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := &http.Server{Handler: agent.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = app.Serve(appLn) }()
+	t.Cleanup(func() { _ = app.Close() })
+
+	metrics := freeLoopbackAddr(t)
+	cmd := exec.Command(bin, "sidecar")
+	cmd.Env = append(os.Environ(), "HANDOFF_TOKEN_FILE="+tokenPath,
+		"HANDOFF_POD_NAME=worker-0", "HANDOFF_POD_NAMESPACE="+ns, "HANDOFF_POD_UID="+string(pod.UID),
+		"HANDOFF_LEASES=work", "HANDOFF_KUBECONFIG="+env.Kubeconfig,
+		"HANDOFF_CONTROL_ADDR="+control.String(), "HANDOFF_METRICS_ADDR="+metrics,
+		"HANDOFF_APP_URL="+appAddr.String(),
+		"HANDOFF_LEASE_DURATION=3s", "HANDOFF_RENEW_DEADLINE=2s", "HANDOFF_RETRY_PERIOD=250ms",
+		// As the injector gives it (downward API, limits.memory, in bytes).
+		memlimit.EnvVar+"="+strconv.Itoa(injectedMemoryLimit))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	pid := cmd.Process.Pid
+
+	kubetest.WaitFor(t, 30*time.Second, "the sidecar to lead the Lease and answer /healthz", func() bool {
+		l, err := env.Client.CoordinationV1().Leases(ns).Get(context.Background(), "work", metav1.GetOptions{})
+		return err == nil && ptr.Deref(l.Spec.HolderIdentity, "") == identity && probe(metrics) == nil
+	})
+	kubetest.WaitFor(t, 10*time.Second, "the worker to be told it leads", func() bool { _, ok := agent.Leader("work"); return ok })
+	// The runtime took 3/4 of the container's limit.
+	if got, want := metric(t, metrics, "go_gc_gomemlimit_bytes"), float64(injectedMemoryLimit/4*3); got != want {
+		t.Errorf("the sidecar's go_gc_gomemlimit_bytes = %v with %s=%d; want %v (3/4)", got, memlimit.EnvVar, injectedMemoryLimit, want)
+	}
+	before, err := procstat.Memory(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The kubelet: a probe every 100 ms from the node's address.
+	probes := startProber(metrics, 100*time.Millisecond)
+	f := openFlood(t, "127.0.0.2", metrics, floodConns)
+	t.Cleanup(f.close)
+	during, _ := procstat.Memory(pid)
+	t.Logf("flood from 127.0.0.2: %d dials in %s, %d connected (%d of them still open), %d failed (%d reset by the server before the dial returned); sidecar RSS %.1f MiB before, %.1f MiB after",
+		len(f.conns)+f.failed, f.took.Round(time.Millisecond), len(f.conns), f.open(), f.failed, f.reset, before["VmRSS"], during["VmRSS"])
+
+	// The flood held, the hook runs.
+	time.Sleep(2 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rep, err := prestop.Call(ctx, control, token, 5*time.Second)
+	if err != nil {
+		t.Errorf("preStop under the flood: %v; want the sequence's report", err)
+	} else {
+		if rep.Outcome != protocol.OutcomeDrained || len(rep.Leases) != 1 || !rep.Leases[0].Released {
+			t.Errorf("preStop under the flood: outcome %s, Leases %+v; want Drained and the Lease released", rep.Outcome, rep.Leases)
+		}
+		if _, leading := agent.Leader("work"); leading {
+			t.Errorf("the worker still leads after the sequence; want leadership revoked")
+		}
+	}
+	stats := probes.stop()
+	peak, err := procstat.Memory(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("probes from 127.0.0.1 during the flood: %d, %d failed (longest run %d); sidecar peak RSS (VmHWM) %.1f MiB, RSS now %.1f MiB",
+		stats.total, stats.failed, stats.longestRun, peak["VmHWM"], peak["VmRSS"])
+	for _, e := range stats.errors {
+		t.Logf("  probe failed: %s", e)
+	}
+	if stats.longestRun >= 3 {
+		t.Errorf("%d probes in a row failed under the flood (first: %s); the kubelet restarts the sidecar at 3 (failureThreshold)", stats.longestRun, stats.errors[0])
+	}
+	if limit := float64(injectedMemoryLimit) / (1 << 20); peak["VmHWM"] >= limit {
+		t.Errorf("sidecar peak RSS %.1f MiB under the flood; want under the injected limit of %.0f MiB (the container is OOM-killed there)", peak["VmHWM"], limit)
+	}
+	f.close()
+	terminate(t, cmd, exited, "sidecar after the flood")
+}
+
+// sidecarBuild builds bin/handoff-sidecar, as the image has it
+// (-tags sidecaronly, no race detector), into a temporary directory.
+func sidecarBuild(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "handoff-sidecar")
+	build := exec.Command("go", "build", "-tags", "sidecaronly", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// ensureFileLimit raises the test process's RLIMIT_NOFILE to n if it is
+// lower (root may raise the hard limit too), or fails the test.
+func ensureFileLimit(t testing.TB, n uint64) {
+	t.Helper()
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		t.Fatal(err)
+	}
+	if l.Cur >= n {
+		return
+	}
+	want := syscall.Rlimit{Cur: n, Max: max(n, l.Max)}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want); err != nil {
+		t.Fatalf("the flood needs %d file descriptors; RLIMIT_NOFILE is %d (hard %d) and raising it failed: %v", n, l.Cur, l.Max, err)
+	}
+}
+
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().String()
+}
+
+// probeClient probes as the kubelet does: a new connection each time, a
+// 1 s timeout (timeoutSeconds' default), from 127.0.0.1.
+var probeClient = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
+
+// probe GETs /healthz at addr; nil when it answers 200.
+func probe(addr string) error {
+	resp, err := probeClient.Get("http://" + addr + "/healthz")
+	if err != nil {
+		return err
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(resp.Status)
+	}
+	return nil
+}
+
+// metric reads one unlabelled metric from /metrics at addr.
+func metric(t testing.TB, addr, name string) float64 {
+	t.Helper()
+	resp, err := probeClient.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	s := bufio.NewScanner(resp.Body)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in /metrics at %s", name, addr)
+	return 0
+}
+
+type prober struct {
+	done  chan struct{}
+	wg    sync.WaitGroup
+	stats probeStats
+}
+
+type probeStats struct {
+	total, failed, longestRun int
+	errors                    []string
+}
+
+// startProber probes addr every period until stop.
+func startProber(addr string, period time.Duration) *prober {
+	p := &prober{done: make(chan struct{})}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		run := 0
+		for {
+			select {
+			case <-p.done:
+				return
+			case <-time.After(period):
+			}
+			start := time.Now()
+			err := probe(addr)
+			p.stats.total++
+			if err == nil {
+				run = 0
+				continue
+			}
+			run++
+			p.stats.failed++
+			p.stats.longestRun = max(p.stats.longestRun, run)
+			if len(p.stats.errors) < 10 {
+				p.stats.errors = append(p.stats.errors, fmt.Sprintf("after %s: %v", time.Since(start).Round(time.Millisecond), err))
+			}
+		}
+	}()
+	return p
+}
+
+func (p *prober) stop() probeStats {
+	close(p.done)
+	p.wg.Wait()
+	return p.stats
+}
+
+type flood struct {
+	mu     sync.Mutex
+	conns  []net.Conn
+	failed int // dials that failed, reset ones included
+	reset  int // dials the server reset before they returned
+	took   time.Duration
+	once   sync.Once
+}
+
+// openFlood dials n TCP connections from the address from to addr,
+// floodDialers at a time, within floodWithin, and keeps those that
+// connect open and idle (it sends nothing) until close.
+func openFlood(t *testing.T, from, addr string, n int) *flood {
+	t.Helper()
+	f := &flood{}
+	d := net.Dialer{Timeout: floodDialTimeout, LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)},
+		// The port is chosen at connect, by the 4-tuple, not at bind among
+		// every port of the address: a bind-time search slows the dials to
+		// about 1,000 a second past a few thousand.
+		Control: func(_, _ string, c syscall.RawConn) error {
+			var err error
+			if cerr := c.Control(func(fd uintptr) {
+				err = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_BIND_ADDRESS_NO_PORT, 1)
+			}); cerr != nil {
+				return cerr
+			}
+			return err
+		}}
+	ctx, cancel := context.WithTimeout(context.Background(), floodWithin)
+	defer cancel()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range floodDialers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(n) && ctx.Err() == nil {
+				c, err := d.DialContext(ctx, "tcp", addr)
+				f.mu.Lock()
+				if err != nil {
+					f.failed++
+					if errors.Is(err, syscall.ECONNRESET) {
+						f.reset++
+					}
+				} else {
+					f.conns = append(f.conns, c)
+				}
+				f.mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	f.took = time.Since(start)
+	return f
+}
+
+// open is how many of the flood's connections the server has not closed: a
+// peek that would block finds one open; EOF or a reset, closed.
+func (f *flood) open() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	buf := make([]byte, 1)
+	for _, c := range f.conns {
+		raw, err := c.(*net.TCPConn).SyscallConn()
+		if err != nil {
+			continue
+		}
+		_ = raw.Control(func(fd uintptr) {
+			if _, _, err := unix.Recvfrom(int(fd), buf, unix.MSG_PEEK|unix.MSG_DONTWAIT); errors.Is(err, unix.EAGAIN) {
+				n++
+			}
+		})
+	}
+	return n
+}
+
+func (f *flood) close() {
+	f.once.Do(func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, c := range f.conns {
+			_ = c.Close()
+		}
+	})
+}
