@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/netutil"
+
 	"github.com/handoff-dev/handoff/protocol"
 )
 
@@ -25,7 +27,14 @@ const (
 )
 
 // maxHeaderBytes bounds a request's header: the sidecar's are under 1 KiB.
-const maxHeaderBytes = 16 << 10
+const maxHeaderBytes = 8 << 10
+
+// maxConns bounds the connections ListenAndServe's server holds at once;
+// past it, new ones wait in the kernel's accept queue. The sidecar keeps 4
+// idle and opens a few more in a sequence; at about 18 KiB each, with a
+// 64 KiB body being read, 64 cost at most 5 MiB. On a socket (or loopback)
+// every client has one address, so there is no per-address cap to set.
+const maxConns = 64
 
 // maxDrainWait bounds one long poll of the drain status.
 const maxDrainWait = 30 * time.Second
@@ -165,9 +174,11 @@ func (a *Agent) genuine(l protocol.Leadership, received time.Time) error {
 // variable HANDOFF_APP_URL (protocol.AppURLEnv), which the injector sets in
 // the worker container. A socket is made as protocol.Endpoint.Listen makes
 // it (a stale one replaced, anything else refused) and removed when the
-// server stops. Its server cuts off a client that takes more than 5 s to
-// send its request or 10 s to read an answer, except a signed call once
-// its body is read (Handler); it closes idle connections after 90 s.
+// server stops. Its server holds at most 64 connections at once (more wait
+// to be accepted), cuts off a client that takes more than 5 s to send its
+// request (of at most 8 KiB of header) or 10 s to read an answer, except a
+// signed call once its body is read (Handler), and closes idle connections
+// after 90 s.
 func (a *Agent) ListenAndServe(ctx context.Context, addr string) error {
 	from := "address"
 	if addr == "" {
@@ -197,7 +208,7 @@ func (a *Agent) ListenAndServe(ctx context.Context, addr string) error {
 		_ = srv.Shutdown(sctx)
 	})
 	defer stop()
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(netutil.LimitListener(ln, maxConns)); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
