@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -236,6 +238,29 @@ func (s *suite) authSchemeCase(ctx context.Context) (string, error) {
 		}
 	}
 	return fmt.Sprintf("unsigned refused; %q and %q accepted as %s", strings.ToLower(protocol.AuthScheme), "Handoff-Hmac-Sha256", protocol.AuthScheme), nil
+}
+
+// transportSocket: an app served on a Unix socket (the default transport)
+// made it a socket of mode 0666 at the path itself, not a symbolic link to
+// one: the sidecar runs as another user than the worker and connects only
+// to a path that is a socket itself. Skipped for an app on TCP.
+func (s *suite) transportSocket(context.Context) (string, error) {
+	e, _ := protocol.ParseEndpoint(s.t.URL) // checked by ready
+	if e.Network != "unix" {
+		return "", errSkip{"the app is on TCP (" + s.t.URL + "), a transport a pod opts into: no socket to check"}
+	}
+	fi, err := os.Lstat(e.Address)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("the app's socket: %w", err)
+	case fi.Mode().Type() == fs.ModeSymlink:
+		return "", fmt.Errorf("%s is a symbolic link; want the socket itself at the path (the sidecar follows no link)", e.Address)
+	case fi.Mode().Type() != fs.ModeSocket:
+		return "", fmt.Errorf("%s is not a socket (%s)", e.Address, fi.Mode().Type())
+	case fi.Mode().Perm() != protocol.SocketMode:
+		return "", fmt.Errorf("%s has mode %o; want %o: the sidecar runs as another user than the worker, and the volume, not the mode, keeps others out", e.Address, fi.Mode().Perm(), protocol.SocketMode)
+	}
+	return fmt.Sprintf("%s is a socket of mode %o", e.Address, protocol.SocketMode), nil
 }
 
 // badWaitMillis: a waitMillis that is not a whole number of milliseconds ≥ 0,

@@ -100,8 +100,7 @@ func control(app *goApp, leader conformance.LeaderFixture) http.Handler {
 // passes every case through it too.
 func TestCommandFixture(t *testing.T) {
 	app := newGoApp(t)
-	srv := httptest.NewServer(app)
-	defer srv.Close()
+	appURL := serveSocket(t, app)
 	ctl := httptest.NewServer(control(app, conformance.AgentLeader(app.current)))
 	defer ctl.Close()
 	// The step's words follow Argv; "hold N" has its argument, the others
@@ -114,14 +113,14 @@ func TestCommandFixture(t *testing.T) {
 		Env: append(os.Environ(), fixtureEnv+"="+ctl.URL)}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rep := conformance.Run(ctx, conformance.Target{URL: srv.URL, Token: testToken, Fixture: fx, Leader: fx})
+	rep := conformance.Run(ctx, conformance.Target{URL: appURL, Token: testToken, Fixture: fx, Leader: fx})
 	t.Logf("\n%s", rep)
 	if rep.Count(conformance.Pass) != len(rep.Cases) {
 		t.Fatalf("want every case passed through the fixture command:\n%s", rep)
 	}
 	// A step the command fails is the case's failure, with its stderr.
 	bad := conformance.CommandFixture{Argv: []string{"sh", "-c", `echo no such fixture >&2; exit 3`}, Name: "./fixture.sh"}
-	rep = conformance.Run(ctx, conformance.Target{URL: srv.URL, Token: testToken, Fixture: bad})
+	rep = conformance.Run(ctx, conformance.Target{URL: appURL, Token: testToken, Fixture: bad})
 	if c, _ := rep.Case(conformance.CaseStopClaiming); c.Result != conformance.Fail {
 		t.Fatalf("%s with a failing fixture command = %s (%s), want fail", c.Name, c.Result, c.Reason)
 	}

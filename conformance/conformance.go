@@ -183,6 +183,7 @@ const (
 	CaseStaleSignature      = "auth/stale-timestamp-refused"
 	CaseReplay              = "auth/replay-refused"
 	CaseSchemeCase          = "auth/scheme-in-any-case"
+	CaseSocket              = "transport/socket"
 	CaseBadWaitMillis       = "bad-request/drain-waitMillis"
 	CaseBadReturn           = "bad-request/return-body"
 	CaseBadLeadership       = "bad-request/leadership-body"
@@ -209,7 +210,7 @@ const (
 )
 
 // allCases are the names of every case, in the order Run runs them.
-var allCases = []string{CaseUnsigned, CaseBadSignature, CaseStaleSignature, CaseReplay, CaseSchemeCase, CaseBadWaitMillis, CaseBadReturn, CaseBadLeadership, CaseUnknownCall,
+var allCases = []string{CaseSocket, CaseUnsigned, CaseBadSignature, CaseStaleSignature, CaseReplay, CaseSchemeCase, CaseBadWaitMillis, CaseBadReturn, CaseBadLeadership, CaseUnknownCall,
 	CaseNotGenuine, CaseSequence, CaseFirstMessage, CaseRevokeUnknown, CaseStaleRevoke, CaseRevokeAck, CaseTermValidFor,
 	CaseTermUntil, CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseLeadDuringDrain,
 	CaseDrainReturnsDrained, CaseDrainLarge, CaseReturnCounts, CaseReturnRepeat, CaseCancelReturn,
@@ -229,6 +230,7 @@ func Run(ctx context.Context, t Target) Report {
 		s.failAll(allCases, err.Error())
 		return s.rep
 	}
+	s.run(ctx, CaseSocket, s.transportSocket)
 	s.run(ctx, CaseUnsigned, s.authUnsigned)
 	s.run(ctx, CaseBadSignature, s.authBadSignature)
 	s.run(ctx, CaseStaleSignature, s.authStale)

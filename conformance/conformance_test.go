@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -137,16 +139,33 @@ func (g *goApp) returnClaims(context.Context) (int, error) {
 	return len(cs) + unacked, nil
 }
 
-// serve runs the suite against h in front of app.
+// serveSocket serves h on a Unix socket, as an injected worker serves the
+// app API, until the test ends, and returns its address.
+func serveSocket(t *testing.T, h http.Handler) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cs") // short: a socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	e := protocol.Endpoint{Network: "unix", Address: filepath.Join(dir, "app.sock")}
+	ln, err := e.Listen(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return e.String()
+}
+
+// serve runs the suite against h in front of app, on the app socket.
 func serve(t *testing.T, app *goApp, h http.Handler) conformance.Report {
 	t.Helper()
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep := conformance.Run(ctx, conformance.Target{
-		URL: srv.URL, Token: testToken, Fixture: app, Leader: conformance.AgentLeader(app.current),
-		Client: srv.Client(),
+		URL: serveSocket(t, h), Token: testToken, Fixture: app, Leader: conformance.AgentLeader(app.current),
 	})
 	t.Logf("\n%s", rep)
 	return rep
@@ -488,5 +507,32 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An app whose socket only its own user can open (mode 0600: the sidecar,
+// another user, could not connect) fails transport/socket; a symbolic link
+// to the socket fails every case, as the sidecar follows none.
+func TestSocketCase(t *testing.T) {
+	app := newGoApp(t)
+	addr := serveSocket(t, app)
+	e, _ := protocol.ParseEndpoint(addr)
+	if err := os.Chmod(e.Address, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rep := conformance.Run(ctx, conformance.Target{URL: addr, Token: testToken})
+	if c, _ := rep.Case(conformance.CaseSocket); c.Result != conformance.Fail || !strings.Contains(c.Reason, "mode 600") {
+		t.Errorf("socket of mode 0600: %s (%s), want fail naming the mode", c.Result, c.Reason)
+	}
+	link := filepath.Join(filepath.Dir(e.Address), "link.sock")
+	if err := os.Symlink(e.Address, link); err != nil {
+		t.Fatal(err)
+	}
+	rep = conformance.Run(ctx, conformance.Target{URL: "unix://" + link, Token: testToken})
+	// The suite, as the sidecar, does not connect through the link at all.
+	if c, _ := rep.Case(conformance.CaseSocket); c.Result != conformance.Fail || !strings.Contains(c.Reason, "not a socket") {
+		t.Errorf("a link to the socket: %s (%s), want fail", c.Result, c.Reason)
 	}
 }
