@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -63,17 +64,14 @@ func TestSidecarRoleHoldsOnlyItsOwnLeases(t *testing.T) {
 		}
 	}
 
-	rendered := helm(t, "template", "handoff", "../charts/handoff", "--namespace", "handoff", "--kube-version", "1.35.0",
-		"--show-only", "templates/sidecar-rbac.yaml", "--show-only", "templates/sidecar-lease-policy.yaml",
-		// A second workload of the namespace only drains: it holds no Lease.
-		"--set-json", `rbac.sidecarBindings=[{"namespace":"`+ns+`","serviceAccount":"`+sa+`","leases":["`+own+`"]},{"namespace":"`+ns+`","serviceAccount":"mail","leases":[]}]`)
-	applyAll(t, env.Config, rendered, 2)
+	// A second workload of the namespace only drains: it holds no Lease.
+	rendered := renderSidecar(t, `[{"namespace":"`+ns+`","serviceAccount":"`+sa+`","leases":["`+own+`"]},{"namespace":"`+ns+`","serviceAccount":"mail","leases":[]}]`)
+	applyAll(t, env.Config, rendered, 2, 3)
 
 	user := "system:serviceaccount:" + ns + ":" + sa
-	cfg := rest.CopyConfig(env.Config)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: user,
-		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}}
+	cfg := impersonate(env.Config, ns, sa, "pod-a", "uid-a")
 	asSA := kubernetes.NewForConfigOrDie(cfg)
+	asPodB := kubernetes.NewForConfigOrDie(impersonate(env.Config, ns, sa, "pod-b", "uid-b"))
 	// The RBAC authorizer sees new roles through its informers: wait until
 	// it grants the service account its own Lease.
 	kubetest.WaitFor(t, 10*time.Second, "the Role and RoleBinding to take effect", func() bool {
@@ -97,6 +95,7 @@ func TestSidecarRoleHoldsOnlyItsOwnLeases(t *testing.T) {
 	t.Run("takes, renews and releases its own Lease", func(t *testing.T) {
 		leases := &forbiddenLog{LeasesGetter: asSA.CoordinationV1()}
 		holder := runElector(t, leases, ns, own, "pod-a_uid-a")
+		leasesB := &forbiddenLog{LeasesGetter: asPodB.CoordinationV1()}
 		// Create (the Lease does not exist yet), then renewals (updates) at
 		// the retry period.
 		kubetest.WaitFor(t, 15*time.Second, "pod-a to take and renew "+own, func() bool {
@@ -105,13 +104,13 @@ func TestSidecarRoleHoldsOnlyItsOwnLeases(t *testing.T) {
 				l.Spec.RenewTime.Sub(l.Spec.AcquireTime.Time) >= time.Second
 		})
 		// A standby, whose Gets wait on its field-selected list and watch.
-		standby := runElector(t, leases, ns, own, "pod-b_uid-b")
+		standby := runElector(t, leasesB, ns, own, "pod-b_uid-b")
 		holder.stop()
 		if !holder.e.Released() {
 			t.Errorf("pod-a did not release %s: %v", own, holder.e.ReleaseErr())
 		}
 		kubetest.WaitFor(t, 15*time.Second, "pod-b to take "+own+" after the release", func() bool { return standby.terms() >= 1 })
-		if errs := leases.errors(); len(errs) > 0 {
+		if errs := append(leases.errors(), leasesB.errors()...); len(errs) > 0 {
 			t.Errorf("the electors met %d Forbidden answers; the first: %v", len(errs), errs[0])
 		}
 	})
@@ -153,7 +152,7 @@ func TestSidecarRoleHoldsOnlyItsOwnLeases(t *testing.T) {
 		// cannot pin another workload's Lease before that one creates it.
 		_, err := asSA.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: "unlisted"},
-			Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To("pod-a_uid-a"), LeaseDurationSeconds: ptr.To[int32](1 << 30)},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To("pod-a_uid-a"), LeaseDurationSeconds: ptr.To[int32](15)},
 		}, metav1.CreateOptions{})
 		want := "handoff: " + user + " may create only the Leases " + own + " (rbac.sidecarBindings of the handoff chart), not unlisted"
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
@@ -167,8 +166,7 @@ func TestSidecarRoleHoldsOnlyItsOwnLeases(t *testing.T) {
 	})
 
 	t.Run("a workload with no Leases may create none", func(t *testing.T) {
-		drainOnly := rest.CopyConfig(cfg)
-		drainOnly.Impersonate.UserName = "system:serviceaccount:" + ns + ":mail"
+		drainOnly := impersonate(env.Config, ns, "mail", "mail-0", "uid-mail-0")
 		_, err := kubernetes.NewForConfigOrDie(drainOnly).CoordinationV1().Leases(ns).Create(ctx,
 			&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "mail-new"}}, metav1.CreateOptions{})
 		if !apierrors.IsForbidden(err) {
@@ -178,6 +176,7 @@ func TestSidecarRoleHoldsOnlyItsOwnLeases(t *testing.T) {
 
 	t.Run("reads its Pod and records Events", func(t *testing.T) {
 		pod := env.Pod(t, ns, "orders-0", 30)
+		asSA := kubernetes.NewForConfigOrDie(impersonate(env.Config, ns, sa, pod.Name, string(pod.UID)))
 		if _, err := asSA.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{}); err != nil {
 			t.Errorf("get its Pod: %v", err)
 		}
@@ -201,6 +200,44 @@ func TestSidecarRoleHoldsOnlyItsOwnLeases(t *testing.T) {
 		}
 	})
 }
+
+// renderSidecar renders what the chart gives the sidecars of the
+// rbac.sidecarBindings in JSON: every templates/sidecar-*.yaml (RBAC and
+// admission policies), with the chart's other values at their defaults.
+func renderSidecar(t *testing.T, bindings string) []byte {
+	t.Helper()
+	files, err := filepath.Glob("../charts/handoff/templates/sidecar-*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("the chart's sidecar templates: %v, %v", files, err)
+	}
+	args := []string{"template", "handoff", "../charts/handoff", "--namespace", "handoff", "--kube-version", "1.35.0", "--set-json", "rbac.sidecarBindings=" + bindings}
+	for _, f := range files {
+		args = append(args, "--show-only", "templates/"+filepath.Base(f))
+	}
+	return helm(t, args...)
+}
+
+// impersonate is cfg acting as service account ns/sa through the token
+// of pod (name, uid): the user, groups and extra the API server gives a
+// token bound to a pod (authentication.kubernetes.io/pod-name and
+// pod-uid), as injection mounts into the sidecar. Empty name and uid: a
+// token bound to no pod (a legacy Secret's, or a TokenRequest's for the
+// service account alone).
+func impersonate(cfg *rest.Config, ns, sa, name, uid string) *rest.Config {
+	out := rest.CopyConfig(cfg)
+	out.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + ns + ":" + sa,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}}
+	if name != "" {
+		out.Impersonate.Extra = map[string][]string{podNameClaim: {name}, podUIDClaim: {uid}}
+	}
+	return out
+}
+
+// The user extra keys of a token bound to a pod.
+const (
+	podNameClaim = "authentication.kubernetes.io/pod-name"
+	podUIDClaim  = "authentication.kubernetes.io/pod-uid"
+)
 
 // forbidden asserts that every Lease call the sidecar makes, on Lease name
 // in leases, is refused with 403 Forbidden. The update is of the Lease as
@@ -231,10 +268,12 @@ func forbidden(t *testing.T, what string, leases coordinationv1client.LeaseInter
 }
 
 // applyAll creates every object of the YAML stream, as the admin: the
-// sidecar RBAC of bindings rbac.sidecarBindings entries and the Lease name
-// policy. (A policy that does not compile refuses every create it matches,
-// with the compile error: the test of its message shows it compiles.)
-func applyAll(t *testing.T, cfg *rest.Config, stream []byte, bindings int) {
+// sidecar RBAC of bindings rbac.sidecarBindings entries and policies
+// admission policies (the Lease name policy, and the Lease and Event
+// policies of sidecar-pod-policy.yaml), each with its binding. (A policy
+// that does not compile refuses every create it matches, with the compile
+// error: the tests of their messages show they compile.)
+func applyAll(t *testing.T, cfg *rest.Config, stream []byte, bindings, policies int) {
 	t.Helper()
 	dyn := dynamic.NewForConfigOrDie(cfg)
 	kinds := map[string]int{}
@@ -242,7 +281,7 @@ func applyAll(t *testing.T, cfg *rest.Config, stream []byte, bindings int) {
 		gvk := obj.GroupVersionKind()
 		res, ok := sidecarKinds[gvk.Kind]
 		if !ok || res.Group != gvk.Group {
-			t.Fatalf("the sidecar RBAC renders a %s %s; want only Roles, RoleBindings and the Lease name policy", gvk.Kind, obj.GetName())
+			t.Fatalf("the sidecar RBAC renders a %s %s; want only Roles, RoleBindings and admission policies", gvk.Kind, obj.GetName())
 		}
 		res.Version = gvk.Version
 		if _, err := dyn.Resource(res).Namespace(obj.GetNamespace()).Create(context.Background(), obj, metav1.CreateOptions{}); err != nil {
@@ -253,7 +292,7 @@ func applyAll(t *testing.T, cfg *rest.Config, stream []byte, bindings int) {
 		}
 		kinds[gvk.Kind]++
 	}
-	want := map[string]int{"Role": bindings, "RoleBinding": bindings, "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1}
+	want := map[string]int{"Role": bindings, "RoleBinding": bindings, "ValidatingAdmissionPolicy": policies, "ValidatingAdmissionPolicyBinding": policies}
 	if !maps.Equal(kinds, want) {
 		t.Fatalf("the sidecar RBAC renders %v; want %v", kinds, want)
 	}

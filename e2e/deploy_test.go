@@ -58,10 +58,12 @@ func annotate(d *appsv1.Deployment, key, value string) *appsv1.Deployment {
 }
 
 // withoutHandoff turns d into the baseline: no handoff label or
-// annotations, and the worker holding its Lease itself with client-go (with
-// the same service account's Role), as a worker without handoff does.
+// annotations, and the worker holding its Lease itself with client-go, as
+// a worker without handoff does, as baselineServiceAccount (allowed the same
+// Leases by a Role of the test's).
 func withoutHandoff(d *appsv1.Deployment) *appsv1.Deployment {
 	delete(d.Spec.Template.Labels, inject.LabelInject)
+	d.Spec.Template.Spec.ServiceAccountName = baselineServiceAccount
 	d.Spec.Template.Annotations = map[string]string{}
 	c := &d.Spec.Template.Spec.Containers[0]
 	c.Args = append(c.Args, "--without-handoff")

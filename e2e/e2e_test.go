@@ -35,6 +35,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -54,6 +55,13 @@ const (
 	// serviceAccount is the e2e workloads' own service account, bound by
 	// the chart to workerLeases.
 	serviceAccount = "pgworker"
+	// baselineServiceAccount is the baseline's (withoutHandoff), a worker
+	// without handoff that holds its Lease itself with client-go: bound by
+	// a Role of the test's to workerLeases, not by the chart, whose
+	// admission policies let the chart's service accounts name as a
+	// Lease's holder only their own pod as the sidecar does (pod name_pod
+	// UID), where client-go's identity is host name_random UUID.
+	baselineServiceAccount = "pgworker-baseline"
 )
 
 // workerLeases are the Leases of every e2e workload (worker's name-leader):
@@ -283,6 +291,9 @@ func (s *setup) chart() error {
 	if err != nil {
 		return err
 	}
+	if err := baselineRBAC(ctx); err != nil {
+		return err
+	}
 	bindings, err := json.Marshal([]map[string]any{{"namespace": namespace, "serviceAccount": serviceAccount, "leases": workerLeases,
 		"shards": map[string]any{"prefix": shardPrefix, "count": shardCount}}})
 	if err != nil {
@@ -293,5 +304,25 @@ func (s *setup) chart() error {
 		"--set", "image.repository="+images.handoffRepo, "--set", "image.tag="+images.tag, "--set", "image.pullPolicy="+string(images.pullPolicy),
 		"--set", "webhook.failurePolicy=Fail",
 		"--set-json", "rbac.sidecarBindings="+string(bindings))
+	return err
+}
+
+// baselineRBAC creates baselineServiceAccount and lets it hold workerLeases
+// (get, create, update: what client-go's leader election sends).
+func baselineRBAC(ctx context.Context) error {
+	name := baselineServiceAccount
+	if _, err := cluster.kube.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	if _, err := cluster.kube.RbacV1().Roles(namespace).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: workerLeases, Verbs: []string{"get", "update"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+	}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	_, err := cluster.kube.RbacV1().RoleBindings(namespace).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: namespace}},
+	}, metav1.CreateOptions{})
 	return err
 }

@@ -179,6 +179,15 @@ func checkInjected(t *testing.T, annotations map[string]string, meta *metav1.Obj
 	if !mounted(*sidecar) || envOf(*sidecar)[protocol.TokenFileEnv] != protocol.TokenFile || workerEnv[protocol.TokenFileEnv] != protocol.TokenFile {
 		t.Fatalf("%q: the sidecar (mounts %+v, env %v) or the worker (env %v) does not read the token %s", annotations, sidecar.VolumeMounts, sidecar.Env, workerEnv, protocol.TokenFile)
 	}
+	// The service-account token: the sidecar's alone.
+	for _, list := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
+		for _, c := range list {
+			has := slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == inject.TokenMountPath })
+			if has != (c.Name == inject.SidecarName) || ptr.Deref(spec.AutomountServiceAccountToken, true) {
+				t.Fatalf("%q: container %s mounts the service-account token: %t; automount %v; want the sidecar's alone", annotations, c.Name, has, spec.AutomountServiceAccountToken)
+			}
+		}
+	}
 
 	// The sidecar must accept what the injector accepted.
 	env := map[string]string{"HANDOFF_POD_NAME": "p", "HANDOFF_POD_NAMESPACE": "ns", "HANDOFF_POD_UID": "uid"}

@@ -17,6 +17,10 @@
 //   - handoff-bin mounted read-only at BinDir into the sidecar, which
 //     reads the token (HANDOFF_TOKEN_FILE), and its own memory limit in
 //     HANDOFF_MEMORY_LIMIT (downward API), for the Go runtime's;
+//   - the service account token in the sidecar alone: the pod gets
+//     automountServiceAccountToken false, and the sidecar mounts a projected
+//     token volume of its own (TokenVolume) where the kubelet would, unless
+//     the pod sets automountServiceAccountToken true (see apiToken);
 //   - on the worker container, handoff-bin mounted read-only at BinDir, a
 //     preStop exec hook running `handoff prestop --addr ... --token-file
 //     ...`, and HANDOFF_TOKEN_FILE, HANDOFF_APP_URL and
@@ -110,8 +114,7 @@ const (
 // accepted form, and changes nothing. It refuses a worker container that
 // already has a preStop hook unless handoff.dev/wrap-prestop is "true", a
 // grace period no longer than deadline-margin plus handback-reserve, a
-// hostNetwork pod, a pod with automountServiceAccountToken false, and a
-// shard-peers selector that does not select the pod's own labels or that
+// hostNetwork pod, and a shard-peers selector that does not select the pod's own labels or that
 // selects on pod-template-hash or controller-revision-hash. Each
 // problem is a *Refusal; Reasons lists their codes.
 func Pod(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) (Result, error) {
@@ -223,7 +226,7 @@ func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec) (*plan, error
 	if spec.OS != nil && spec.OS.Name != corev1.Linux {
 		errs = append(errs, refuse(ReasonOS, fmt.Errorf("spec.os.name %s: the handoff sidecar runs on Linux only", spec.OS.Name)))
 	}
-	errs = append(errs, hostNetwork(spec), serviceAccountToken(spec))
+	errs = append(errs, hostNetwork(spec), tokenConflicts(spec))
 	p.worker, err = workerIndex(a[AnnotationContainer], spec)
 	if err != nil {
 		errs = append(errs, refuse(ReasonWorker, err))
@@ -333,21 +336,6 @@ func shardPeers(podLabels map[string]string, selector string, shards bool) error
 			key, selector, labels.Set(podLabels)))
 	}
 	return nil
-}
-
-// serviceAccountToken refuses a pod that turns off its service account
-// token: the sidecar reads its Pod, records Events on it and holds its
-// Leases through the API with that token, and the apiserver mounts it into
-// the sidecar only when the pod lets it (spec.automountServiceAccountToken
-// not false). A token volume of the pod's own is not mounted into the
-// sidecar. A ServiceAccount with automountServiceAccountToken false is not
-// seen here: the sidecar then fails at start with no client configuration
-// (client-go's in-cluster configuration finds no token).
-func serviceAccountToken(spec *corev1.PodSpec) error {
-	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
-		return nil
-	}
-	return refuse(ReasonNoServiceAccountToken, errors.New("spec.automountServiceAccountToken false: the handoff sidecar needs the pod's service account token to read its Pod, record Events and hold its Leases through the API, even with no handoff.dev/leases; remove the field or set it to true"))
 }
 
 // unknownKeys refuses annotations under the handoff.dev/ prefix that are
@@ -505,6 +493,7 @@ func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
 		SecurityContext: securityContext(),
 	}
 	sidecar := p.sidecar(o)
+	apiToken(spec, &sidecar)
 	spec.InitContainers = append(spec.InitContainers, install)
 	if p.layout == LayoutLegacy {
 		sidecar.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{

@@ -354,13 +354,6 @@ func TestPodRefusesWhatTheSidecarCannotRunIn(t *testing.T) {
 	}{
 		{"host network", func(s *corev1.PodSpec) { s.HostNetwork = true }, inject.ReasonHostNetwork,
 			[]string{"spec.hostNetwork true", "loopback is the node's", "share the sidecar's control and app ports", "reach the other pod's sidecar"}},
-		{"no service account token", func(s *corev1.PodSpec) { s.AutomountServiceAccountToken = ptr.To(false) }, inject.ReasonNoServiceAccountToken,
-			[]string{"spec.automountServiceAccountToken false", "service account token", "Pod", "Events", "Leases", "even with no handoff.dev/leases"}},
-		{"no token, with a token volume of its own", func(s *corev1.PodSpec) {
-			s.AutomountServiceAccountToken = ptr.To(false)
-			s.Volumes = []corev1.Volume{{Name: "token", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
-				Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}}}}
-		}, inject.ReasonNoServiceAccountToken, []string{"spec.automountServiceAccountToken false"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -384,12 +377,15 @@ func TestPodRefusesWhatTheSidecarCannotRunIn(t *testing.T) {
 			}
 		})
 	}
-	// What is allowed stays allowed: a token turned on, and no host network.
-	meta, spec := pod(on())
-	spec.AutomountServiceAccountToken = ptr.To(true)
-	spec.HostNetwork = false
-	if res, err := inject.Pod(meta, spec, opts); err != nil || res != inject.Injected {
-		t.Errorf("pod with automountServiceAccountToken true: %s, %v; want injected", res, err)
+	// What is allowed stays allowed: the token turned on or off, and no
+	// host network.
+	for _, automount := range []bool{true, false} {
+		meta, spec := pod(on())
+		spec.AutomountServiceAccountToken = ptr.To(automount)
+		spec.HostNetwork = false
+		if res, err := inject.Pod(meta, spec, opts); err != nil || res != inject.Injected {
+			t.Errorf("pod with automountServiceAccountToken %t: %s, %v; want injected", automount, res, err)
+		}
 	}
 }
 

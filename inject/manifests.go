@@ -37,6 +37,8 @@ var templatePaths = map[schema.GroupKind][]string{
 type Change struct {
 	Kind, Namespace, Name string
 	Result                Result
+	// Warnings are Warnings of the injected pod template.
+	Warnings []string
 }
 
 // Manifests reads a stream of YAML documents, or of JSON objects, and
@@ -210,7 +212,7 @@ func object(obj *unstructured.Unstructured, o Options) (Change, error) {
 			return c, err
 		}
 	}
-	c.Result = Injected
+	c.Result, c.Warnings = Injected, Warnings(&t.Spec)
 	return c, nil
 }
 

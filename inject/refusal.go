@@ -33,9 +33,6 @@ const (
 	// ReasonHostNetwork: the pod shares the node's network namespace, so
 	// its loopback ports are the node's.
 	ReasonHostNetwork Reason = "host-network"
-	// ReasonNoServiceAccountToken: the pod mounts no service account token,
-	// and the sidecar needs the API.
-	ReasonNoServiceAccountToken Reason = "no-service-account-token"
 	// ReasonNoImage: the injector has no handoff image configured.
 	ReasonNoImage Reason = "no-image"
 )

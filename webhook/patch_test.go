@@ -117,8 +117,8 @@ func TestPatchKeepsUnknownFields(t *testing.T) {
 		if got := strings.Join(names(pod.Spec.Containers), ","); got != "worker,handoff" {
 			t.Errorf("containers %s, want worker,handoff", got)
 		}
-		if len(pod.Spec.Volumes) != 1 || pod.Spec.Volumes[0].Name != inject.VolumeName {
-			t.Errorf("volumes %+v, want %s only", pod.Spec.Volumes, inject.VolumeName)
+		if len(pod.Spec.Volumes) != 2 || pod.Spec.Volumes[0].Name != inject.VolumeName || pod.Spec.Volumes[1].Name != inject.TokenVolumeName {
+			t.Errorf("volumes %+v, want %s and %s only", pod.Spec.Volumes, inject.VolumeName, inject.TokenVolumeName)
 		}
 		h := pod.Spec.Containers[0].Lifecycle.PreStop
 		if h.Sleep != nil || h.Exec == nil || !strings.Contains(strings.Join(h.Exec.Command, " "), "--then-sleep 5s") {

@@ -81,6 +81,8 @@ func (i *Injector) Register(srv webhook.Server) {
 // (a newer API's) is in neither and the patch leaves it alone. Diffing
 // against the raw request instead would remove every such field. Handle
 // checks that the patch applies to the raw object before answering.
+// An injected pod's answer carries inject.Warnings, which the API server
+// passes on to the pod's creator.
 func (i *Injector) Handle(_ context.Context, req admission.Request) admission.Response {
 	pod := &corev1.Pod{}
 	if err := i.decoder.Decode(req, pod); err != nil {
@@ -117,7 +119,7 @@ func (i *Injector) Handle(_ context.Context, req admission.Request) admission.Re
 	}
 	i.admissions.WithLabelValues(OutcomeInjected).Inc()
 	i.log.V(1).Info("injected", "pod", req.Namespace+"/"+name)
-	return admission.Patched("", patch...)
+	return admission.Patched("", patch...).WithWarnings(inject.Warnings(&pod.Spec)...)
 }
 
 // mutationPatch is the JSON patch (RFC 6902) from before, the typed

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -112,6 +115,10 @@ func checkInjected(t *testing.T, pod *corev1.Pod, leases string) {
 	if env["HANDOFF_LEASES"] != leases || env["HANDOFF_POD_UID"] != "metadata.uid" || env["HANDOFF_GRACE_PERIOD"] != "30s" {
 		t.Errorf("sidecar env %v", env)
 	}
+	if !tokenIn(sidecar) || tokenIn(pod.Spec.Containers[0]) || tokenIn(pod.Spec.InitContainers[0]) || ptr.Deref(pod.Spec.AutomountServiceAccountToken, true) {
+		t.Errorf("service account token: in the sidecar %t, the worker %t, the install step %t, automount %v; want the sidecar's alone",
+			tokenIn(sidecar), tokenIn(pod.Spec.Containers[0]), tokenIn(pod.Spec.InitContainers[0]), pod.Spec.AutomountServiceAccountToken)
+	}
 	w := pod.Spec.Containers[0]
 	if w.Lifecycle == nil || w.Lifecycle.PreStop == nil || w.Lifecycle.PreStop.Exec == nil ||
 		w.Lifecycle.PreStop.Exec.Command[0] != inject.BinDir+"/handoff" {
@@ -128,6 +135,76 @@ func TestAnnotatedPodIsInjected(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkInjected(t, pod, "work")
+}
+
+// tokenIn reports whether c mounts a volume at the service account token's
+// path.
+func tokenIn(c corev1.Container) bool {
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == inject.TokenMountPath {
+			return true
+		}
+	}
+	return false
+}
+
+// warnings collects the warnings the apiserver answers with.
+type warnings struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warnings) HandleWarningHeader(_ int, _ string, msg string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs = append(w.msgs, msg)
+}
+
+// The token is the sidecar's alone, also when the API server's
+// ServiceAccount admission plugin (off in envtest, so stood in for here)
+// mounted it into the worker before the webhook: the pod is admitted with
+// no automount, the worker without that mount. A pod with
+// automountServiceAccountToken false is injected as well. A pod that asks
+// for the token everywhere keeps it, and its creator is warned.
+func TestOnlyTheSidecarHoldsTheToken(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	automounted := newPod("automounted", map[string]string{"handoff.dev/inject": "true"})
+	v := inject.TokenVolume()
+	v.Name = "kube-api-access-abcde"
+	automounted.Spec.Volumes = []corev1.Volume{v}
+	automounted.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: v.Name, MountPath: inject.TokenMountPath, ReadOnly: true}}
+	off := newPod("off", map[string]string{"handoff.dev/inject": "true"})
+	off.Spec.AutomountServiceAccountToken = ptr.To(false)
+	for _, p := range []*corev1.Pod{automounted, off} {
+		got, err := env.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("%s: %v", p.Name, err)
+		}
+		checkInjected(t, got, "")
+		for _, v := range got.Spec.Volumes {
+			if v.Name == "kube-api-access-abcde" {
+				t.Errorf("%s: the automounted token volume is still there", p.Name)
+			}
+		}
+	}
+
+	var warned warnings
+	cfg := rest.CopyConfig(env.Config)
+	cfg.WarningHandler = &warned
+	on := newPod("on", map[string]string{"handoff.dev/inject": "true"})
+	on.Spec.AutomountServiceAccountToken = ptr.To(true)
+	got, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods(ns).Create(ctx, on, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ptr.Deref(got.Spec.AutomountServiceAccountToken, false) {
+		t.Error("automountServiceAccountToken true was changed")
+	}
+	if len(warned.msgs) != 1 || !strings.Contains(warned.msgs[0], "spec.automountServiceAccountToken true: every container of the pod holds the service account's token") {
+		t.Errorf("warnings %q; want one on automountServiceAccountToken true", warned.msgs)
+	}
 }
 
 func TestInvalidAnnotationsAreRefusedByName(t *testing.T) {
@@ -236,8 +313,6 @@ func TestPodsTheSidecarCannotRunInAreRefused(t *testing.T) {
 	}{
 		{"host-network", func(s *corev1.PodSpec) { s.HostNetwork = true }, inject.ReasonHostNetwork,
 			[]string{"handoff: spec.hostNetwork true", "loopback is the node's", "control and app ports", "reach the other pod's sidecar"}},
-		{"no-token", func(s *corev1.PodSpec) { s.AutomountServiceAccountToken = ptr.To(false) }, inject.ReasonNoServiceAccountToken,
-			[]string{"handoff: spec.automountServiceAccountToken false", "service account token", "Leases", "Events"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -73,6 +73,9 @@ problem is reported. See docs/annotations.md.
 			for _, c := range changes {
 				if c.Result == inject.Injected {
 					fmt.Fprintf(cmd.ErrOrStderr(), "injected %s %s\n", c.Kind, c.Name)
+					for _, w := range c.Warnings {
+						fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s %s: %s\n", c.Kind, c.Name, w)
+					}
 				}
 			}
 			if !diff {

@@ -51,6 +51,27 @@ func TestInjectCommand(t *testing.T) {
 	}
 }
 
+// A pod template that asks for the service account token in every
+// container is injected, with the admission webhook's warning on stderr;
+// others give the token to the sidecar alone, without a warning.
+func TestInjectCommandWarnsOfATokenInEveryContainer(t *testing.T) {
+	on := strings.Replace(strings.Replace(deployment, "%s", "cancel", 1), "containers:", "automountServiceAccountToken: true\n      containers:", 1)
+	out, log, err := runInject(t, on, "--image", "handoff:test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "automountServiceAccountToken: true") || strings.Contains(out, "handoff-api-token") {
+		t.Errorf("output changed the pod's own token setting:\n%s", out)
+	}
+	if want := "warning: Deployment orders: spec.automountServiceAccountToken true: every container of the pod holds the service account's token"; !strings.Contains(log, want) {
+		t.Errorf("stderr %q lacks %q", log, want)
+	}
+	out, log, err = runInject(t, strings.Replace(deployment, "%s", "cancel", 1), "--image", "handoff:test")
+	if err != nil || strings.Contains(log, "warning") || !strings.Contains(out, "automountServiceAccountToken: false") || !strings.Contains(out, "name: handoff-api-token") {
+		t.Errorf("a template without the field: %v, stderr %q, output:\n%s", err, log, out)
+	}
+}
+
 func TestInjectCommandRefusesAndWritesNothing(t *testing.T) {
 	out, _, err := runInject(t, strings.Replace(deployment, "%s", "drop", 1))
 	if err == nil || !strings.Contains(err.Error(), "Deployment orders: ") || !strings.Contains(err.Error(), `"drop" for annotation handoff.dev/fallback`) ||

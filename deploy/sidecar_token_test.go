@@ -1,0 +1,264 @@
+package deploy_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+
+	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/leaderelection"
+	"github.com/handoff-dev/handoff/prestop"
+)
+
+// TestSidecarTokenActsOnlyForItsOwnPod applies everything the chart gives
+// two workloads' sidecars (RBAC and admission policies, as helm template
+// renders them) to a real apiserver, and acts as the token injection
+// mounts into a sidecar: its workload's service account, bound to one pod
+// (the user extra authentication.kubernetes.io/pod-name and pod-uid, which
+// impersonation sets as the API server does for a pod-bound token). That
+// token records Events about its own pod, reads and watches that pod, and
+// runs its real elections (acquire, renew, release, a standby's takeover,
+// the leftover release) without one refusal; it is refused an Event about
+// another pod, a Lease naming another pod as holder, a Lease duration of a
+// day, freeing another pod's Lease, moving the fencing token, giving the
+// Lease an owner, any write with a token bound to no pod, and listing pods
+// when its workload has no shards.
+func TestSidecarTokenActsOnlyForItsOwnPod(t *testing.T) {
+	env := kubetest.Get(t)
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	const sa, lease, sharded = "orders", "orders-leader", "batch"
+	rendered := renderSidecar(t, `[{"namespace":"`+ns+`","serviceAccount":"`+sa+`","leases":["`+lease+`"]},`+
+		`{"namespace":"`+ns+`","serviceAccount":"`+sharded+`","leases":[],"shards":{"prefix":"batch-","count":2}}]`)
+	applyAll(t, env.Config, rendered, 2, 3)
+
+	podA, podB := env.Pod(t, ns, "orders-a", 30), env.Pod(t, ns, "orders-b", 30)
+	idA, idB := podA.Name+"_"+string(podA.UID), podB.Name+"_"+string(podB.UID)
+	asA := kubernetes.NewForConfigOrDie(impersonate(env.Config, ns, sa, podA.Name, string(podA.UID)))
+	asB := kubernetes.NewForConfigOrDie(impersonate(env.Config, ns, sa, podB.Name, string(podB.UID)))
+	unbound := kubernetes.NewForConfigOrDie(impersonate(env.Config, ns, sa, "", ""))
+	admin := env.Client
+
+	eventAbout := func(ref corev1.ObjectReference) *corev1.Event {
+		return &corev1.Event{ObjectMeta: metav1.ObjectMeta{GenerateName: "probe."}, InvolvedObject: ref,
+			Reason: "DrainStarted", Message: "test", Type: corev1.EventTypeNormal, Source: corev1.EventSource{Component: "handoff"}}
+	}
+	refA := corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: podA.Name, UID: podA.UID}
+	refB := corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: podB.Name, UID: podB.UID}
+	// The RBAC authorizer and the admission policies take effect
+	// asynchronously: wait until pod A may record an Event about itself and
+	// is refused one about pod B.
+	kubetest.WaitFor(t, 15*time.Second, "the Role and the Event policy to take effect", func() bool {
+		_, own := asA.CoreV1().Events(ns).Create(ctx, eventAbout(refA), metav1.CreateOptions{})
+		_, other := asA.CoreV1().Events(ns).Create(ctx, eventAbout(refB), metav1.CreateOptions{})
+		return own == nil && apierrors.IsForbidden(other)
+	})
+	kubetest.WaitFor(t, 15*time.Second, "the Lease policy to take effect", func() bool {
+		_, err := asA.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: lease},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(idB)}}, metav1.CreateOptions{})
+		return apierrors.IsForbidden(err)
+	})
+
+	// refused asserts err is a 403 whose message has want.
+	refused := func(t *testing.T, what string, err error, want string) {
+		t.Helper()
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v; want Forbidden: %s", what, err, want)
+		}
+	}
+	// asAdmin writes the Lease as the test's admin, to set up a state.
+	asAdmin := func(t *testing.T, change func(*coordinationv1.Lease)) *coordinationv1.Lease {
+		t.Helper()
+		l, err := admin.CoordinationV1().Leases(ns).Get(ctx, lease, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		change(l)
+		if l, err = admin.CoordinationV1().Leases(ns).Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	// update writes the Lease as pod A after change: what a sidecar's token
+	// could send.
+	update := func(change func(*coordinationv1.Lease)) error {
+		l, err := admin.CoordinationV1().Leases(ns).Get(ctx, lease, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		change(l)
+		_, err = asA.CoordinationV1().Leases(ns).Update(ctx, l, metav1.UpdateOptions{})
+		return err
+	}
+
+	t.Run("records Events about its own pod through client-go's recorder", func(t *testing.T) {
+		b := record.NewBroadcaster()
+		defer b.Shutdown()
+		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: asA.CoreV1().Events(ns)})
+		r := b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "handoff"})
+		// The same Event twice: a create, then a patch of its count.
+		r.Event(&refA, corev1.EventTypeNormal, "HandoverComplete", "test")
+		r.Event(&refA, corev1.EventTypeNormal, "HandoverComplete", "test")
+		kubetest.WaitFor(t, 10*time.Second, "the Event written with count 2", func() bool {
+			list, err := admin.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=HandoverComplete"})
+			return err == nil && len(list.Items) == 1 && list.Items[0].Count == 2
+		})
+	})
+
+	t.Run("is refused an Event about another pod", func(t *testing.T) {
+		_, err := asA.CoreV1().Events(ns).Create(ctx, eventAbout(refB), metav1.CreateOptions{})
+		refused(t, "an Event about pod B", err, "may record Events only about its own pod (uid "+string(podA.UID)+"), not about Pod "+ns+"/orders-b")
+		// Its own name, another pod's UID (a replaced StatefulSet pod's).
+		stale := refA
+		stale.UID = podB.UID
+		_, err = asA.CoreV1().Events(ns).Create(ctx, eventAbout(stale), metav1.CreateOptions{})
+		refused(t, "an Event about its name with another UID", err, "may record Events only about its own pod")
+		_, err = asA.CoreV1().Events(ns).Create(ctx, eventAbout(corev1.ObjectReference{Kind: "Lease", APIVersion: "coordination.k8s.io/v1", Namespace: ns, Name: lease}), metav1.CreateOptions{})
+		refused(t, "an Event about a Lease", err, "not about Lease "+ns+"/"+lease)
+		// Nor may it turn an Event it wrote into one about another pod.
+		own, err := asA.CoreV1().Events(ns).Create(ctx, eventAbout(refA), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		own.InvolvedObject = refB
+		_, err = asA.CoreV1().Events(ns).Update(ctx, own, metav1.UpdateOptions{})
+		if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
+			t.Errorf("an Event of its own changed to be about pod B: %v; want Forbidden", err)
+		}
+	})
+
+	t.Run("is refused every write with a token bound to no pod", func(t *testing.T) {
+		_, err := unbound.CoreV1().Events(ns).Create(ctx, eventAbout(refA), metav1.CreateOptions{})
+		refused(t, "an Event", err, "writes only with the token of one of its pods")
+		_, err = unbound.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: lease}}, metav1.CreateOptions{})
+		refused(t, "a Lease create", err, "writes only with the token of one of its pods")
+	})
+
+	t.Run("holds, renews, releases and hands over its Lease as the sidecar does", func(t *testing.T) {
+		leasesA := &forbiddenLog{LeasesGetter: asA.CoordinationV1()}
+		leasesB := &forbiddenLog{LeasesGetter: asB.CoordinationV1()}
+		holder := runElector(t, leasesA, ns, lease, idA)
+		kubetest.WaitFor(t, 15*time.Second, "pod A to take and renew "+lease, func() bool {
+			l, err := admin.CoordinationV1().Leases(ns).Get(ctx, lease, metav1.GetOptions{})
+			return err == nil && holder.terms() > 1 && ptr.Deref(l.Spec.HolderIdentity, "") == idA
+		})
+		standby := runElector(t, leasesB, ns, lease, idB)
+		holder.stop()
+		if !holder.e.Released() {
+			t.Errorf("pod A did not release %s: %v", lease, holder.e.ReleaseErr())
+		}
+		kubetest.WaitFor(t, 15*time.Second, "pod B to take "+lease+" after the release", func() bool { return standby.terms() >= 1 })
+		standby.stop()
+		if !standby.e.Released() {
+			t.Errorf("pod B did not release %s: %v", lease, standby.e.ReleaseErr())
+		}
+		for _, l := range []*forbiddenLog{leasesA, leasesB} {
+			if errs := l.errors(); len(errs) > 0 {
+				t.Errorf("an elector met %d Forbidden answers; the first: %v", len(errs), errs[0])
+			}
+		}
+		// A release left over by a previous process of pod A (its release
+		// withheld): freed by the sidecar's leftover release.
+		asAdmin(t, func(l *coordinationv1.Lease) { l.Spec.HolderIdentity = ptr.To(idA) })
+		if freed, err := leaderelection.ReleaseLeftover(ctx, asA.CoordinationV1(), ns, lease, idA, 5*time.Second); err != nil || !freed {
+			t.Errorf("the leftover release: freed %t, %v; want freed", freed, err)
+		}
+	})
+
+	t.Run("is refused a Lease naming another pod as holder", func(t *testing.T) {
+		asAdmin(t, func(l *coordinationv1.Lease) { l.Spec.HolderIdentity = ptr.To("") })
+		err := update(func(l *coordinationv1.Lease) {
+			l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = ptr.To(idB), ptr.To[int32](15)
+		})
+		refused(t, "holder pod B", err, "may name as the holder of Lease "+lease+" only itself, "+idA+", or no one; not "+idB)
+		// Pod A's name with another UID: a pod that is gone, of the same name.
+		err = update(func(l *coordinationv1.Lease) { l.Spec.HolderIdentity = ptr.To(podA.Name + "_" + string(podB.UID)) })
+		refused(t, "holder pod A's name with another UID", err, "may name as the holder of Lease "+lease+" only itself")
+	})
+
+	t.Run("is refused a Lease duration of a day", func(t *testing.T) {
+		err := update(func(l *coordinationv1.Lease) {
+			l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = ptr.To(idA), ptr.To[int32](86400)
+		})
+		refused(t, "a day's lease duration", err, "may ask for a lease duration of at most 3600 s (1h, the handoff sidecar's longest) on Lease "+lease+", not 86400 s")
+		if err := update(func(l *coordinationv1.Lease) {
+			l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = ptr.To(idA), ptr.To[int32](3600)
+		}); err != nil {
+			t.Errorf("an hour's lease duration, the sidecar's longest: %v", err)
+		}
+	})
+
+	t.Run("is refused freeing another pod's Lease", func(t *testing.T) {
+		asAdmin(t, func(l *coordinationv1.Lease) { l.Spec.HolderIdentity = ptr.To(idB) })
+		err := update(func(l *coordinationv1.Lease) { l.Spec.HolderIdentity = ptr.To("") })
+		refused(t, "freeing pod B's Lease", err, "may free only a Lease it holds itself; Lease "+lease+" is held by "+idB)
+	})
+
+	t.Run("is refused moving the fencing token", func(t *testing.T) {
+		l := asAdmin(t, func(l *coordinationv1.Lease) {
+			l.Spec.HolderIdentity, l.Spec.LeaseTransitions = ptr.To(""), ptr.To[int32](7)
+		})
+		for _, n := range []int32{6, 9, 1 << 30} {
+			err := update(func(l *coordinationv1.Lease) { l.Spec.HolderIdentity, l.Spec.LeaseTransitions = ptr.To(idA), ptr.To(n) })
+			refused(t, fmt.Sprintf("transitions 7 to %d", n), err, fmt.Sprintf("may move the transition count of Lease %s (its fencing token) only as an election does: from 7 to itself or one more, not to %d", lease, n))
+		}
+		// A new Lease starts at 0, as client-go creates it.
+		if err := admin.CoordinationV1().Leases(ns).Delete(ctx, lease, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: ptr.To(l.ResourceVersion)}}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := asA.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: lease},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(idA), LeaseTransitions: ptr.To[int32](1 << 30)}}, metav1.CreateOptions{})
+		refused(t, "a create with transitions 2^30", err, "only as an election does: 0 on create, not to 1073741824")
+		if _, err := asA.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: lease},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(idA), LeaseDurationSeconds: ptr.To[int32](15), LeaseTransitions: ptr.To[int32](0)}}, metav1.CreateOptions{}); err != nil {
+			t.Errorf("a create as client-go's election writes it: %v", err)
+		}
+	})
+
+	t.Run("is refused giving the Lease an owner", func(t *testing.T) {
+		err := update(func(l *coordinationv1.Lease) {
+			l.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: podB.Name, UID: podB.UID}}
+		})
+		refused(t, "an owner reference", err, "may not change the owner references of Lease "+lease)
+	})
+
+	t.Run("gets and watches its own pod, and lists pods only with shards", func(t *testing.T) {
+		if _, err := asA.CoreV1().Pods(ns).Get(ctx, podA.Name, metav1.GetOptions{}); err != nil {
+			t.Errorf("get its pod: %v", err)
+		}
+		// The sidecar's own watch of its pod (a client-go informer with
+		// the field selector metadata.name): it syncs without list.
+		w := prestop.NewPodWatch(asA.CoreV1(), ns, podA.Name)
+		wctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go w.Run(wctx)
+		kubetest.WaitFor(t, 10*time.Second, "the sidecar's watch of its pod to sync", w.Synced)
+		if p, from, err := w.Pod(ctx, time.Second); err != nil || from != prestop.FromWatch || p.UID != podA.UID {
+			t.Errorf("its pod from the watch: %v from %s, %v", p, from, err)
+		}
+		byName := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", podA.Name).String()}
+		_, err := asA.CoreV1().Pods(ns).List(ctx, byName)
+		refused(t, "list its own pod by name without shards", err, `cannot list resource "pods"`)
+		_, err = asA.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		refused(t, "list the pods of its namespace without shards", err, `cannot list resource "pods"`)
+		// A workload with shards lists its peers by label.
+		peer := env.Pod(t, ns, "batch-0", 30)
+		asPeer := kubernetes.NewForConfigOrDie(impersonate(env.Config, ns, sharded, peer.Name, string(peer.UID)))
+		if _, err := asPeer.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=batch"}); err != nil {
+			t.Errorf("list the shard's peers: %v", err)
+		}
+	})
+}
