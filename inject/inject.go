@@ -29,7 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"net"
 	"path"
 	"slices"
@@ -77,11 +76,6 @@ const (
 // defaultGracePeriod is the API's default terminationGracePeriodSeconds.
 const defaultGracePeriod = 30
 
-// maxGracePeriod is the longest grace period, in seconds, that is a
-// time.Duration: the sidecar reads it as one (HANDOFF_GRACE_PERIOD), and a
-// longer one would overflow.
-const maxGracePeriod = math.MaxInt64 / int64(time.Second)
-
 // Options are the injector's own settings, the same for every pod.
 type Options struct {
 	// Image is the handoff image, for the sidecar and the install step.
@@ -108,9 +102,11 @@ const (
 // and the pod itself first and, if anything is wrong, returns all the
 // problems joined, each naming the annotation or field, the value and the
 // accepted form, and changes nothing. It refuses a worker container that
-// already has a preStop hook unless handoff.dev/wrap-prestop is "true", a
-// grace period no longer than deadline-margin plus handback-reserve, a
-// hostNetwork pod, a pod with automountServiceAccountToken false, and a
+// already has a preStop hook unless handoff.dev/wrap-prestop is "true" (or
+// whose wrapped sleep hook is not from 0 to the grace period), a grace
+// period, the pod's or the worker's liveness or startup probe's
+// terminationGracePeriodSeconds, no longer than deadline-margin plus
+// handback-reserve or above config.MaxGracePeriodSeconds, a hostNetwork pod, a pod with automountServiceAccountToken false, and a
 // shard-peers selector that does not select the pod's own labels or that
 // selects on pod-template-hash or controller-revision-hash. Each
 // problem is a *Refusal; Reasons lists their codes.
@@ -202,13 +198,7 @@ func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec) (*plan, error
 		errs = append(errs, refuse(ReasonInvalidAnnotation, namedAnnotations(err)))
 	} else {
 		p.settings = s
-		if p.grace > maxGracePeriod {
-			errs = append(errs, refuse(ReasonGracePeriod, fmt.Errorf("spec.terminationGracePeriodSeconds %d: must be at most %d, the longest duration (in seconds) the sidecar reads",
-				p.grace, maxGracePeriod)))
-		} else if g := time.Duration(p.grace) * time.Second; g <= s.DeadlineMargin+s.HandbackReserve {
-			errs = append(errs, refuse(ReasonGracePeriod, fmt.Errorf("spec.terminationGracePeriodSeconds %d: must be more than %s (%s) plus %s (%s), or the handover has no time; raise it or lower those",
-				p.grace, config.AnnotationPrefix+"deadline-margin", s.DeadlineMargin, config.AnnotationPrefix+"handback-reserve", s.HandbackReserve)))
-		}
+		errs = append(errs, p.gracePeriod("spec.terminationGracePeriodSeconds", p.grace))
 	}
 	for _, d := range config.Table {
 		if v, ok := a[d.AnnotationKey()]; ok && d.Annotation {
@@ -229,6 +219,9 @@ func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec) (*plan, error
 		errs = append(errs, refuse(ReasonWorker, err))
 	} else {
 		p.workerName = spec.Containers[p.worker].Name
+		if p.settings != nil {
+			errs = append(errs, p.probeGracePeriods(spec.Containers[p.worker])...)
+		}
 		for _, m := range spec.Containers[p.worker].VolumeMounts {
 			if path.Clean(m.MountPath) == BinDir {
 				errs = append(errs, refuse(ReasonNameTaken, fmt.Errorf("spec.containers[%s].volumeMounts: %s is taken by volume %q; handoff mounts its binary there",
@@ -249,6 +242,48 @@ func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec) (*plan, error
 		return nil, err
 	}
 	return p, nil
+}
+
+// gracePeriod refuses a grace period of seconds (the pod's or a probe's
+// terminationGracePeriodSeconds, at field) that the sidecar cannot use: above
+// config.MaxGracePeriodSeconds, the longest the kubelet and the sidecar can
+// wait (the API takes any int64, and seconds * time.Second wraps above it),
+// or no longer than deadline-margin plus handback-reserve, which leaves the
+// handover no time. Needs p.settings.
+func (p *plan) gracePeriod(field string, seconds int64) error {
+	s := p.settings
+	// Each at most config.MaxDuration (1h): the sum is at most 2h, no wrap.
+	reserve := s.DeadlineMargin + s.HandbackReserve
+	switch {
+	case seconds > config.MaxGracePeriodSeconds:
+		return refuse(ReasonGracePeriod, fmt.Errorf("%s %d: must be at most %d (%s), the longest grace period the kubelet and the sidecar can wait",
+			field, seconds, config.MaxGracePeriodSeconds, config.MaxGracePeriod))
+	// From 1 to MaxGracePeriodSeconds, seconds * time.Second does not wrap.
+	case seconds <= 0 || time.Duration(seconds)*time.Second <= reserve:
+		return refuse(ReasonGracePeriod, fmt.Errorf("%s %d: must be more than %s (%s) plus %s (%s), or the handover has no time; raise it or lower those",
+			field, seconds, config.AnnotationPrefix+"deadline-margin", s.DeadlineMargin, config.AnnotationPrefix+"handback-reserve", s.HandbackReserve))
+	}
+	return nil
+}
+
+// probeGracePeriods refuses the worker's liveness or startup probe's
+// terminationGracePeriodSeconds as gracePeriod does the pod's: the kubelet
+// gives a kill by that probe this grace period instead of the pod's, and
+// the sidecar takes the handover's deadline from it. (A readiness probe
+// kills nothing; the API refuses the field there.)
+func (p *plan) probeGracePeriods(w corev1.Container) []error {
+	var errs []error
+	for _, probe := range []struct {
+		name  string
+		probe *corev1.Probe
+	}{{"livenessProbe", w.LivenessProbe}, {"startupProbe", w.StartupProbe}} {
+		if probe.probe == nil || probe.probe.TerminationGracePeriodSeconds == nil {
+			continue
+		}
+		field := fmt.Sprintf("spec.containers[%s].%s.terminationGracePeriodSeconds", w.Name, probe.name)
+		errs = append(errs, p.gracePeriod(field, *probe.probe.TerminationGracePeriodSeconds))
+	}
+	return errs
 }
 
 // checkPorts refuses ports the injected pod cannot use: the preStop hook
@@ -479,6 +514,12 @@ func (p *plan) preStop(w corev1.Container, wrap bool) ([]string, error) {
 	case had.Exec != nil:
 		return append(append(hook, "--"), had.Exec.Command...), nil
 	case had.Sleep != nil:
+		// As the API requires of a sleep hook, which it no longer sees once
+		// injected: from 0 to the grace period (so --then-sleep parses).
+		if had.Sleep.Seconds < 0 || had.Sleep.Seconds > p.grace {
+			return nil, fmt.Errorf("spec.containers[%s].lifecycle.preStop.sleep.seconds %d: must be from 0 to the pod's terminationGracePeriodSeconds (%d), as Kubernetes requires of a sleep hook",
+				w.Name, had.Sleep.Seconds, p.grace)
+		}
 		return append(hook, "--then-sleep", fmt.Sprintf("%ds", had.Sleep.Seconds)), nil
 	}
 	return nil, fmt.Errorf("spec.containers[%s].lifecycle.preStop: only exec and sleep hooks can be wrapped, and this one is neither; remove it or make it an exec hook",

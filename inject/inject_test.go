@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -459,5 +461,76 @@ func TestShardPeersSelectThePodItself(t *testing.T) {
 				t.Errorf("refused, yet the pod changed")
 			}
 		})
+	}
+}
+
+// Issue 20: every grace period and duration of an injected pod is bounded,
+// the pod's and the worker's probes', and refused naming the field or the
+// annotation, the value and the bound. A probe's 10000000000 s was
+// injected, and the sidecar computed a deadline millions of hours in the
+// past; deadline-margin and handback-reserve of 2000000h wrapped their sum
+// negative and were admitted.
+func TestPodBoundsEveryGracePeriod(t *testing.T) {
+	probe := func(seconds int64) *corev1.Probe {
+		return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}, TerminationGracePeriodSeconds: ptr.To(seconds)}
+	}
+	on := map[string]string{"handoff.dev/inject": "true"} // copied per case: an injected pod's map gets the status
+	for _, tc := range []struct {
+		name        string
+		annotations map[string]string
+		mutate      func(*corev1.PodSpec)
+		reason      inject.Reason
+		want        []string
+	}{
+		{"liveness probe 10000000000 s", on, func(s *corev1.PodSpec) { s.Containers[0].LivenessProbe = probe(10000000000) }, inject.ReasonGracePeriod,
+			[]string{"spec.containers[worker].livenessProbe.terminationGracePeriodSeconds 10000000000: must be at most 9223372036 (2562047h47m16s)"}},
+		{"startup probe 10000000000 s", on, func(s *corev1.PodSpec) { s.Containers[0].StartupProbe = probe(10000000000) }, inject.ReasonGracePeriod,
+			[]string{"spec.containers[worker].startupProbe.terminationGracePeriodSeconds 10000000000: must be at most 9223372036"}},
+		{"liveness probe too short for the handover", on, func(s *corev1.PodSpec) { s.Containers[0].LivenessProbe = probe(4) }, inject.ReasonGracePeriod,
+			[]string{"spec.containers[worker].livenessProbe.terminationGracePeriodSeconds 4: must be more than handoff.dev/deadline-margin (2s) plus handoff.dev/handback-reserve (2s)"}},
+		{"pod 9223372036854775807 s", on, func(s *corev1.PodSpec) { s.TerminationGracePeriodSeconds = ptr.To[int64](math.MaxInt64) }, inject.ReasonGracePeriod,
+			[]string{"spec.terminationGracePeriodSeconds 9223372036854775807: must be at most 9223372036"}},
+		{"pod -9223372037 s", on, func(s *corev1.PodSpec) { s.TerminationGracePeriodSeconds = ptr.To[int64](-9223372037) }, inject.ReasonGracePeriod,
+			[]string{"spec.terminationGracePeriodSeconds -9223372037: must be more than"}},
+		{"margins of 2000000h", map[string]string{"handoff.dev/inject": "true", "handoff.dev/deadline-margin": "2000000h", "handoff.dev/handback-reserve": "2000000h"}, nil, inject.ReasonInvalidAnnotation,
+			[]string{`invalid value "2000000h" for annotation handoff.dev/deadline-margin: above the maximum 1h0m0s; want a duration from 0s to 1h`,
+				`invalid value "2000000h" for annotation handoff.dev/handback-reserve: above the maximum 1h0m0s; want a duration from 0s to 1h`}},
+		{"wrapped sleep of 10000000000 s", map[string]string{"handoff.dev/inject": "true", "handoff.dev/wrap-prestop": "true"}, func(s *corev1.PodSpec) {
+			s.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 10000000000}}}
+		}, inject.ReasonPreStop, []string{"spec.containers[worker].lifecycle.preStop.sleep.seconds 10000000000: must be from 0 to the pod's terminationGracePeriodSeconds (30)"}},
+		{"wrapped sleep of -1 s", map[string]string{"handoff.dev/inject": "true", "handoff.dev/wrap-prestop": "true"}, func(s *corev1.PodSpec) {
+			s.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: -1}}}
+		}, inject.ReasonPreStop, []string{"spec.containers[worker].lifecycle.preStop.sleep.seconds -1: must be from 0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			meta, spec := pod(maps.Clone(tc.annotations))
+			if tc.mutate != nil {
+				tc.mutate(spec)
+			}
+			before := spec.DeepCopy()
+			res, err := inject.Pod(meta, spec, opts)
+			if err == nil {
+				t.Fatalf("%s; want a refusal", res)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+			if got := inject.Reasons(err); !slices.Equal(got, []inject.Reason{tc.reason}) {
+				t.Errorf("reasons %v, want [%s]", got, tc.reason)
+			}
+			if len(spec.InitContainers) != len(before.InitContainers) || meta.Annotations["handoff.dev/status"] != "" {
+				t.Error("a refused pod was changed")
+			}
+		})
+	}
+	// The bounds themselves are injected.
+	meta, spec := pod(map[string]string{"handoff.dev/inject": "true", "handoff.dev/deadline-margin": "1h", "handoff.dev/handback-reserve": "1h"})
+	spec.TerminationGracePeriodSeconds = ptr.To[int64](9223372036)
+	spec.Containers[0].LivenessProbe = probe(9223372036)
+	spec.Containers[0].StartupProbe = probe(2*3600 + 1)
+	if res, err := inject.Pod(meta, spec, opts); err != nil || res != inject.Injected {
+		t.Errorf("grace periods at their bounds: %s, %v; want injected", res, err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -295,4 +296,70 @@ func counter(t *testing.T, name, value string) float64 {
 		}
 	}
 	return 0
+}
+
+// Issue 20: out-of-range grace periods and durations are refused by the
+// webhook, naming the field or the annotation and the bound, and counted by
+// reason; before, a probe's 10000000000 s and margins of 2000000h were
+// admitted, and a wrapped sleep hook of 10000000000 s, which the API checks
+// only on the pod as the webhook left it, became a hook that could not run.
+func TestOutOfRangeDurationsAreRefusedByName(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	probe := func(seconds int64) *corev1.Probe {
+		return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}, TerminationGracePeriodSeconds: ptr.To(seconds)}
+	}
+	for _, tc := range []struct {
+		name        string
+		annotations map[string]string
+		spec        func(*corev1.PodSpec)
+		reason      inject.Reason
+		want        []string
+	}{
+		{"liveness-probe", nil, func(s *corev1.PodSpec) { s.Containers[0].LivenessProbe = probe(10000000000) }, inject.ReasonGracePeriod,
+			[]string{"handoff: spec.containers[worker].livenessProbe.terminationGracePeriodSeconds 10000000000: must be at most 9223372036"}},
+		{"startup-probe", nil, func(s *corev1.PodSpec) { s.Containers[0].StartupProbe = probe(10000000000) }, inject.ReasonGracePeriod,
+			[]string{"handoff: spec.containers[worker].startupProbe.terminationGracePeriodSeconds 10000000000: must be at most 9223372036"}},
+		{"pod-grace-period", nil, func(s *corev1.PodSpec) { s.TerminationGracePeriodSeconds = ptr.To[int64](9223372036854775807) }, inject.ReasonGracePeriod,
+			[]string{"handoff: spec.terminationGracePeriodSeconds 9223372036854775807: must be at most 9223372036"}},
+		{"margins", map[string]string{"handoff.dev/deadline-margin": "2000000h", "handoff.dev/handback-reserve": "2000000h"}, nil, inject.ReasonInvalidAnnotation,
+			[]string{`invalid value "2000000h" for annotation handoff.dev/deadline-margin: above the maximum 1h0m0s; want a duration from 0s to 1h`,
+				`invalid value "2000000h" for annotation handoff.dev/handback-reserve: above the maximum 1h0m0s`}},
+		{"wrapped-sleep", map[string]string{"handoff.dev/wrap-prestop": "true"}, func(s *corev1.PodSpec) {
+			s.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 10000000000}}}
+		}, inject.ReasonPreStop, []string{"spec.containers[worker].lifecycle.preStop.sleep.seconds 10000000000: must be from 0 to the pod's terminationGracePeriodSeconds (30)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := map[string]string{"handoff.dev/inject": "true"}
+			maps.Copy(a, tc.annotations)
+			p := newPod(tc.name, a)
+			if tc.spec != nil {
+				tc.spec(&p.Spec)
+			}
+			checkRefused(t, env, ns, p, tc.reason, tc.want...)
+		})
+	}
+}
+
+// checkRefused creates p in ns and checks that the webhook refuses it with
+// every string of want in the message, counted once as refused and once
+// under reason.
+func checkRefused(t *testing.T, env *kubetest.Env, ns string, p *corev1.Pod, reason inject.Reason, want ...string) {
+	t.Helper()
+	refused, byReason := counter(t, "handoff_webhook_admissions_total", webhook.OutcomeRefused), counter(t, "handoff_webhook_refusals_total", string(reason))
+	_, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{})
+	if err == nil {
+		t.Fatal("created; want the webhook to refuse it")
+	}
+	for _, w := range append(want, `admission webhook "inject.handoff.dev" denied the request`) {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not contain %q", err, w)
+		}
+	}
+	if got := counter(t, "handoff_webhook_admissions_total", webhook.OutcomeRefused); got != refused+1 {
+		t.Errorf("refused count %v, want %v", got, refused+1)
+	}
+	if got := counter(t, "handoff_webhook_refusals_total", string(reason)); got != byReason+1 {
+		t.Errorf("refusals{reason=%s} %v, want %v", reason, got, byReason+1)
+	}
 }
