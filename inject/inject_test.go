@@ -534,3 +534,63 @@ func TestPodBoundsEveryGracePeriod(t *testing.T) {
 		t.Errorf("grace periods at their bounds: %s, %v; want injected", res, err)
 	}
 }
+
+// Issue 20: handoff inject reads a pod template's numbers as written and
+// names the field of a value of the wrong type. A grace period of
+// 9223372036854775807 was read through a float64 and reported as
+// -9223372036854775808, one above int64 wrapped silently, and a number
+// where a string belongs was "unrecognized type: string".
+func TestManifestsReadNumbersAndTypesAsWritten(t *testing.T) {
+	pod := func(spec string) string {
+		return "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {handoff.dev/inject: \"true\"}\nspec:\n" + spec
+	}
+	for _, tc := range []struct {
+		name, in string
+		want     []string
+	}{
+		{"grace period 9223372036854775807", pod("  terminationGracePeriodSeconds: 9223372036854775807\n  containers: [{name: w, image: w}]\n"),
+			[]string{"Pod p: spec.terminationGracePeriodSeconds 9223372036854775807: must be at most 9223372036"}},
+		{"grace period -9223372036854775808", pod("  terminationGracePeriodSeconds: -9223372036854775808\n  containers: [{name: w, image: w}]\n"),
+			[]string{"Pod p: spec.terminationGracePeriodSeconds -9223372036854775808: must be more than"}},
+		{"grace period above int64", pod("  terminationGracePeriodSeconds: 18446744073709551616\n  containers: [{name: w, image: w}]\n"),
+			[]string{"Pod p: reading the pod template", "spec.terminationGracePeriodSeconds", "int64"}},
+		{"grace period in exponent form above int64", pod("  terminationGracePeriodSeconds: 1e19\n  containers: [{name: w, image: w}]\n"),
+			[]string{"Pod p: reading the pod template", "spec.terminationGracePeriodSeconds", "int64"}},
+		{"JSON grace period 9223372036854775807", `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","annotations":{"handoff.dev/inject":"true"}},"spec":{"terminationGracePeriodSeconds":9223372036854775807,"containers":[{"name":"w","image":"w"}]}}`,
+			[]string{"Pod p: spec.terminationGracePeriodSeconds 9223372036854775807: must be at most 9223372036"}},
+		{"probe grace period 10000000000", pod("  containers: [{name: w, image: w, livenessProbe: {exec: {command: [\"true\"]}, terminationGracePeriodSeconds: 10000000000}}]\n"),
+			[]string{"Pod p: spec.containers[w].livenessProbe.terminationGracePeriodSeconds 10000000000: must be at most 9223372036"}},
+		{"a number for a string", pod("  containers: [{name: w, image: w, env: [{name: PORT, value: 8080}]}]\n"),
+			[]string{"Pod p: reading the pod template", "spec.containers.env.value", "string"}},
+		{"a list for a container name", pod("  containers: [{name: [w, w], image: w}]\n"),
+			[]string{"Pod p: reading the pod template", "spec.containers.name", "string"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			_, err := inject.Manifests(strings.NewReader(tc.in), &out, opts)
+			if err == nil {
+				t.Fatalf("no error; output:\n%s", out.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+			for _, bad := range []string{"unrecognized type", "-9223372036854775808:"} {
+				if strings.Contains(err.Error(), bad) && !strings.Contains(tc.in, strings.TrimSuffix(bad, ":")) {
+					t.Errorf("error %q says %q", err, bad)
+				}
+			}
+		})
+	}
+	// Numbers are written back as read.
+	var out bytes.Buffer
+	if _, err := inject.Manifests(strings.NewReader(pod("  terminationGracePeriodSeconds: 9223372036\n  containers: [{name: w, image: w, ports: [{containerPort: 8080}]}]\n")), &out, opts); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"terminationGracePeriodSeconds: 9223372036\n", "containerPort: 8080\n", "--timeout\n          - 9223372036s\n"} {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("output lacks %q:\n%s", w, out.String())
+		}
+	}
+}
