@@ -108,8 +108,9 @@ const (
 // terminationGracePeriodSeconds, no longer than deadline-margin plus
 // handback-reserve or above config.MaxGracePeriodSeconds, a hostNetwork pod, a pod with automountServiceAccountToken false, and a
 // shard-peers selector that does not select the pod's own labels or that
-// selects on pod-template-hash or controller-revision-hash. Each
-// problem is a *Refusal; Reasons lists their codes.
+// selects on pod-template-hash or controller-revision-hash. It refuses too a
+// hostPID pod, and a pod with shareProcessNamespace true unless
+// handoff.dev/allow-shared-process-namespace is "true". Each problem is a *Refusal; Reasons lists their codes.
 func Pod(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) (Result, error) {
 	if o.Image == "" {
 		return "", refuse(ReasonNoImage, errors.New("inject: no handoff image configured"))
@@ -213,7 +214,8 @@ func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec) (*plan, error
 	if spec.OS != nil && spec.OS.Name != corev1.Linux {
 		errs = append(errs, refuse(ReasonOS, fmt.Errorf("spec.os.name %s: the handoff sidecar runs on Linux only", spec.OS.Name)))
 	}
-	errs = append(errs, hostNetwork(spec), serviceAccountToken(spec))
+	errs = append(errs, hostNetwork(spec), hostPID(spec), shareProcessNamespace(spec, a[AnnotationAllowSharedProcessNamespace] == "true"),
+		serviceAccountToken(spec))
 	p.worker, err = workerIndex(a[AnnotationContainer], spec)
 	if err != nil {
 		errs = append(errs, refuse(ReasonWorker, err))
@@ -336,6 +338,34 @@ func hostNetwork(spec *corev1.PodSpec) error {
 		return nil
 	}
 	return refuse(ReasonHostNetwork, errors.New("spec.hostNetwork true: the pod's loopback is the node's, so two such pods on one node share the sidecar's control and app ports and one pod's preStop hook can reach the other pod's sidecar; handoff needs the pod's own network namespace (hostNetwork false)"))
+}
+
+// hostPID refuses a pod in the node's process namespace: there the pod's
+// other containers and the node's processes see the sidecar's and the
+// worker's processes, and any of them running as the same user (65532, the
+// sidecar's, is the usual non-root one) or with CAP_SYS_PTRACE can open
+// their files through /proc/PID/root: the pod's token in BinDir, and the
+// control path.
+func hostPID(spec *corev1.PodSpec) error {
+	if !spec.HostPID {
+		return nil
+	}
+	return refuse(ReasonHostPID, errors.New("spec.hostPID true: the pod's containers run in the node's process namespace, where the pod's other containers and the node's processes see the sidecar and the worker, and any of them running as the same user or with CAP_SYS_PTRACE can read the pod's token and reach the control path through /proc/PID/root; handoff needs the pod's own process namespace (hostPID false)"))
+}
+
+// shareProcessNamespace refuses a pod whose containers share one process
+// namespace, unless allowed (AnnotationAllowSharedProcessNamespace "true"):
+// there every container of the pod sees the sidecar's and the worker's
+// processes and, running as the same user or with CAP_SYS_PTRACE, can read
+// the pod's token and reach the control path through /proc/PID/root, which
+// the volume mounted only into the sidecar and the worker is meant to keep
+// from them. Allowing it trusts every container of the pod as the worker.
+func shareProcessNamespace(spec *corev1.PodSpec, allowed bool) error {
+	if spec.ShareProcessNamespace == nil || !*spec.ShareProcessNamespace || allowed {
+		return nil
+	}
+	return refuse(ReasonShareProcessNamespace, fmt.Errorf("spec.shareProcessNamespace true: every container of the pod sees the sidecar and the worker, and any running as the same user or with CAP_SYS_PTRACE can read the pod's token and reach the control path through /proc/PID/root; remove the field, or set %s: \"true\" to inject anyway, trusting every container of the pod as the worker",
+		AnnotationAllowSharedProcessNamespace))
 }
 
 // revisionLabels are the labels a controller sets per revision of a

@@ -363,6 +363,12 @@ func TestPodRefusesWhatTheSidecarCannotRunIn(t *testing.T) {
 			s.Volumes = []corev1.Volume{{Name: "token", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
 				Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}}}}
 		}, inject.ReasonNoServiceAccountToken, []string{"spec.automountServiceAccountToken false"}},
+		// Issue 20: hostPID pods were injected.
+		{"host PID", func(s *corev1.PodSpec) { s.HostPID = true }, inject.ReasonHostPID,
+			[]string{"spec.hostPID true", "node's process namespace", "/proc/PID/root", "the pod's token", "hostPID false"}},
+		{"shared process namespace", func(s *corev1.PodSpec) { s.ShareProcessNamespace = ptr.To(true) }, inject.ReasonShareProcessNamespace,
+			[]string{"spec.shareProcessNamespace true", "every container of the pod", "/proc/PID/root", "the pod's token",
+				`handoff.dev/allow-shared-process-namespace: "true"`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -386,12 +392,21 @@ func TestPodRefusesWhatTheSidecarCannotRunIn(t *testing.T) {
 			}
 		})
 	}
-	// What is allowed stays allowed: a token turned on, and no host network.
+	// What is allowed stays allowed: a token turned on, no host network or
+	// PID, a process namespace not shared.
 	meta, spec := pod(on())
 	spec.AutomountServiceAccountToken = ptr.To(true)
-	spec.HostNetwork = false
+	spec.HostNetwork, spec.HostPID, spec.ShareProcessNamespace = false, false, ptr.To(false)
 	if res, err := inject.Pod(meta, spec, opts); err != nil || res != inject.Injected {
 		t.Errorf("pod with automountServiceAccountToken true: %s, %v; want injected", res, err)
+	}
+	// A shared process namespace, where the pod opts in.
+	a := on()
+	a["handoff.dev/allow-shared-process-namespace"] = "true"
+	meta, spec = pod(a)
+	spec.ShareProcessNamespace = ptr.To(true)
+	if res, err := inject.Pod(meta, spec, opts); err != nil || res != inject.Injected {
+		t.Errorf("pod with shareProcessNamespace true, allowed: %s, %v; want injected", res, err)
 	}
 }
 

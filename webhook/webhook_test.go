@@ -239,6 +239,12 @@ func TestPodsTheSidecarCannotRunInAreRefused(t *testing.T) {
 			[]string{"handoff: spec.hostNetwork true", "loopback is the node's", "control and app ports", "reach the other pod's sidecar"}},
 		{"no-token", func(s *corev1.PodSpec) { s.AutomountServiceAccountToken = ptr.To(false) }, inject.ReasonNoServiceAccountToken,
 			[]string{"handoff: spec.automountServiceAccountToken false", "service account token", "Leases", "Events"}},
+		// Issue 20: hostPID pods were injected; pods whose containers share
+		// a process namespace are refused too, unless they allow it.
+		{"host-pid", func(s *corev1.PodSpec) { s.HostPID = true }, inject.ReasonHostPID,
+			[]string{"handoff: spec.hostPID true", "node's process namespace", "/proc/PID/root", "the pod's token"}},
+		{"share-process-namespace", func(s *corev1.PodSpec) { s.ShareProcessNamespace = ptr.To(true) }, inject.ReasonShareProcessNamespace,
+			[]string{"handoff: spec.shareProcessNamespace true", "/proc/PID/root", `handoff.dev/allow-shared-process-namespace: "true"`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -265,10 +271,19 @@ func TestPodsTheSidecarCannotRunInAreRefused(t *testing.T) {
 	// Without the annotation such pods are not the webhook's business.
 	p := newPod("plain-host-network", nil)
 	p.Spec.HostNetwork = true
+	p.Spec.HostPID = true
 	p.Spec.AutomountServiceAccountToken = ptr.To(false)
 	if _, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 		t.Errorf("a pod not asking for handoff was refused: %v", err)
 	}
+	// A shared process namespace the pod allows is injected.
+	p = newPod("shared-allowed", map[string]string{"handoff.dev/inject": "true", "handoff.dev/leases": "work", "handoff.dev/allow-shared-process-namespace": "true"})
+	p.Spec.ShareProcessNamespace = ptr.To(true)
+	created, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a pod allowing its shared process namespace was refused: %v", err)
+	}
+	checkInjected(t, created, "work")
 }
 
 // outcomes reads handoff_webhook_admissions_total{outcome}.
