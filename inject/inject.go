@@ -109,8 +109,9 @@ const (
 // handback-reserve or above config.MaxGracePeriodSeconds, a hostNetwork pod, a pod with automountServiceAccountToken false, and a
 // shard-peers selector that does not select the pod's own labels or that
 // selects on pod-template-hash or controller-revision-hash. It refuses too a
-// hostPID pod, and a pod with shareProcessNamespace true unless
-// handoff.dev/allow-shared-process-namespace is "true". Each problem is a *Refusal; Reasons lists their codes.
+// hostPID pod, a pod with shareProcessNamespace true unless
+// handoff.dev/allow-shared-process-namespace is "true", and two containers
+// of one name. Each problem is a *Refusal; Reasons lists their codes.
 func Pod(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) (Result, error) {
 	if o.Image == "" {
 		return "", refuse(ReasonNoImage, errors.New("inject: no handoff image configured"))
@@ -215,7 +216,7 @@ func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec) (*plan, error
 		errs = append(errs, refuse(ReasonOS, fmt.Errorf("spec.os.name %s: the handoff sidecar runs on Linux only", spec.OS.Name)))
 	}
 	errs = append(errs, hostNetwork(spec), hostPID(spec), shareProcessNamespace(spec, a[AnnotationAllowSharedProcessNamespace] == "true"),
-		serviceAccountToken(spec))
+		serviceAccountToken(spec), duplicateNames(spec))
 	p.worker, err = workerIndex(a[AnnotationContainer], spec)
 	if err != nil {
 		errs = append(errs, refuse(ReasonWorker, err))
@@ -366,6 +367,31 @@ func shareProcessNamespace(spec *corev1.PodSpec, allowed bool) error {
 	}
 	return refuse(ReasonShareProcessNamespace, fmt.Errorf("spec.shareProcessNamespace true: every container of the pod sees the sidecar and the worker, and any running as the same user or with CAP_SYS_PTRACE can read the pod's token and reach the control path through /proc/PID/root; remove the field, or set %s: \"true\" to inject anyway, trusting every container of the pod as the worker",
 		AnnotationAllowSharedProcessNamespace))
+}
+
+// duplicateNames refuses two containers of one name, among the pod's
+// containers, init containers and ephemeral containers: the API refuses
+// such a pod, and handoff finds the worker by its name.
+func duplicateNames(spec *corev1.PodSpec) error {
+	var errs []error
+	first := map[string]string{}
+	check := func(field, name string) {
+		if f, ok := first[name]; ok {
+			errs = append(errs, fmt.Errorf("%s.name: %q is also the name of %s; container names are unique within a pod (the API refuses it, and handoff finds the worker by name); rename one", field, name, f))
+			return
+		}
+		first[name] = field
+	}
+	for i, c := range spec.Containers {
+		check(fmt.Sprintf("spec.containers[%d]", i), c.Name)
+	}
+	for i, c := range spec.InitContainers {
+		check(fmt.Sprintf("spec.initContainers[%d]", i), c.Name)
+	}
+	for i, c := range spec.EphemeralContainers {
+		check(fmt.Sprintf("spec.ephemeralContainers[%d]", i), c.Name)
+	}
+	return refuse(ReasonDuplicateContainerName, errors.Join(errs...))
 }
 
 // revisionLabels are the labels a controller sets per revision of a

@@ -297,6 +297,8 @@ func TestManifestsEdges(t *testing.T) {
 			wantOut: []string{"spec: {replicas: 3}"}},
 		{name: "unknown field is an error, not dropped", in: "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {handoff.dev/inject: \"true\"}\nspec: {containers: [{name: w, image: w, imagePullPolicyy: Always}]}\n",
 			wantErr: []string{"Pod p: reading the pod template", "imagePullPolicyy"}},
+		{name: "two containers of one name", in: "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {handoff.dev/inject: \"true\"}\nspec: {containers: [{name: w, image: w}, {name: w, image: x}]}\n",
+			wantErr: []string{`Pod p: spec.containers[1].name: "w" is also the name of spec.containers[0]`}},
 		{name: "comments and separators kept", in: "# licence header\n--- # second\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
 			wantOut: []string{"# licence header\n--- # second\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n"}},
 		{name: "not UTF-8", in: "# a comment\n# \xfe\n",
@@ -369,6 +371,15 @@ func TestPodRefusesWhatTheSidecarCannotRunIn(t *testing.T) {
 		{"shared process namespace", func(s *corev1.PodSpec) { s.ShareProcessNamespace = ptr.To(true) }, inject.ReasonShareProcessNamespace,
 			[]string{"spec.shareProcessNamespace true", "every container of the pod", "/proc/PID/root", "the pod's token",
 				`handoff.dev/allow-shared-process-namespace: "true"`}},
+		// Issue 20: two containers of one name were injected (handoff
+		// inject wrote a pod the API refuses; the sidecar and the hook could
+		// each take a different one for the worker).
+		{"two containers of one name", func(s *corev1.PodSpec) {
+			s.Containers = append(s.Containers, corev1.Container{Name: "worker", Image: "x"})
+		},
+			inject.ReasonDuplicateContainerName, []string{`spec.containers[1].name: "worker" is also the name of spec.containers[0]`, "unique"}},
+		{"an init container of the worker's name", func(s *corev1.PodSpec) { s.InitContainers = []corev1.Container{{Name: "worker", Image: "x"}} },
+			inject.ReasonDuplicateContainerName, []string{`spec.initContainers[0].name: "worker" is also the name of spec.containers[0]`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -40,6 +40,9 @@ const (
 	// namespace, where each can reach the sidecar's and the worker's files
 	// through /proc, and the pod does not allow it by annotation.
 	ReasonShareProcessNamespace Reason = "share-process-namespace"
+	// ReasonDuplicateContainerName: two of the pod's containers have one
+	// name.
+	ReasonDuplicateContainerName Reason = "duplicate-container-name"
 	// ReasonNoServiceAccountToken: the pod mounts no service account token,
 	// and the sidecar needs the API.
 	ReasonNoServiceAccountToken Reason = "no-service-account-token"

@@ -245,6 +245,12 @@ func TestPodsTheSidecarCannotRunInAreRefused(t *testing.T) {
 			[]string{"handoff: spec.hostPID true", "node's process namespace", "/proc/PID/root", "the pod's token"}},
 		{"share-process-namespace", func(s *corev1.PodSpec) { s.ShareProcessNamespace = ptr.To(true) }, inject.ReasonShareProcessNamespace,
 			[]string{"handoff: spec.shareProcessNamespace true", "/proc/PID/root", `handoff.dev/allow-shared-process-namespace: "true"`}},
+		// Issue 20: two containers of one name were the API's to refuse,
+		// after the webhook had injected the pod; now the webhook names them.
+		{"duplicate-container-name", func(s *corev1.PodSpec) {
+			s.Containers = append(s.Containers, corev1.Container{Name: "worker", Image: "x"})
+		},
+			inject.ReasonDuplicateContainerName, []string{`handoff: spec.containers[1].name: "worker" is also the name of spec.containers[0]`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
