@@ -7,7 +7,9 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +28,27 @@ const AnnotationPrefix = "handoff.dev/"
 // EnvPrefix is the prefix of every environment variable handoff reads.
 const EnvPrefix = "HANDOFF_"
 
+// Bounds of the duration settings. Every duration has one, so that neither
+// a value nor a sum or difference the sidecar makes of two of them
+// (deadline-margin plus handback-reserve, the grace period minus
+// deadline-margin) can wrap around.
+const (
+	// MaxDuration is the longest renew-deadline, retry-period,
+	// deadline-margin and handback-reserve: 1h, as lease-duration
+	// (protocol.MaxLeaseDuration). Two of them sum to at most 2h.
+	MaxDuration = time.Hour
+	// MaxGracePeriodSeconds is the longest grace period, in seconds, the
+	// sidecar and the kubelet can wait: the whole seconds a time.Duration
+	// holds (9223372036 s, about 292 years). The API accepts any int64 in a
+	// pod's or a probe's terminationGracePeriodSeconds, but the kubelet
+	// waits for a preStop hook with time.Duration(seconds) * time.Second,
+	// which wraps above this.
+	MaxGracePeriodSeconds = math.MaxInt64 / int64(time.Second)
+	// MaxGracePeriod is MaxGracePeriodSeconds as a duration,
+	// 2562047h47m16s: the longest grace-period.
+	MaxGracePeriod = time.Duration(MaxGracePeriodSeconds) * time.Second
+)
+
 // Fallback is what the sidecar does with claims still unfinished when the
 // drain deadline passes.
 type Fallback string
@@ -40,7 +63,9 @@ const (
 )
 
 // Settings is the sidecar's validated configuration. Durations are
-// time.Duration values parsed from Go duration strings ("15s", "1m30s").
+// time.Duration values parsed from Go duration strings ("15s", "1m30s"),
+// each within its bounds: at most MaxDuration (1h), the grace period at most
+// MaxGracePeriod.
 type Settings struct {
 	// PodName, PodNamespace and PodUID identify the pod the sidecar runs in
 	// (downward API). The Lease holder identity is PodName + "_" + PodUID.
@@ -70,19 +95,24 @@ type Settings struct {
 	// LeaseDuration is how long a standby waits after the last observed
 	// renewal before it takes the Lease; RenewDeadline is how long the holder
 	// keeps retrying a renewal before it gives leadership up; RetryPeriod is
-	// the interval between attempts. Same meaning as client-go's.
+	// the interval between attempts. Same meaning as client-go's. Each is at
+	// most 1h (protocol.MaxLeaseDuration, MaxDuration).
 	LeaseDuration time.Duration
 	RenewDeadline time.Duration
 	RetryPeriod   time.Duration
 
 	// GracePeriod is the pod's terminationGracePeriodSeconds, used when the
-	// Pod's metadata.deletionTimestamp cannot be read.
+	// Pod's metadata.deletionTimestamp cannot be read: from 1s to
+	// MaxGracePeriod.
 	GracePeriod time.Duration
 	// DeadlineMargin is how long before the deletion deadline the sequence
-	// must be over, left for the worker to exit after SIGTERM.
+	// must be over, left for the worker to exit after SIGTERM: from 0 to
+	// MaxDuration.
 	DeadlineMargin time.Duration
 	// HandbackReserve is the part of the time before the deadline kept from
-	// the drain wait for the fallback, the leadership revoke and the release.
+	// the drain wait for the fallback, the leadership revoke and the release:
+	// from 0 to MaxDuration, so DeadlineMargin + HandbackReserve is at most
+	// 2h and cannot overflow.
 	HandbackReserve time.Duration
 	// Fallback is the policy for claims still unfinished at the drain deadline.
 	Fallback Fallback
@@ -189,22 +219,22 @@ var Table = []Setting{
 		set:   setShardPeers},
 	{Name: "lease-duration", Default: "15s", Form: "a duration of at least 2s and at most 1h, like 15s", Annotation: true,
 		Usage: "how long a standby waits after the last renewal it saw before taking the Lease",
-		set:   durationUpTo(func(s *Settings) *time.Duration { return &s.LeaseDuration }, 2*time.Second, protocol.MaxLeaseDuration)},
-	{Name: "renew-deadline", Default: "10s", Form: "a duration shorter than lease-duration, like 10s", Annotation: true,
+		set:   duration(func(s *Settings) *time.Duration { return &s.LeaseDuration }, 2*time.Second, protocol.MaxLeaseDuration)},
+	{Name: "renew-deadline", Default: "10s", Form: "a duration shorter than lease-duration, at most 1h, like 10s", Annotation: true,
 		Usage: "how long the holder retries a renewal before it gives leadership up",
-		set:   duration(func(s *Settings) *time.Duration { return &s.RenewDeadline }, time.Millisecond)},
-	{Name: "retry-period", Default: "2s", Form: "a duration under renew-deadline/1.2, like 2s", Annotation: true,
+		set:   duration(func(s *Settings) *time.Duration { return &s.RenewDeadline }, time.Millisecond, MaxDuration)},
+	{Name: "retry-period", Default: "2s", Form: "a duration under renew-deadline/1.2, at most 1h, like 2s", Annotation: true,
 		Usage: "interval between attempts to acquire or renew",
-		set:   duration(func(s *Settings) *time.Duration { return &s.RetryPeriod }, time.Millisecond)},
-	{Name: "grace-period", Default: "30s", Form: "a duration, like 30s (the pod's terminationGracePeriodSeconds)",
+		set:   duration(func(s *Settings) *time.Duration { return &s.RetryPeriod }, time.Millisecond, MaxDuration)},
+	{Name: "grace-period", Default: "30s", Form: "a duration of at least 1s and at most 2562047h47m16s (9223372036s, the longest the kubelet waits), like 30s (the pod's terminationGracePeriodSeconds)",
 		Usage: "termination grace period, used when the Pod's deletionTimestamp cannot be read",
-		set:   duration(func(s *Settings) *time.Duration { return &s.GracePeriod }, time.Second)},
-	{Name: "deadline-margin", Default: "2s", Form: "a duration of 0s or more, like 2s", Annotation: true,
+		set:   duration(func(s *Settings) *time.Duration { return &s.GracePeriod }, time.Second, MaxGracePeriod)},
+	{Name: "deadline-margin", Default: "2s", Form: "a duration from 0s to 1h, like 2s", Annotation: true,
 		Usage: "the sequence ends this long before the pod's deletion deadline",
-		set:   duration(func(s *Settings) *time.Duration { return &s.DeadlineMargin }, 0)},
-	{Name: "handback-reserve", Default: "2s", Form: "a duration of 0s or more, like 2s", Annotation: true,
+		set:   duration(func(s *Settings) *time.Duration { return &s.DeadlineMargin }, 0, MaxDuration)},
+	{Name: "handback-reserve", Default: "2s", Form: "a duration from 0s to 1h, like 2s", Annotation: true,
 		Usage: "time kept from the drain wait for the fallback, the leadership revoke and the Lease release",
-		set:   duration(func(s *Settings) *time.Duration { return &s.HandbackReserve }, 0)},
+		set:   duration(func(s *Settings) *time.Duration { return &s.HandbackReserve }, 0, MaxDuration)},
 	{Name: "fallback", Default: string(FallbackReturn), Form: "one of return, cancel, abandon", Annotation: true,
 		Usage: "what happens to unfinished claims at the drain deadline",
 		set:   setFallback},
@@ -385,21 +415,25 @@ func (s *Settings) validate(invalid map[string]bool) []error {
 	return errs
 }
 
-func duration(field func(*Settings) *time.Duration, minimum time.Duration) func(*Settings, string) error {
-	return durationUpTo(field, minimum, 0)
-}
+// durationSyntax is the syntax time.ParseDuration reads: a value that has
+// it, yet does not parse, is beyond the ±292 years a time.Duration holds.
+var durationSyntax = regexp.MustCompile(`^[-+]?(0|((\d+(\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h))+)$`)
 
-// durationUpTo parses a duration from minimum to maximum (0: no maximum).
-func durationUpTo(field func(*Settings) *time.Duration, minimum, maximum time.Duration) func(*Settings, string) error {
+// duration parses a duration from minimum to maximum, both included; one
+// too long for a time.Duration is above the maximum, not "not a duration".
+func duration(field func(*Settings) *time.Duration, minimum, maximum time.Duration) func(*Settings, string) error {
 	return func(s *Settings, v string) error {
 		d, err := time.ParseDuration(v)
-		if err != nil {
-			return errors.New("not a duration")
-		}
-		if d < minimum {
+		switch {
+		case err != nil && durationSyntax.MatchString(v) && strings.HasPrefix(v, "-"):
 			return fmt.Errorf("below the minimum %s", minimum)
-		}
-		if maximum > 0 && d > maximum {
+		case err != nil && durationSyntax.MatchString(v):
+			return fmt.Errorf("above the maximum %s", maximum)
+		case err != nil:
+			return errors.New("not a duration")
+		case d < minimum:
+			return fmt.Errorf("below the minimum %s", minimum)
+		case d > maximum:
 			return fmt.Errorf("above the maximum %s", maximum)
 		}
 		*field(s) = d

@@ -178,3 +178,46 @@ func TestTokenFileAndLeaseDurationBound(t *testing.T) {
 		t.Errorf("lease-duration 61m: %v; want it refused above the maximum", err)
 	}
 }
+
+// Every duration has a maximum, so that no value, and no sum the sidecar
+// makes of two of them, wraps: deadline-margin and handback-reserve of
+// 2000000h each once summed to a negative reserve and were accepted. Each
+// refusal names the setting, the value and the accepted form with its bound.
+func TestDurationsAreBounded(t *testing.T) {
+	for _, tc := range []struct {
+		setting, value string
+		want           []string
+	}{
+		{"deadline-margin", "2000000h", []string{"deadline-margin", `"2000000h"`, "above the maximum 1h0m0s", "want a duration from 0s to 1h, like 2s"}},
+		{"handback-reserve", "2000000h", []string{"handback-reserve", `"2000000h"`, "above the maximum 1h0m0s", "want a duration from 0s to 1h, like 2s"}},
+		{"renew-deadline", "2000000h", []string{"renew-deadline", "above the maximum 1h0m0s", "at most 1h"}},
+		{"retry-period", "2000000h", []string{"retry-period", "above the maximum 1h0m0s", "at most 1h"}},
+		{"grace-period", "2562047h47m17s", []string{"grace-period", "above the maximum 2562047h47m16s", "at most 2562047h47m16s (9223372036s"}},
+		{"grace-period", "9223372037s", []string{"grace-period", "above the maximum 2562047h47m16s"}},
+		{"grace-period", "2562047h47m16.5s", []string{"grace-period", "above the maximum 2562047h47m16s"}},
+		{"deadline-margin", "-3000000h", []string{"deadline-margin", "below the minimum 0s"}},
+		{"grace-period", "2562048h", []string{"grace-period", "above the maximum"}},
+	} {
+		_, err := config.Load(config.Map(map[string]string{tc.setting: tc.value}, "annotation"))
+		if err == nil {
+			t.Errorf("%s %s: accepted", tc.setting, tc.value)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s %s: error %q does not say %q", tc.setting, tc.value, err, w)
+			}
+		}
+	}
+	// The bounds themselves are accepted, and their sum does not wrap.
+	s, err := config.Load(config.Map(map[string]string{"deadline-margin": "1h", "handback-reserve": "1h", "grace-period": config.MaxGracePeriod.String()}, "test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum := s.DeadlineMargin + s.HandbackReserve; sum != 2*time.Hour || s.GracePeriod != config.MaxGracePeriod {
+		t.Errorf("margin+reserve %s, grace period %s; want 2h and %s", sum, s.GracePeriod, config.MaxGracePeriod)
+	}
+	if config.MaxGracePeriod != 9223372036*time.Second || config.MaxGracePeriodSeconds != 9223372036 {
+		t.Errorf("MaxGracePeriod %s (%d s): want the longest whole seconds a time.Duration holds", config.MaxGracePeriod, config.MaxGracePeriodSeconds)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -59,6 +60,15 @@ func FuzzLoad(f *testing.F) {
 		{"app-url", "http://127.0.0.1:7452/app", "pod-name", "p"},
 		{"app-url", "unix:///handoff-run/app.sock", "control-addr", "unix://relative.sock"},
 		{"app-url", "unix:///a/../b.sock", "control-addr", "unix:///" + strings.Repeat("x", 200)},
+		// Issue 20: durations whose sum, or whose conversion, wraps.
+		{"deadline-margin", "2000000h", "handback-reserve", "2000000h"},
+		{"deadline-margin", "1h", "handback-reserve", "1h0m0.000000001s"},
+		{"grace-period", "9223372036854775807s", "deadline-margin", "2s"},
+		{"grace-period", "2562047h47m16s", "deadline-margin", "1h"},
+		{"grace-period", "2562047h47m16.854775807s", "handback-reserve", "0"},
+		{"grace-period", "2562047h47m16.854775808s", "handback-reserve", "-2562047h47m16.854775808s"},
+		{"renew-deadline", "2000000h", "retry-period", "1000000h"},
+		{"lease-duration", "9223372036854775807ns", "retry-period", "-9223372036854775808ns"},
 	} {
 		f.Add(index(seed.a), seed.va, index(seed.b), seed.vb)
 	}
@@ -192,6 +202,23 @@ func checkSettings(t *testing.T, values map[string]string, s *config.Settings) {
 	}
 	if s.DeadlineMargin < 0 || s.HandbackReserve < 0 || s.GracePeriod < 0 {
 		t.Errorf("%q: accepted a negative duration: %+v", values, s)
+	}
+	// Every duration within its bound, so that the sums and differences the
+	// sidecar makes of them cannot wrap.
+	for name, d := range map[string]time.Duration{"lease-duration": s.LeaseDuration, "renew-deadline": s.RenewDeadline,
+		"retry-period": s.RetryPeriod, "deadline-margin": s.DeadlineMargin, "handback-reserve": s.HandbackReserve} {
+		if d > config.MaxDuration {
+			t.Errorf("%q: accepted %s %s, above %s", values, name, d, config.MaxDuration)
+		}
+	}
+	if s.GracePeriod > config.MaxGracePeriod {
+		t.Errorf("%q: accepted grace-period %s, above %s", values, s.GracePeriod, config.MaxGracePeriod)
+	}
+	if sum := s.DeadlineMargin + s.HandbackReserve; sum < s.DeadlineMargin || sum < s.HandbackReserve {
+		t.Errorf("%q: deadline-margin %s plus handback-reserve %s wraps to %s", values, s.DeadlineMargin, s.HandbackReserve, sum)
+	}
+	if left := s.GracePeriod - s.DeadlineMargin; left > s.GracePeriod {
+		t.Errorf("%q: grace-period %s minus deadline-margin %s wraps to %s", values, s.GracePeriod, s.DeadlineMargin, left)
 	}
 	// Each address is a socket by an absolute, clean path short enough to
 	// bind, or TCP on loopback: the protocol never leaves the pod.

@@ -16,6 +16,9 @@ const (
 	AnnotationContainer   = config.AnnotationPrefix + "container"
 	AnnotationWrapPreStop = config.AnnotationPrefix + "wrap-prestop"
 	AnnotationStatus      = config.AnnotationPrefix + "status"
+	// AnnotationAllowSharedProcessNamespace "true" injects a pod with
+	// spec.shareProcessNamespace true, which is refused without it.
+	AnnotationAllowSharedProcessNamespace = config.AnnotationPrefix + "allow-shared-process-namespace"
 )
 
 // LabelInject is the pod label that asks for injection, as the annotation
@@ -57,6 +60,8 @@ var Keys = []Key{
 		Usage: "the worker container, which gets the preStop hook; without it, the first container"},
 	{Key: AnnotationWrapPreStop, Default: "false", Form: `"true" or "false"`, valid: isBool,
 		Usage: "when the worker container already has a preStop hook (exec or sleep), run it after the handover instead of refusing to inject"},
+	{Key: AnnotationAllowSharedProcessNamespace, Default: "false", Form: `"true" or "false"`, valid: isBool,
+		Usage: "inject a pod with `shareProcessNamespace: true`, which is refused without it: in a shared process namespace every container of the pod sees the sidecar and the worker and, running as the same user or with CAP_SYS_PTRACE, can read the pod's token and reach the control path through /proc/PID/root, so \"true\" trusts every container of the pod as the worker. `hostPID: true` is refused always"},
 	{Key: AnnotationStatus, Form: `"injected", set by handoff`, valid: func(v string) bool { return v == StatusInjected },
 		Usage: "marks an injected pod, which is then left alone; do not set it yourself"},
 }

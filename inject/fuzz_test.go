@@ -4,13 +4,16 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"math"
 	"os"
 	"path"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,35 +22,70 @@ import (
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/inject"
+	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
 )
 
 // FuzzPod gives inject.Pod a pod with fuzzed handoff annotations (a key
-// without "/" gets the handoff.dev/ prefix), grace period and worker preStop
-// hook. It checks that
+// without "/" gets the handoff.dev/ prefix), grace period, worker preStop
+// hook, worker probes' grace period, and hostPID, shareProcessNamespace or
+// a second container named as the worker (flags). It checks that
 //   - a refused or skipped pod is left exactly as it was, and each refusal
 //     names the annotation or the field it is about;
 //   - an injected pod has the sidecar, the install step and the worker's
 //     preStop hook, is left alone by a second Pod, and the sidecar accepts
 //     the settings the injector gave it: config.Load over the container's
-//     environment succeeds and agrees with the annotations.
+//     environment succeeds and agrees with the annotations;
+//   - an injected pod is neither hostPID, nor sharing its process namespace
+//     without allowing it, nor has two containers of one name, and a kill
+//     of its worker (by a probe or not) leaves the handover time: the
+//     sidecar's deadline (prestop.TerminationOf) is after now plus the
+//     handback reserve, never wrapped into the past.
 //
 // Run: go test ./inject -run '^$' -fuzz FuzzPod (or hack/fuzz.sh).
 func FuzzPod(f *testing.F) {
-	f.Add("true", "layout", "legacy", "fallback", "cancel", "leases", "work", int64(30), uint8(0))
-	f.Add("true", "container", "sidecar-of-mine", "wrap-prestop", "true", "retry-period", "1s", int64(-1), uint8(1))
-	f.Add("true", "wrap-prestop", "true", "lease-duration", "20s", "renew-deadline", "15s", int64(60), uint8(2))
-	f.Add("true", "wrap-prestop", "true", "metrics-addr", "127.0.0.1:7451", "control-addr", "[::1]:7450", int64(5), uint8(3))
-	f.Add("yes", "injct", "true", "Inject", "true", "status", "done", int64(30), uint8(0))
-	f.Add("false", "leases", "a,a", "", "", "", "", int64(0), uint8(0))
-	f.Add("", "status", "injected", "layout", "sideways", "", "", int64(30), uint8(0))
-	f.Add("true", "deadline-margin", "20s", "handback-reserve", "10s", "", "", int64(30), uint8(0))
-	f.Add("true", "app-url", "http://localhost:80", "metrics-addr", ":80", "control-addr", "127.0.0.1:0", int64(30), uint8(0))
-	f.Add("true", "app-url", "http://127.0.0.1:7452/", "metrics-addr", "[::]:9090", "", "", int64(9223372036), uint8(2))
-	f.Add("true", "shards", "orders-{0..11}", "shard-peers", "app=orders", "leases", "orders-leader", int64(30), uint8(0))
-	f.Add("true", "", "", "", "", "", "", int64(10000000000), uint8(0))
-	f.Add("true", "", "", "", "", "", "", int64(18446744080), uint8(0))
-	f.Fuzz(func(t *testing.T, injectValue, k1, v1, k2, v2, k3, v3 string, grace int64, hook uint8) {
+	f.Add("true", "layout", "legacy", "fallback", "cancel", "leases", "work", int64(30), uint8(0), int64(0), uint8(0))
+	f.Add("true", "container", "sidecar-of-mine", "wrap-prestop", "true", "retry-period", "1s", int64(-1), uint8(1), int64(0), uint8(0))
+	f.Add("true", "wrap-prestop", "true", "lease-duration", "20s", "renew-deadline", "15s", int64(60), uint8(2), int64(0), uint8(0))
+	f.Add("true", "wrap-prestop", "true", "metrics-addr", "127.0.0.1:7451", "control-addr", "[::1]:7450", int64(5), uint8(3), int64(0), uint8(0))
+	f.Add("yes", "injct", "true", "Inject", "true", "status", "done", int64(30), uint8(0), int64(0), uint8(0))
+	f.Add("false", "leases", "a,a", "", "", "", "", int64(0), uint8(0), int64(0), uint8(0))
+	f.Add("", "status", "injected", "layout", "sideways", "", "", int64(30), uint8(0), int64(0), uint8(0))
+	f.Add("true", "deadline-margin", "20s", "handback-reserve", "10s", "", "", int64(30), uint8(0), int64(0), uint8(0))
+	f.Add("true", "app-url", "http://localhost:80", "metrics-addr", ":80", "control-addr", "127.0.0.1:0", int64(30), uint8(0), int64(0), uint8(0))
+	f.Add("true", "app-url", "http://127.0.0.1:7452/", "metrics-addr", "[::]:9090", "", "", int64(9223372036), uint8(2), int64(0), uint8(0))
+	f.Add("true", "shards", "orders-{0..11}", "shard-peers", "app=orders", "leases", "orders-leader", int64(30), uint8(0), int64(0), uint8(0))
+	f.Add("true", "", "", "", "", "", "", int64(10000000000), uint8(0), int64(0), uint8(0))
+	f.Add("true", "", "", "", "", "", "", int64(18446744080), uint8(0), int64(0), uint8(0))
+	for _, seed := range []struct {
+		k1, v1, k2, v2 string
+		grace          int64
+		hook           uint8
+		probeGrace     int64
+		flags          uint8
+	}{
+		// Issue 20: the attack values.
+		{"", "", "", "", 30, 0, 10000000000, fuzzLiveness},
+		{"", "", "", "", 30, 0, 10000000000, fuzzStartup},
+		{"", "", "", "", 30, 0, math.MaxInt64, fuzzLiveness | fuzzStartup},
+		{"", "", "", "", 30, 0, 4, fuzzLiveness},
+		{"", "", "", "", 9223372036, 0, 9223372036, fuzzLiveness},
+		{"", "", "", "", 9223372037, 0, 0, 0},
+		{"", "", "", "", math.MaxInt64, 0, 0, 0},
+		{"", "", "", "", -9223372037, 0, 0, fuzzNegativeGrace},
+		{"deadline-margin", "2000000h", "handback-reserve", "2000000h", 30, 0, 0, 0},
+		{"deadline-margin", "1h", "handback-reserve", "1h", 7201, 0, 7201, fuzzLiveness},
+		{"wrap-prestop", "true", "", "", 30, 2, 0, 0},
+		{"", "", "", "", 30, 0, 0, fuzzHostPID},
+		{"", "", "", "", 30, 0, 0, fuzzShareProcessNamespace},
+		{"allow-shared-process-namespace", "true", "", "", 30, 0, 0, fuzzShareProcessNamespace},
+		{"allow-shared-process-namespace", "yes", "", "", 30, 0, 0, fuzzShareProcessNamespace},
+		{"", "", "", "", 30, 0, 0, fuzzDuplicateName},
+		{"container", "sidecar-of-mine", "", "", 30, 0, 0, fuzzDuplicateName},
+	} {
+		f.Add("true", seed.k1, seed.v1, seed.k2, seed.v2, "", "", seed.grace, seed.hook, seed.probeGrace, seed.flags)
+	}
+	f.Fuzz(func(t *testing.T, injectValue, k1, v1, k2, v2, k3, v3 string, grace int64, hook uint8, probeGrace int64, flags uint8) {
 		annotations := map[string]string{"team": "queue"}
 		if injectValue != "" {
 			annotations[inject.AnnotationInject] = injectValue
@@ -70,10 +108,24 @@ func FuzzPod(f *testing.F) {
 		case 3:
 			worker.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/stop"}}}
 		}
+		probe := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}, TerminationGracePeriodSeconds: ptr.To(probeGrace)}
+		if flags&fuzzLiveness != 0 {
+			worker.LivenessProbe = probe
+		}
+		if flags&fuzzStartup != 0 {
+			worker.StartupProbe = probe
+		}
 		meta := &metav1.ObjectMeta{Name: "p", Annotations: annotations}
 		spec := &corev1.PodSpec{Containers: []corev1.Container{worker, {Name: "sidecar-of-mine", Image: "s"}}}
-		if grace >= 0 {
+		if grace >= 0 || flags&fuzzNegativeGrace != 0 {
 			spec.TerminationGracePeriodSeconds = ptr.To(grace)
+		}
+		spec.HostPID = flags&fuzzHostPID != 0
+		if flags&fuzzShareProcessNamespace != 0 {
+			spec.ShareProcessNamespace = ptr.To(true)
+		}
+		if flags&fuzzDuplicateName != 0 {
+			spec.InitContainers = []corev1.Container{{Name: spec.Containers[1].Name, Image: "i"}}
 		}
 		metaBefore, specBefore := meta.DeepCopy(), spec.DeepCopy()
 
@@ -90,6 +142,7 @@ func FuzzPod(f *testing.F) {
 			return
 		}
 		checkInjected(t, annotations, meta, spec)
+		checkBounded(t, annotations, spec, flags)
 
 		metaOnce, specOnce := meta.DeepCopy(), spec.DeepCopy()
 		if res, err := inject.Pod(meta, spec, opts); err != nil || res != inject.AlreadyInjected ||
@@ -97,6 +150,60 @@ func FuzzPod(f *testing.F) {
 			t.Fatalf("%q: a second Pod gave %s, %v, or changed the pod", annotations, res, err)
 		}
 	})
+}
+
+// FuzzPod's flags: what the pod has besides its annotations.
+const (
+	fuzzLiveness              = 1 << iota // the worker's liveness probe has probeGrace
+	fuzzStartup                           // the worker's startup probe has probeGrace
+	fuzzHostPID                           // spec.hostPID true
+	fuzzShareProcessNamespace             // spec.shareProcessNamespace true
+	fuzzDuplicateName                     // an init container named as the second container
+	fuzzNegativeGrace                     // a negative grace is set, not left out
+)
+
+// checkBounded checks what an injected pod never has: a process namespace
+// shared with the node, or with the pod's other containers unless allowed,
+// two containers of one name, or a grace period (the pod's, or a probe's)
+// that leaves the sidecar no time: a kill of the worker, by its probes or
+// not, must give a deadline after now plus the handback reserve.
+func checkBounded(t *testing.T, annotations map[string]string, spec *corev1.PodSpec, flags uint8) {
+	t.Helper()
+	if flags&fuzzHostPID != 0 || flags&fuzzDuplicateName != 0 ||
+		(flags&fuzzShareProcessNamespace != 0 && annotations[inject.AnnotationAllowSharedProcessNamespace] != "true") {
+		t.Fatalf("%q: injected a pod with flags %b (hostPID, a shared process namespace not allowed, or two containers of one name)", annotations, flags)
+	}
+	var sidecar corev1.Container
+	for _, c := range spec.InitContainers {
+		if c.Name == inject.SidecarName {
+			sidecar = c
+		}
+	}
+	for _, c := range spec.Containers {
+		if c.Name == inject.SidecarName {
+			sidecar = c
+		}
+	}
+	env := envOf(sidecar)
+	env["HANDOFF_POD_NAME"], env["HANDOFF_POD_UID"] = "p", "uid"
+	s, err := config.Load(config.Environ(func(k string) (string, bool) { v, ok := env[k]; return v, ok }))
+	if err != nil {
+		t.Fatalf("%q: the sidecar refuses its environment: %v", annotations, err)
+	}
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	for _, started := range []*bool{nil, ptr.To(true), ptr.To(false)} {
+		pod := &corev1.Pod{Spec: *spec, Status: corev1.PodStatus{
+			ContainerStatuses: []corev1.ContainerStatus{{Name: s.WorkerContainer, Started: started}}}}
+		term := prestop.TerminationOf(pod, s.WorkerContainer, now, s.GracePeriod, s.DeadlineMargin)
+		if !term.Deadline.After(now.Add(s.HandbackReserve)) || term.Deadline.After(now.Add(config.MaxGracePeriod)) {
+			state := "unknown"
+			if started != nil {
+				state = fmt.Sprint(*started)
+			}
+			t.Errorf("%q: injected, but a kill of the worker (started: %s) gets deadline now%+.0fs from %s: no time for the handover (reserve %s)",
+				annotations, state, term.Deadline.Sub(now).Seconds(), term.Source, s.HandbackReserve)
+		}
+	}
 }
 
 // checkRefusal checks that each problem of a refusal names the annotation
@@ -259,6 +366,17 @@ func FuzzManifests(f *testing.F) {
 		"a: 1\n...\n",
 		"apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {handoff.dev/inject: \"true\"}}\nspec: {containers: [{name: w, image: w, ports: [{containerPort: 12345678901234567890}]}]}\n",
 		"apiVersion: v1\r\nkind: Pod\r\nmetadata: {name: p, annotations: {handoff.dev/inject: \"true\"}}\r\nspec: {containers: [{name: w, image: w}]}\r\n---\r\nkind: ConfigMap\r\n",
+		// Issue 20: numbers read through a float64, values of the wrong
+		// type, out-of-range grace periods, duplicate names, hostPID.
+		"apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {handoff.dev/inject: \"true\"}}\nspec: {terminationGracePeriodSeconds: 9223372036854775807, containers: [{name: w, image: w}]}\n",
+		"apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {handoff.dev/inject: \"true\"}}\nspec: {terminationGracePeriodSeconds: 18446744073709551616, containers: [{name: w, image: w}]}\n",
+		"apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {handoff.dev/inject: \"true\"}}\nspec: {terminationGracePeriodSeconds: 9.2e18, containers: [{name: w, image: w}]}\n",
+		`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","annotations":{"handoff.dev/inject":"true"}},"spec":{"terminationGracePeriodSeconds":9223372036854775807,"containers":[{"name":"w","image":"w"}]}}`,
+		"apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {handoff.dev/inject: \"true\"}}\nspec: {containers: [{name: w, image: w, livenessProbe: {exec: {command: [x]}, terminationGracePeriodSeconds: 10000000000}}]}\n",
+		"apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {handoff.dev/inject: \"true\", handoff.dev/deadline-margin: 2000000h, handoff.dev/handback-reserve: 2000000h}}\nspec: {containers: [{name: w, image: w}]}\n",
+		"apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {handoff.dev/inject: \"true\"}}\nspec: {containers: [{name: w, image: w}, {name: w, image: x}]}\n",
+		"apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {handoff.dev/inject: \"true\"}}\nspec: {containers: [{name: [w, w], image: w, env: [{name: A, value: 1}]}]}\n",
+		"apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec:\n  template:\n    metadata: {labels: {handoff.dev/inject: \"true\"}}\n    spec: {hostPID: true, shareProcessNamespace: true, containers: [{name: w, image: w}]}\n",
 	} {
 		f.Add([]byte(s))
 	}

@@ -33,7 +33,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"net"
 	"path"
 	"slices"
@@ -81,11 +80,6 @@ const (
 // defaultGracePeriod is the API's default terminationGracePeriodSeconds.
 const defaultGracePeriod = 30
 
-// maxGracePeriod is the longest grace period, in seconds, that is a
-// time.Duration: the sidecar reads it as one (HANDOFF_GRACE_PERIOD), and a
-// longer one would overflow.
-const maxGracePeriod = math.MaxInt64 / int64(time.Second)
-
 // Options are the injector's own settings, the same for every pod.
 type Options struct {
 	// Image is the handoff image, for the sidecar and the install step.
@@ -112,11 +106,16 @@ const (
 // and the pod itself first and, if anything is wrong, returns all the
 // problems joined, each naming the annotation or field, the value and the
 // accepted form, and changes nothing. It refuses a worker container that
-// already has a preStop hook unless handoff.dev/wrap-prestop is "true", a
-// grace period no longer than deadline-margin plus handback-reserve, a
-// hostNetwork pod, and a shard-peers selector that does not select the pod's own labels or that
-// selects on pod-template-hash or controller-revision-hash. Each
-// problem is a *Refusal; Reasons lists their codes.
+// already has a preStop hook unless handoff.dev/wrap-prestop is "true" (or
+// whose wrapped sleep hook is not from 0 to the grace period), a grace
+// period, the pod's or the worker's liveness or startup probe's
+// terminationGracePeriodSeconds, no longer than deadline-margin plus
+// handback-reserve or above config.MaxGracePeriodSeconds, a hostNetwork pod, and a
+// shard-peers selector that does not select the pod's own labels or that
+// selects on pod-template-hash or controller-revision-hash. It refuses too a
+// hostPID pod, a pod with shareProcessNamespace true unless
+// handoff.dev/allow-shared-process-namespace is "true", and two containers
+// of one name. Each problem is a *Refusal; Reasons lists their codes.
 func Pod(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) (Result, error) {
 	if o.Image == "" {
 		return "", refuse(ReasonNoImage, errors.New("inject: no handoff image configured"))
@@ -205,13 +204,7 @@ func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec) (*plan, error
 		errs = append(errs, refuse(ReasonInvalidAnnotation, namedAnnotations(err)))
 	} else {
 		p.settings = s
-		if p.grace > maxGracePeriod {
-			errs = append(errs, refuse(ReasonGracePeriod, fmt.Errorf("spec.terminationGracePeriodSeconds %d: must be at most %d, the longest duration (in seconds) the sidecar reads",
-				p.grace, maxGracePeriod)))
-		} else if g := time.Duration(p.grace) * time.Second; g <= s.DeadlineMargin+s.HandbackReserve {
-			errs = append(errs, refuse(ReasonGracePeriod, fmt.Errorf("spec.terminationGracePeriodSeconds %d: must be more than %s (%s) plus %s (%s), or the handover has no time; raise it or lower those",
-				p.grace, config.AnnotationPrefix+"deadline-margin", s.DeadlineMargin, config.AnnotationPrefix+"handback-reserve", s.HandbackReserve)))
-		}
+		errs = append(errs, p.gracePeriod("spec.terminationGracePeriodSeconds", p.grace))
 	}
 	for _, d := range config.Table {
 		if v, ok := a[d.AnnotationKey()]; ok && d.Annotation {
@@ -226,12 +219,16 @@ func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec) (*plan, error
 	if spec.OS != nil && spec.OS.Name != corev1.Linux {
 		errs = append(errs, refuse(ReasonOS, fmt.Errorf("spec.os.name %s: the handoff sidecar runs on Linux only", spec.OS.Name)))
 	}
-	errs = append(errs, hostNetwork(spec), tokenConflicts(spec))
+	errs = append(errs, hostNetwork(spec), hostPID(spec), shareProcessNamespace(spec, a[AnnotationAllowSharedProcessNamespace] == "true"),
+		tokenConflicts(spec), duplicateNames(spec))
 	p.worker, err = workerIndex(a[AnnotationContainer], spec)
 	if err != nil {
 		errs = append(errs, refuse(ReasonWorker, err))
 	} else {
 		p.workerName = spec.Containers[p.worker].Name
+		if p.settings != nil {
+			errs = append(errs, p.probeGracePeriods(spec.Containers[p.worker])...)
+		}
 		for _, m := range spec.Containers[p.worker].VolumeMounts {
 			if path.Clean(m.MountPath) == BinDir {
 				errs = append(errs, refuse(ReasonNameTaken, fmt.Errorf("spec.containers[%s].volumeMounts: %s is taken by volume %q; handoff mounts its binary there",
@@ -252,6 +249,48 @@ func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec) (*plan, error
 		return nil, err
 	}
 	return p, nil
+}
+
+// gracePeriod refuses a grace period of seconds (the pod's or a probe's
+// terminationGracePeriodSeconds, at field) that the sidecar cannot use: above
+// config.MaxGracePeriodSeconds, the longest the kubelet and the sidecar can
+// wait (the API takes any int64, and seconds * time.Second wraps above it),
+// or no longer than deadline-margin plus handback-reserve, which leaves the
+// handover no time. Needs p.settings.
+func (p *plan) gracePeriod(field string, seconds int64) error {
+	s := p.settings
+	// Each at most config.MaxDuration (1h): the sum is at most 2h, no wrap.
+	reserve := s.DeadlineMargin + s.HandbackReserve
+	switch {
+	case seconds > config.MaxGracePeriodSeconds:
+		return refuse(ReasonGracePeriod, fmt.Errorf("%s %d: must be at most %d (%s), the longest grace period the kubelet and the sidecar can wait",
+			field, seconds, config.MaxGracePeriodSeconds, config.MaxGracePeriod))
+	// From 1 to MaxGracePeriodSeconds, seconds * time.Second does not wrap.
+	case seconds <= 0 || time.Duration(seconds)*time.Second <= reserve:
+		return refuse(ReasonGracePeriod, fmt.Errorf("%s %d: must be more than %s (%s) plus %s (%s), or the handover has no time; raise it or lower those",
+			field, seconds, config.AnnotationPrefix+"deadline-margin", s.DeadlineMargin, config.AnnotationPrefix+"handback-reserve", s.HandbackReserve))
+	}
+	return nil
+}
+
+// probeGracePeriods refuses the worker's liveness or startup probe's
+// terminationGracePeriodSeconds as gracePeriod does the pod's: the kubelet
+// gives a kill by that probe this grace period instead of the pod's, and
+// the sidecar takes the handover's deadline from it. (A readiness probe
+// kills nothing; the API refuses the field there.)
+func (p *plan) probeGracePeriods(w corev1.Container) []error {
+	var errs []error
+	for _, probe := range []struct {
+		name  string
+		probe *corev1.Probe
+	}{{"livenessProbe", w.LivenessProbe}, {"startupProbe", w.StartupProbe}} {
+		if probe.probe == nil || probe.probe.TerminationGracePeriodSeconds == nil {
+			continue
+		}
+		field := fmt.Sprintf("spec.containers[%s].%s.terminationGracePeriodSeconds", w.Name, probe.name)
+		errs = append(errs, p.gracePeriod(field, *probe.probe.TerminationGracePeriodSeconds))
+	}
+	return errs
 }
 
 // checkPorts refuses ports the injected pod cannot use: the preStop hook
@@ -304,6 +343,59 @@ func hostNetwork(spec *corev1.PodSpec) error {
 		return nil
 	}
 	return refuse(ReasonHostNetwork, errors.New("spec.hostNetwork true: the pod's loopback is the node's, so two such pods on one node share the sidecar's control and app ports and one pod's preStop hook can reach the other pod's sidecar; handoff needs the pod's own network namespace (hostNetwork false)"))
+}
+
+// hostPID refuses a pod in the node's process namespace: there the pod's
+// other containers and the node's processes see the sidecar's and the
+// worker's processes, and any of them running as the same user (65532, the
+// sidecar's, is the usual non-root one) or with CAP_SYS_PTRACE can open
+// their files through /proc/PID/root: the pod's token in BinDir, and the
+// control path.
+func hostPID(spec *corev1.PodSpec) error {
+	if !spec.HostPID {
+		return nil
+	}
+	return refuse(ReasonHostPID, errors.New("spec.hostPID true: the pod's containers run in the node's process namespace, where the pod's other containers and the node's processes see the sidecar and the worker, and any of them running as the same user or with CAP_SYS_PTRACE can read the pod's token and reach the control path through /proc/PID/root; handoff needs the pod's own process namespace (hostPID false)"))
+}
+
+// shareProcessNamespace refuses a pod whose containers share one process
+// namespace, unless allowed (AnnotationAllowSharedProcessNamespace "true"):
+// there every container of the pod sees the sidecar's and the worker's
+// processes and, running as the same user or with CAP_SYS_PTRACE, can read
+// the pod's token and reach the control path through /proc/PID/root, which
+// the volume mounted only into the sidecar and the worker is meant to keep
+// from them. Allowing it trusts every container of the pod as the worker.
+func shareProcessNamespace(spec *corev1.PodSpec, allowed bool) error {
+	if spec.ShareProcessNamespace == nil || !*spec.ShareProcessNamespace || allowed {
+		return nil
+	}
+	return refuse(ReasonShareProcessNamespace, fmt.Errorf("spec.shareProcessNamespace true: every container of the pod sees the sidecar and the worker, and any running as the same user or with CAP_SYS_PTRACE can read the pod's token and reach the control path through /proc/PID/root; remove the field, or set %s: \"true\" to inject anyway, trusting every container of the pod as the worker",
+		AnnotationAllowSharedProcessNamespace))
+}
+
+// duplicateNames refuses two containers of one name, among the pod's
+// containers, init containers and ephemeral containers: the API refuses
+// such a pod, and handoff finds the worker by its name.
+func duplicateNames(spec *corev1.PodSpec) error {
+	var errs []error
+	first := map[string]string{}
+	check := func(field, name string) {
+		if f, ok := first[name]; ok {
+			errs = append(errs, fmt.Errorf("%s.name: %q is also the name of %s; container names are unique within a pod (the API refuses it, and handoff finds the worker by name); rename one", field, name, f))
+			return
+		}
+		first[name] = field
+	}
+	for i, c := range spec.Containers {
+		check(fmt.Sprintf("spec.containers[%d]", i), c.Name)
+	}
+	for i, c := range spec.InitContainers {
+		check(fmt.Sprintf("spec.initContainers[%d]", i), c.Name)
+	}
+	for i, c := range spec.EphemeralContainers {
+		check(fmt.Sprintf("spec.ephemeralContainers[%d]", i), c.Name)
+	}
+	return refuse(ReasonDuplicateContainerName, errors.Join(errs...))
 }
 
 // revisionLabels are the labels a controller sets per revision of a
@@ -467,6 +559,12 @@ func (p *plan) preStop(w corev1.Container, wrap bool) ([]string, error) {
 	case had.Exec != nil:
 		return append(append(hook, "--"), had.Exec.Command...), nil
 	case had.Sleep != nil:
+		// As the API requires of a sleep hook, which it no longer sees once
+		// injected: from 0 to the grace period (so --then-sleep parses).
+		if had.Sleep.Seconds < 0 || had.Sleep.Seconds > p.grace {
+			return nil, fmt.Errorf("spec.containers[%s].lifecycle.preStop.sleep.seconds %d: must be from 0 to the pod's terminationGracePeriodSeconds (%d), as Kubernetes requires of a sleep hook",
+				w.Name, had.Sleep.Seconds, p.grace)
+		}
 		return append(hook, "--then-sleep", fmt.Sprintf("%ds", had.Sleep.Seconds)), nil
 	}
 	return nil, fmt.Errorf("spec.containers[%s].lifecycle.preStop: only exec and sleep hooks can be wrapped, and this one is neither; remove it or make it an exec hook",

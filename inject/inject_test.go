@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -295,6 +297,8 @@ func TestManifestsEdges(t *testing.T) {
 			wantOut: []string{"spec: {replicas: 3}"}},
 		{name: "unknown field is an error, not dropped", in: "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {handoff.dev/inject: \"true\"}\nspec: {containers: [{name: w, image: w, imagePullPolicyy: Always}]}\n",
 			wantErr: []string{"Pod p: reading the pod template", "imagePullPolicyy"}},
+		{name: "two containers of one name", in: "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {handoff.dev/inject: \"true\"}\nspec: {containers: [{name: w, image: w}, {name: w, image: x}]}\n",
+			wantErr: []string{`Pod p: spec.containers[1].name: "w" is also the name of spec.containers[0]`}},
 		{name: "comments and separators kept", in: "# licence header\n--- # second\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
 			wantOut: []string{"# licence header\n--- # second\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n"}},
 		{name: "not UTF-8", in: "# a comment\n# \xfe\n",
@@ -354,6 +358,21 @@ func TestPodRefusesWhatTheSidecarCannotRunIn(t *testing.T) {
 	}{
 		{"host network", func(s *corev1.PodSpec) { s.HostNetwork = true }, inject.ReasonHostNetwork,
 			[]string{"spec.hostNetwork true", "loopback is the node's", "share the sidecar's control and app ports", "reach the other pod's sidecar"}},
+		// Issue 20: hostPID pods were injected.
+		{"host PID", func(s *corev1.PodSpec) { s.HostPID = true }, inject.ReasonHostPID,
+			[]string{"spec.hostPID true", "node's process namespace", "/proc/PID/root", "the pod's token", "hostPID false"}},
+		{"shared process namespace", func(s *corev1.PodSpec) { s.ShareProcessNamespace = ptr.To(true) }, inject.ReasonShareProcessNamespace,
+			[]string{"spec.shareProcessNamespace true", "every container of the pod", "/proc/PID/root", "the pod's token",
+				`handoff.dev/allow-shared-process-namespace: "true"`}},
+		// Issue 20: two containers of one name were injected (handoff
+		// inject wrote a pod the API refuses; the sidecar and the hook could
+		// each take a different one for the worker).
+		{"two containers of one name", func(s *corev1.PodSpec) {
+			s.Containers = append(s.Containers, corev1.Container{Name: "worker", Image: "x"})
+		},
+			inject.ReasonDuplicateContainerName, []string{`spec.containers[1].name: "worker" is also the name of spec.containers[0]`, "unique"}},
+		{"an init container of the worker's name", func(s *corev1.PodSpec) { s.InitContainers = []corev1.Container{{Name: "worker", Image: "x"}} },
+			inject.ReasonDuplicateContainerName, []string{`spec.initContainers[0].name: "worker" is also the name of spec.containers[0]`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -377,15 +396,23 @@ func TestPodRefusesWhatTheSidecarCannotRunIn(t *testing.T) {
 			}
 		})
 	}
-	// What is allowed stays allowed: the token turned on or off, and no
-	// host network.
+	// What is allowed stays allowed: the token turned on or off, no host
+	// network or PID, a process namespace not shared.
 	for _, automount := range []bool{true, false} {
 		meta, spec := pod(on())
 		spec.AutomountServiceAccountToken = ptr.To(automount)
-		spec.HostNetwork = false
+		spec.HostNetwork, spec.HostPID, spec.ShareProcessNamespace = false, false, ptr.To(false)
 		if res, err := inject.Pod(meta, spec, opts); err != nil || res != inject.Injected {
 			t.Errorf("pod with automountServiceAccountToken %t: %s, %v; want injected", automount, res, err)
 		}
+	}
+	// A shared process namespace, where the pod opts in.
+	a := on()
+	a["handoff.dev/allow-shared-process-namespace"] = "true"
+	meta, spec := pod(a)
+	spec.ShareProcessNamespace = ptr.To(true)
+	if res, err := inject.Pod(meta, spec, opts); err != nil || res != inject.Injected {
+		t.Errorf("pod with shareProcessNamespace true, allowed: %s, %v; want injected", res, err)
 	}
 }
 
@@ -455,5 +482,136 @@ func TestShardPeersSelectThePodItself(t *testing.T) {
 				t.Errorf("refused, yet the pod changed")
 			}
 		})
+	}
+}
+
+// Issue 20: every grace period and duration of an injected pod is bounded,
+// the pod's and the worker's probes', and refused naming the field or the
+// annotation, the value and the bound. A probe's 10000000000 s was
+// injected, and the sidecar computed a deadline millions of hours in the
+// past; deadline-margin and handback-reserve of 2000000h wrapped their sum
+// negative and were admitted.
+func TestPodBoundsEveryGracePeriod(t *testing.T) {
+	probe := func(seconds int64) *corev1.Probe {
+		return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}, TerminationGracePeriodSeconds: ptr.To(seconds)}
+	}
+	on := map[string]string{"handoff.dev/inject": "true"} // copied per case: an injected pod's map gets the status
+	for _, tc := range []struct {
+		name        string
+		annotations map[string]string
+		mutate      func(*corev1.PodSpec)
+		reason      inject.Reason
+		want        []string
+	}{
+		{"liveness probe 10000000000 s", on, func(s *corev1.PodSpec) { s.Containers[0].LivenessProbe = probe(10000000000) }, inject.ReasonGracePeriod,
+			[]string{"spec.containers[worker].livenessProbe.terminationGracePeriodSeconds 10000000000: must be at most 9223372036 (2562047h47m16s)"}},
+		{"startup probe 10000000000 s", on, func(s *corev1.PodSpec) { s.Containers[0].StartupProbe = probe(10000000000) }, inject.ReasonGracePeriod,
+			[]string{"spec.containers[worker].startupProbe.terminationGracePeriodSeconds 10000000000: must be at most 9223372036"}},
+		{"liveness probe too short for the handover", on, func(s *corev1.PodSpec) { s.Containers[0].LivenessProbe = probe(4) }, inject.ReasonGracePeriod,
+			[]string{"spec.containers[worker].livenessProbe.terminationGracePeriodSeconds 4: must be more than handoff.dev/deadline-margin (2s) plus handoff.dev/handback-reserve (2s)"}},
+		{"pod 9223372036854775807 s", on, func(s *corev1.PodSpec) { s.TerminationGracePeriodSeconds = ptr.To[int64](math.MaxInt64) }, inject.ReasonGracePeriod,
+			[]string{"spec.terminationGracePeriodSeconds 9223372036854775807: must be at most 9223372036"}},
+		{"pod -9223372037 s", on, func(s *corev1.PodSpec) { s.TerminationGracePeriodSeconds = ptr.To[int64](-9223372037) }, inject.ReasonGracePeriod,
+			[]string{"spec.terminationGracePeriodSeconds -9223372037: must be more than"}},
+		{"margins of 2000000h", map[string]string{"handoff.dev/inject": "true", "handoff.dev/deadline-margin": "2000000h", "handoff.dev/handback-reserve": "2000000h"}, nil, inject.ReasonInvalidAnnotation,
+			[]string{`invalid value "2000000h" for annotation handoff.dev/deadline-margin: above the maximum 1h0m0s; want a duration from 0s to 1h`,
+				`invalid value "2000000h" for annotation handoff.dev/handback-reserve: above the maximum 1h0m0s; want a duration from 0s to 1h`}},
+		{"wrapped sleep of 10000000000 s", map[string]string{"handoff.dev/inject": "true", "handoff.dev/wrap-prestop": "true"}, func(s *corev1.PodSpec) {
+			s.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 10000000000}}}
+		}, inject.ReasonPreStop, []string{"spec.containers[worker].lifecycle.preStop.sleep.seconds 10000000000: must be from 0 to the pod's terminationGracePeriodSeconds (30)"}},
+		{"wrapped sleep of -1 s", map[string]string{"handoff.dev/inject": "true", "handoff.dev/wrap-prestop": "true"}, func(s *corev1.PodSpec) {
+			s.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: -1}}}
+		}, inject.ReasonPreStop, []string{"spec.containers[worker].lifecycle.preStop.sleep.seconds -1: must be from 0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			meta, spec := pod(maps.Clone(tc.annotations))
+			if tc.mutate != nil {
+				tc.mutate(spec)
+			}
+			before := spec.DeepCopy()
+			res, err := inject.Pod(meta, spec, opts)
+			if err == nil {
+				t.Fatalf("%s; want a refusal", res)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+			if got := inject.Reasons(err); !slices.Equal(got, []inject.Reason{tc.reason}) {
+				t.Errorf("reasons %v, want [%s]", got, tc.reason)
+			}
+			if len(spec.InitContainers) != len(before.InitContainers) || meta.Annotations["handoff.dev/status"] != "" {
+				t.Error("a refused pod was changed")
+			}
+		})
+	}
+	// The bounds themselves are injected.
+	meta, spec := pod(map[string]string{"handoff.dev/inject": "true", "handoff.dev/deadline-margin": "1h", "handoff.dev/handback-reserve": "1h"})
+	spec.TerminationGracePeriodSeconds = ptr.To[int64](9223372036)
+	spec.Containers[0].LivenessProbe = probe(9223372036)
+	spec.Containers[0].StartupProbe = probe(2*3600 + 1)
+	if res, err := inject.Pod(meta, spec, opts); err != nil || res != inject.Injected {
+		t.Errorf("grace periods at their bounds: %s, %v; want injected", res, err)
+	}
+}
+
+// Issue 20: handoff inject reads a pod template's numbers as written and
+// names the field of a value of the wrong type. A grace period of
+// 9223372036854775807 was read through a float64 and reported as
+// -9223372036854775808, one above int64 wrapped silently, and a number
+// where a string belongs was "unrecognized type: string".
+func TestManifestsReadNumbersAndTypesAsWritten(t *testing.T) {
+	pod := func(spec string) string {
+		return "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {handoff.dev/inject: \"true\"}\nspec:\n" + spec
+	}
+	for _, tc := range []struct {
+		name, in string
+		want     []string
+	}{
+		{"grace period 9223372036854775807", pod("  terminationGracePeriodSeconds: 9223372036854775807\n  containers: [{name: w, image: w}]\n"),
+			[]string{"Pod p: spec.terminationGracePeriodSeconds 9223372036854775807: must be at most 9223372036"}},
+		{"grace period -9223372036854775808", pod("  terminationGracePeriodSeconds: -9223372036854775808\n  containers: [{name: w, image: w}]\n"),
+			[]string{"Pod p: spec.terminationGracePeriodSeconds -9223372036854775808: must be more than"}},
+		{"grace period above int64", pod("  terminationGracePeriodSeconds: 18446744073709551616\n  containers: [{name: w, image: w}]\n"),
+			[]string{"Pod p: reading the pod template", "spec.terminationGracePeriodSeconds", "int64"}},
+		{"grace period in exponent form above int64", pod("  terminationGracePeriodSeconds: 1e19\n  containers: [{name: w, image: w}]\n"),
+			[]string{"Pod p: reading the pod template", "spec.terminationGracePeriodSeconds", "int64"}},
+		{"JSON grace period 9223372036854775807", `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","annotations":{"handoff.dev/inject":"true"}},"spec":{"terminationGracePeriodSeconds":9223372036854775807,"containers":[{"name":"w","image":"w"}]}}`,
+			[]string{"Pod p: spec.terminationGracePeriodSeconds 9223372036854775807: must be at most 9223372036"}},
+		{"probe grace period 10000000000", pod("  containers: [{name: w, image: w, livenessProbe: {exec: {command: [\"true\"]}, terminationGracePeriodSeconds: 10000000000}}]\n"),
+			[]string{"Pod p: spec.containers[w].livenessProbe.terminationGracePeriodSeconds 10000000000: must be at most 9223372036"}},
+		{"a number for a string", pod("  containers: [{name: w, image: w, env: [{name: PORT, value: 8080}]}]\n"),
+			[]string{"Pod p: reading the pod template", "spec.containers.env.value", "string"}},
+		{"a list for a container name", pod("  containers: [{name: [w, w], image: w}]\n"),
+			[]string{"Pod p: reading the pod template", "spec.containers.name", "string"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			_, err := inject.Manifests(strings.NewReader(tc.in), &out, opts)
+			if err == nil {
+				t.Fatalf("no error; output:\n%s", out.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+			for _, bad := range []string{"unrecognized type", "-9223372036854775808:"} {
+				if strings.Contains(err.Error(), bad) && !strings.Contains(tc.in, strings.TrimSuffix(bad, ":")) {
+					t.Errorf("error %q says %q", err, bad)
+				}
+			}
+		})
+	}
+	// Numbers are written back as read.
+	var out bytes.Buffer
+	if _, err := inject.Manifests(strings.NewReader(pod("  terminationGracePeriodSeconds: 9223372036\n  containers: [{name: w, image: w, ports: [{containerPort: 8080}]}]\n")), &out, opts); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"terminationGracePeriodSeconds: 9223372036\n", "containerPort: 8080\n", "--timeout\n          - 9223372036s\n"} {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("output lacks %q:\n%s", w, out.String())
+		}
 	}
 }

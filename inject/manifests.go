@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/handoff-dev/handoff/config"
@@ -86,7 +87,7 @@ func Manifests(in io.Reader, out io.Writer, o Options) ([]Change, error) {
 			}
 			n++
 			obj := &unstructured.Unstructured{}
-			if err := yaml.Unmarshal(v, &obj.Object); err != nil {
+			if err := readObject(v, &obj.Object); err != nil {
 				return nil, fmt.Errorf("document %d: %w", n, err)
 			}
 			c, changed, err := injectObject(obj, o)
@@ -190,7 +191,7 @@ func object(obj *unstructured.Unstructured, o Options) (Change, error) {
 
 	var t corev1.PodTemplateSpec
 	tmpl := map[string]any{"metadata": raw["metadata"], "spec": raw["spec"]}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(tmpl, &t, true); err != nil {
+	if err := readTemplate(tmpl, &t); err != nil {
 		return c, fmt.Errorf("reading the pod template: %w", err)
 	}
 	res, err := Pod(&t.ObjectMeta, &t.Spec, o)
@@ -214,6 +215,40 @@ func object(obj *unstructured.Unstructured, o Options) (Change, error) {
 	}
 	c.Result, c.Warnings = Injected, Warnings(&t.Spec)
 	return c, nil
+}
+
+// readObject reads one YAML (or JSON) value into a map, as the API
+// machinery reads an object: an integer as an int64, exactly (through a
+// float64, 9223372036854775807 became 9223372036854775808, then
+// -9223372036854775808), and only another number as a float64.
+func readObject(doc []byte, into *map[string]any) error {
+	j, err := yaml.YAMLToJSON(doc)
+	if err != nil {
+		return err
+	}
+	return sigsjson.UnmarshalCaseSensitivePreserveInts(j, into)
+}
+
+// readTemplate decodes a pod template strictly, as the API server reads a
+// request: a field the API does not know, or one given twice, is an error,
+// and so is a value of the wrong type or a number out of its field's range,
+// each naming the field (like "cannot unmarshal number into Go struct field
+// EnvVar.spec.containers.env.value of type string"). The unstructured
+// converter said "unrecognized type: string" for the first and converted a
+// number beyond int64 to -9223372036854775808.
+func readTemplate(tmpl map[string]any, t *corev1.PodTemplateSpec) error {
+	j, err := json.Marshal(tmpl)
+	if err != nil {
+		return err
+	}
+	strict, err := sigsjson.UnmarshalStrict(j, t)
+	if err != nil {
+		return err
+	}
+	if len(strict) > 0 {
+		return runtime.NewStrictDecodingError(strict)
+	}
+	return nil
 }
 
 func objectName(c Change) string {

@@ -33,6 +33,16 @@ const (
 	// ReasonHostNetwork: the pod shares the node's network namespace, so
 	// its loopback ports are the node's.
 	ReasonHostNetwork Reason = "host-network"
+	// ReasonHostPID: the pod shares the node's process namespace, where
+	// others can reach the sidecar's and the worker's files through /proc.
+	ReasonHostPID Reason = "host-pid"
+	// ReasonShareProcessNamespace: the pod's containers share one process
+	// namespace, where each can reach the sidecar's and the worker's files
+	// through /proc, and the pod does not allow it by annotation.
+	ReasonShareProcessNamespace Reason = "share-process-namespace"
+	// ReasonDuplicateContainerName: two of the pod's containers have one
+	// name.
+	ReasonDuplicateContainerName Reason = "duplicate-container-name"
 	// ReasonNoImage: the injector has no handoff image configured.
 	ReasonNoImage Reason = "no-image"
 )

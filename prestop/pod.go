@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/handoff-dev/handoff/config"
 )
 
 // SourceProbeGracePeriod is the deadline source of a kill of the worker
@@ -64,14 +66,26 @@ type Termination struct {
 //
 // A nil pod (it could not be read) gives now plus gracePeriod minus margin,
 // not leaving. container "" (unknown) skips the probe rule.
+//
+// Grace periods are bounded before any sum is made of them, so none wraps:
+// gracePeriod is taken to 0 to config.MaxGracePeriod and margin to 0 to
+// config.MaxDuration (config bounds the settings so already); a pod's or a
+// probe's terminationGracePeriodSeconds, which the API takes as any int64,
+// counts as 0 when negative (no time, as the kubelet, which runs no preStop
+// hook then) and as config.MaxGracePeriodSeconds above it (the longest the
+// kubelet waits), never as a deadline in the past.
 func TerminationOf(pod *corev1.Pod, container string, now time.Time, gracePeriod, margin time.Duration) Termination {
+	gracePeriod = within(gracePeriod, 0, config.MaxGracePeriod)
+	margin = within(margin, 0, config.MaxDuration)
+	// gracePeriod - margin, for each grace period, is within
+	// [-MaxDuration, MaxGracePeriod]: no wrap.
 	t := Termination{Deadline: now.Add(gracePeriod - margin), Source: SourceGracePeriod}
 	if pod == nil {
 		return t
 	}
 	t.PodRead = true
 	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
-		t.Deadline = now.Add(time.Duration(*g)*time.Second - margin)
+		t.Deadline = now.Add(seconds(*g) - margin)
 	}
 	switch {
 	case pod.DeletionTimestamp != nil:
@@ -118,28 +132,39 @@ func probeGracePeriod(pod *corev1.Pod, container string) (time.Duration, bool) {
 			started = st.Started
 		}
 	}
-	seconds := func(p *corev1.Probe) (int64, bool) {
+	probeSeconds := func(p *corev1.Probe) (int64, bool) {
 		if p == nil || p.TerminationGracePeriodSeconds == nil {
 			return 0, false
 		}
 		return *p.TerminationGracePeriodSeconds, true
 	}
-	liveness, lok := seconds(spec.LivenessProbe)
-	startup, sok := seconds(spec.StartupProbe)
+	liveness, lok := probeSeconds(spec.LivenessProbe)
+	startup, sok := probeSeconds(spec.StartupProbe)
 	switch {
 	case started != nil && *started:
-		return time.Duration(liveness) * time.Second, lok
+		return seconds(liveness), lok
 	case started != nil:
-		return time.Duration(startup) * time.Second, sok
+		return seconds(startup), sok
 	case lok && sok:
-		return time.Duration(min(liveness, startup)) * time.Second, true
+		return seconds(min(liveness, startup)), true
 	case lok:
-		return time.Duration(liveness) * time.Second, true
+		return seconds(liveness), true
 	case sok:
-		return time.Duration(startup) * time.Second, true
+		return seconds(startup), true
 	}
 	return 0, false
 }
+
+// seconds is a terminationGracePeriodSeconds as a duration from 0 to
+// config.MaxGracePeriod: n * time.Second would wrap for n above
+// config.MaxGracePeriodSeconds (10000000000 s gave a deadline 2346318 hours
+// in the past), and a negative grace period leaves no time.
+func seconds(n int64) time.Duration {
+	return time.Duration(within(n, 0, config.MaxGracePeriodSeconds)) * time.Second
+}
+
+// within is v taken into [lo, hi].
+func within[T int64 | time.Duration](v, lo, hi T) T { return min(max(v, lo), hi) }
 
 // PodWatch keeps the pod's own object from a watch of it by name (a
 // client-go informer with field selector metadata.name=<pod> in the pod's

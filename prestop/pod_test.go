@@ -1,6 +1,7 @@
 package prestop_test
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/prestop"
 )
 
@@ -76,5 +78,70 @@ func TestTerminationOfEachKindOfKill(t *testing.T) {
 				t.Error("leaving without a reason")
 			}
 		})
+	}
+}
+
+// Issue 20: a probe's or the pod's terminationGracePeriodSeconds beyond
+// what a time.Duration holds (the API accepts any int64) wrapped to a
+// deadline millions of hours in the past, so a liveness kill skipped the
+// drain. A grace period too long for a time.Duration counts as the longest
+// one (config.MaxGracePeriod); a negative one as none.
+func TestTerminationOfOutOfRangeGracePeriods(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	const margin = 2 * time.Second
+	longest := config.MaxGracePeriod - margin
+	pod := func(podGrace int64, liveness, startup *int64, started *bool) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"},
+			Spec: corev1.PodSpec{
+				TerminationGracePeriodSeconds: ptr.To(podGrace),
+				RestartPolicy:                 corev1.RestartPolicyAlways,
+				Containers: []corev1.Container{{Name: "worker",
+					LivenessProbe: &corev1.Probe{TerminationGracePeriodSeconds: liveness},
+					StartupProbe:  &corev1.Probe{TerminationGracePeriodSeconds: startup}}},
+			},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning,
+				ContainerStatuses: []corev1.ContainerStatus{{Name: "worker", Started: started}}},
+		}
+	}
+	for _, tc := range []struct {
+		name       string
+		pod        *corev1.Pod
+		want       time.Duration // after now
+		wantSource string
+	}{
+		{"liveness probe 10000000000 s", pod(30, ptr.To[int64](10000000000), nil, ptr.To(true)), longest, prestop.SourceProbeGracePeriod},
+		{"startup probe 10000000000 s", pod(30, nil, ptr.To[int64](10000000000), ptr.To(false)), longest, prestop.SourceProbeGracePeriod},
+		{"liveness probe MaxInt64 s", pod(30, ptr.To[int64](math.MaxInt64), nil, ptr.To(true)), longest, prestop.SourceProbeGracePeriod},
+		{"status unknown: the shorter, both beyond", pod(30, ptr.To[int64](18446744080), ptr.To[int64](math.MaxInt64), nil), longest, prestop.SourceProbeGracePeriod},
+		{"status unknown: the shorter, one beyond", pod(30, ptr.To[int64](18446744080), ptr.To[int64](7), nil), 7*time.Second - margin, prestop.SourceProbeGracePeriod},
+		{"the longest probe grace period", pod(30, ptr.To(config.MaxGracePeriodSeconds), nil, ptr.To(true)), longest, prestop.SourceProbeGracePeriod},
+		{"pod 9223372036854775807 s", pod(math.MaxInt64, nil, nil, ptr.To(true)), longest, prestop.SourceGracePeriod},
+		{"pod 10000000000 s", pod(10000000000, nil, nil, ptr.To(true)), longest, prestop.SourceGracePeriod},
+		{"pod -9223372036854775808 s: none", pod(math.MinInt64, nil, nil, ptr.To(true)), -margin, prestop.SourceGracePeriod},
+		{"pod -5 s: none", pod(-5, nil, nil, ptr.To(true)), -margin, prestop.SourceGracePeriod},
+		{"probe -1 s: none", pod(30, ptr.To[int64](-1), nil, ptr.To(true)), -margin, prestop.SourceProbeGracePeriod},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := prestop.TerminationOf(tc.pod, "worker", now, 20*time.Second, margin)
+			if !got.Deadline.Equal(now.Add(tc.want)) || got.Source != tc.wantSource {
+				t.Errorf("deadline now%+.0fh (%s) from %s; want now%+.0fh from %s",
+					got.Deadline.Sub(now).Hours(), got.Deadline, got.Source, tc.want.Hours(), tc.wantSource)
+			}
+		})
+	}
+	// The settings, out of their bounds, are taken to them too: a grace
+	// period past the longest and a margin past 1h or below 0.
+	for _, tc := range []struct {
+		grace, margin, want time.Duration
+	}{
+		{math.MaxInt64, 2 * time.Second, config.MaxGracePeriod - 2*time.Second},
+		{30 * time.Second, math.MinInt64, 30 * time.Second},
+		{30 * time.Second, math.MaxInt64, 30*time.Second - config.MaxDuration},
+		{math.MinInt64, math.MaxInt64, -config.MaxDuration},
+	} {
+		if got := prestop.TerminationOf(nil, "worker", now, tc.grace, tc.margin); !got.Deadline.Equal(now.Add(tc.want)) {
+			t.Errorf("grace period %d ns, margin %d ns: deadline now%+.0fs; want now%+.0fs", int64(tc.grace), int64(tc.margin), got.Deadline.Sub(now).Seconds(), tc.want.Seconds())
+		}
 	}
 }

@@ -47,6 +47,16 @@ func FuzzAdmissionPod(f *testing.F) {
 		strings.Replace(podSeed, `"image":"w"`, `"image":"w","lifecycle":{"preStop":{"sleep":{"seconds":5}}}`, 1),
 		strings.Replace(podSeed, `"name":"w-0"`, `"generateName":"w-"`, 1),
 		strings.Replace(podSeed, `"image":"w"`, `"image":"w","imagePullPolicyy":"Always"`, 1),
+		// Issue 20: out-of-range grace periods and durations, hostPID, a
+		// shared process namespace, two containers of one name.
+		strings.Replace(podSeed, `"image":"w"`, `"image":"w","livenessProbe":{"exec":{"command":["x"]},"terminationGracePeriodSeconds":10000000000}`, 1),
+		strings.Replace(podSeed, `"containers":[`, `"terminationGracePeriodSeconds":9223372036854775807,"containers":[`, 1),
+		strings.Replace(podSeed, `"containers":[`, `"terminationGracePeriodSeconds":-9223372037,"containers":[`, 1),
+		strings.Replace(podSeed, `"handoff.dev/inject":"true"`, `"handoff.dev/inject":"true","handoff.dev/deadline-margin":"2000000h","handoff.dev/handback-reserve":"2000000h"`, 1),
+		strings.Replace(podSeed, `"image":"w"`, `"image":"w","lifecycle":{"preStop":{"sleep":{"seconds":10000000000}}}`, 1),
+		strings.Replace(podSeed, `"containers":[`, `"hostPID":true,"containers":[`, 1),
+		strings.Replace(podSeed, `"containers":[`, `"shareProcessNamespace":true,"containers":[`, 1),
+		strings.Replace(podSeed, `{"name":"worker","image":"w"}`, `{"name":"worker","image":"w"},{"name":"worker","image":"x"}`, 1),
 		`{"apiVersion":"v1","kind":"Pod"}`,
 		`{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"d"}}`,
 		`{}`, `null`, `[]`, `"pod"`, `{"kind":`,
@@ -84,6 +94,16 @@ func FuzzAdmissionReview(f *testing.F) {
 		`{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"1","object":` + podSeed + `}}`,
 		`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1"}}`,
 		`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`,
+		// Issue 20: out-of-range grace periods and durations, hostPID, a
+		// shared process namespace, two containers of one name.
+		strings.Replace(podSeed, `"image":"w"`, `"image":"w","livenessProbe":{"exec":{"command":["x"]},"terminationGracePeriodSeconds":10000000000}`, 1),
+		strings.Replace(podSeed, `"containers":[`, `"terminationGracePeriodSeconds":9223372036854775807,"containers":[`, 1),
+		strings.Replace(podSeed, `"containers":[`, `"terminationGracePeriodSeconds":-9223372037,"containers":[`, 1),
+		strings.Replace(podSeed, `"handoff.dev/inject":"true"`, `"handoff.dev/inject":"true","handoff.dev/deadline-margin":"2000000h","handoff.dev/handback-reserve":"2000000h"`, 1),
+		strings.Replace(podSeed, `"image":"w"`, `"image":"w","lifecycle":{"preStop":{"sleep":{"seconds":10000000000}}}`, 1),
+		strings.Replace(podSeed, `"containers":[`, `"hostPID":true,"containers":[`, 1),
+		strings.Replace(podSeed, `"containers":[`, `"shareProcessNamespace":true,"containers":[`, 1),
+		strings.Replace(podSeed, `{"name":"worker","image":"w"}`, `{"name":"worker","image":"w"},{"name":"worker","image":"x"}`, 1),
 		`{"apiVersion":"v1","kind":"Pod"}`,
 		`{"request":{"uid":"1","object":{"metadata":{"annotations":{"handoff.dev/inject":"true"}},"spec":{"containers":[{"name":"w"}]}}}}`,
 		`{"request":{"uid":"1","object":{"metadata":{"annotations":{"handoff.dev/inject":"true"}},"spec":{"containers":[{"name":"w"}]}},"oldObject":{}}}`,

@@ -105,8 +105,8 @@ func TestPatchKeepsUnknownFields(t *testing.T) {
 	t.Run("native", func(t *testing.T) {
 		pod := checkPatch(t, futurePod, unknownPaths)
 		checkInjected(t, pod, "work")
-		if m := pod.Spec.Containers[0].VolumeMounts; len(m) != 2 || m[0].Name != "data" || m[1].Name != inject.VolumeName {
-			t.Errorf("worker volume mounts %+v, want data then %s", m, inject.VolumeName)
+		if m := pod.Spec.Containers[0].VolumeMounts; len(m) != 3 || m[0].Name != "data" || m[1].Name != inject.VolumeName || m[2].Name != inject.RunVolumeName {
+			t.Errorf("worker volume mounts %+v, want data, %s, then %s", m, inject.VolumeName, inject.RunVolumeName)
 		}
 	})
 	t.Run("legacy, wrapped hook", func(t *testing.T) {
@@ -117,8 +117,8 @@ func TestPatchKeepsUnknownFields(t *testing.T) {
 		if got := strings.Join(names(pod.Spec.Containers), ","); got != "worker,handoff" {
 			t.Errorf("containers %s, want worker,handoff", got)
 		}
-		if len(pod.Spec.Volumes) != 2 || pod.Spec.Volumes[0].Name != inject.VolumeName || pod.Spec.Volumes[1].Name != inject.TokenVolumeName {
-			t.Errorf("volumes %+v, want %s and %s only", pod.Spec.Volumes, inject.VolumeName, inject.TokenVolumeName)
+		if got := strings.Join(volumeNames(pod.Spec.Volumes), ","); got != inject.VolumeName+","+inject.RunVolumeName+","+inject.TokenVolumeName {
+			t.Errorf("volumes %s, want %s, %s and %s only", got, inject.VolumeName, inject.RunVolumeName, inject.TokenVolumeName)
 		}
 		h := pod.Spec.Containers[0].Lifecycle.PreStop
 		if h.Sleep != nil || h.Exec == nil || !strings.Contains(strings.Join(h.Exec.Command, " "), "--then-sleep 5s") {
@@ -176,4 +176,12 @@ func checkPatch(t *testing.T, raw string, unknown map[string]any) *corev1.Pod {
 		t.Fatal(err)
 	}
 	return &pod
+}
+
+func volumeNames(vs []corev1.Volume) []string {
+	var out []string
+	for _, v := range vs {
+		out = append(out, v.Name)
+	}
+	return out
 }

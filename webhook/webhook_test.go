@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -313,6 +314,18 @@ func TestPodsTheSidecarCannotRunInAreRefused(t *testing.T) {
 	}{
 		{"host-network", func(s *corev1.PodSpec) { s.HostNetwork = true }, inject.ReasonHostNetwork,
 			[]string{"handoff: spec.hostNetwork true", "loopback is the node's", "control and app ports", "reach the other pod's sidecar"}},
+		// Issue 20: hostPID pods were injected; pods whose containers share
+		// a process namespace are refused too, unless they allow it.
+		{"host-pid", func(s *corev1.PodSpec) { s.HostPID = true }, inject.ReasonHostPID,
+			[]string{"handoff: spec.hostPID true", "node's process namespace", "/proc/PID/root", "the pod's token"}},
+		{"share-process-namespace", func(s *corev1.PodSpec) { s.ShareProcessNamespace = ptr.To(true) }, inject.ReasonShareProcessNamespace,
+			[]string{"handoff: spec.shareProcessNamespace true", "/proc/PID/root", `handoff.dev/allow-shared-process-namespace: "true"`}},
+		// Issue 20: two containers of one name were the API's to refuse,
+		// after the webhook had injected the pod; now the webhook names them.
+		{"duplicate-container-name", func(s *corev1.PodSpec) {
+			s.Containers = append(s.Containers, corev1.Container{Name: "worker", Image: "x"})
+		},
+			inject.ReasonDuplicateContainerName, []string{`handoff: spec.containers[1].name: "worker" is also the name of spec.containers[0]`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -339,10 +352,19 @@ func TestPodsTheSidecarCannotRunInAreRefused(t *testing.T) {
 	// Without the annotation such pods are not the webhook's business.
 	p := newPod("plain-host-network", nil)
 	p.Spec.HostNetwork = true
+	p.Spec.HostPID = true
 	p.Spec.AutomountServiceAccountToken = ptr.To(false)
 	if _, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 		t.Errorf("a pod not asking for handoff was refused: %v", err)
 	}
+	// A shared process namespace the pod allows is injected.
+	p = newPod("shared-allowed", map[string]string{"handoff.dev/inject": "true", "handoff.dev/leases": "work", "handoff.dev/allow-shared-process-namespace": "true"})
+	p.Spec.ShareProcessNamespace = ptr.To(true)
+	created, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a pod allowing its shared process namespace was refused: %v", err)
+	}
+	checkInjected(t, created, "work")
 }
 
 // outcomes reads handoff_webhook_admissions_total{outcome}.
@@ -370,4 +392,70 @@ func counter(t *testing.T, name, value string) float64 {
 		}
 	}
 	return 0
+}
+
+// Issue 20: out-of-range grace periods and durations are refused by the
+// webhook, naming the field or the annotation and the bound, and counted by
+// reason; before, a probe's 10000000000 s and margins of 2000000h were
+// admitted, and a wrapped sleep hook of 10000000000 s, which the API checks
+// only on the pod as the webhook left it, became a hook that could not run.
+func TestOutOfRangeDurationsAreRefusedByName(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	probe := func(seconds int64) *corev1.Probe {
+		return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}, TerminationGracePeriodSeconds: ptr.To(seconds)}
+	}
+	for _, tc := range []struct {
+		name        string
+		annotations map[string]string
+		spec        func(*corev1.PodSpec)
+		reason      inject.Reason
+		want        []string
+	}{
+		{"liveness-probe", nil, func(s *corev1.PodSpec) { s.Containers[0].LivenessProbe = probe(10000000000) }, inject.ReasonGracePeriod,
+			[]string{"handoff: spec.containers[worker].livenessProbe.terminationGracePeriodSeconds 10000000000: must be at most 9223372036"}},
+		{"startup-probe", nil, func(s *corev1.PodSpec) { s.Containers[0].StartupProbe = probe(10000000000) }, inject.ReasonGracePeriod,
+			[]string{"handoff: spec.containers[worker].startupProbe.terminationGracePeriodSeconds 10000000000: must be at most 9223372036"}},
+		{"pod-grace-period", nil, func(s *corev1.PodSpec) { s.TerminationGracePeriodSeconds = ptr.To[int64](9223372036854775807) }, inject.ReasonGracePeriod,
+			[]string{"handoff: spec.terminationGracePeriodSeconds 9223372036854775807: must be at most 9223372036"}},
+		{"margins", map[string]string{"handoff.dev/deadline-margin": "2000000h", "handoff.dev/handback-reserve": "2000000h"}, nil, inject.ReasonInvalidAnnotation,
+			[]string{`invalid value "2000000h" for annotation handoff.dev/deadline-margin: above the maximum 1h0m0s; want a duration from 0s to 1h`,
+				`invalid value "2000000h" for annotation handoff.dev/handback-reserve: above the maximum 1h0m0s`}},
+		{"wrapped-sleep", map[string]string{"handoff.dev/wrap-prestop": "true"}, func(s *corev1.PodSpec) {
+			s.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 10000000000}}}
+		}, inject.ReasonPreStop, []string{"spec.containers[worker].lifecycle.preStop.sleep.seconds 10000000000: must be from 0 to the pod's terminationGracePeriodSeconds (30)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := map[string]string{"handoff.dev/inject": "true"}
+			maps.Copy(a, tc.annotations)
+			p := newPod(tc.name, a)
+			if tc.spec != nil {
+				tc.spec(&p.Spec)
+			}
+			checkRefused(t, env, ns, p, tc.reason, tc.want...)
+		})
+	}
+}
+
+// checkRefused creates p in ns and checks that the webhook refuses it with
+// every string of want in the message, counted once as refused and once
+// under reason.
+func checkRefused(t *testing.T, env *kubetest.Env, ns string, p *corev1.Pod, reason inject.Reason, want ...string) {
+	t.Helper()
+	refused, byReason := counter(t, "handoff_webhook_admissions_total", webhook.OutcomeRefused), counter(t, "handoff_webhook_refusals_total", string(reason))
+	_, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{})
+	if err == nil {
+		t.Fatal("created; want the webhook to refuse it")
+	}
+	for _, w := range append(want, `admission webhook "inject.handoff.dev" denied the request`) {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not contain %q", err, w)
+		}
+	}
+	if got := counter(t, "handoff_webhook_admissions_total", webhook.OutcomeRefused); got != refused+1 {
+		t.Errorf("refused count %v, want %v", got, refused+1)
+	}
+	if got := counter(t, "handoff_webhook_refusals_total", string(reason)); got != byReason+1 {
+		t.Errorf("refusals{reason=%s} %v, want %v", reason, got, byReason+1)
+	}
 }
