@@ -24,6 +24,12 @@ const (
 // server can select the pods it sends by label but not by annotation.
 const LabelInject = config.AnnotationPrefix + "inject"
 
+// LabelInjected is the label Pod sets, "true", on every pod it injects,
+// beside AnnotationStatus: a NetworkPolicy can select pods by label, never
+// by annotation, and the chart's policy for the sidecar's metrics and probe
+// port selects the injected pods with it (networkPolicy.sidecar).
+const LabelInjected = config.AnnotationPrefix + "injected"
+
 // Layouts, the values of AnnotationLayout.
 const (
 	// LayoutNative runs the sidecar as an init container with restartPolicy
@@ -58,7 +64,7 @@ var Keys = []Key{
 	{Key: AnnotationWrapPreStop, Default: "false", Form: `"true" or "false"`, valid: isBool,
 		Usage: "when the worker container already has a preStop hook (exec or sleep), run it after the handover instead of refusing to inject"},
 	{Key: AnnotationStatus, Form: `"injected", set by handoff`, valid: func(v string) bool { return v == StatusInjected },
-		Usage: "marks an injected pod, which is then left alone; do not set it yourself"},
+		Usage: "marks an injected pod, which is then left alone; do not set it yourself. handoff also sets the label " + LabelInjected + ": \"true\" on it, by which the chart's NetworkPolicy selects it"},
 }
 
 func isBool(v string) bool { return v == "true" || v == "false" }

@@ -16,7 +16,8 @@
 //     preStop exec hook running `handoff prestop --token-file ...`, and
 //     HANDOFF_TOKEN_FILE and HANDOFF_LEASE_DURATION for package worker (the
 //     token its calls need, the bound of a term);
-//   - the annotation handoff.dev/status: injected.
+//   - the annotation handoff.dev/status: injected and the label
+//     handoff.dev/injected: "true" (LabelInjected).
 package inject
 
 import (
@@ -276,6 +277,21 @@ func hostNetwork(spec *corev1.PodSpec) error {
 	return refuse(ReasonHostNetwork, errors.New("spec.hostNetwork true: the pod's loopback is the node's, so two such pods on one node share the sidecar's control and app ports and one pod's preStop hook can reach the other pod's sidecar; handoff needs the pod's own network namespace (hostNetwork false)"))
 }
 
+// markInjected sets the annotation handoff.dev/status: injected, which
+// makes Pod leave the pod alone from then on, and the label
+// handoff.dev/injected: "true", by which a NetworkPolicy selects the pods
+// that run the sidecar.
+func markInjected(meta *metav1.ObjectMeta) {
+	if meta.Annotations == nil {
+		meta.Annotations = map[string]string{}
+	}
+	meta.Annotations[AnnotationStatus] = StatusInjected
+	if meta.Labels == nil {
+		meta.Labels = map[string]string{}
+	}
+	meta.Labels[LabelInjected] = "true"
+}
+
 // revisionLabels are the labels a controller sets per revision of a
 // workload's pod template: a shard-peers selector on one of them leaves the
 // pods of the old and the new revision blind to each other in a rollout.
@@ -470,10 +486,7 @@ func (p *plan) preStop(w corev1.Container, wrap bool) ([]string, error) {
 }
 
 func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
-	if meta.Annotations == nil {
-		meta.Annotations = map[string]string{}
-	}
-	meta.Annotations[AnnotationStatus] = StatusInjected
+	markInjected(meta)
 
 	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: VolumeName, VolumeSource: corev1.VolumeSource{
 		EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("64Mi"))}}})
