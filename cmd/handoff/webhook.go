@@ -48,7 +48,10 @@ with a message naming each problem. With --cert-rotation (the default) it makes
 and renews its own serving certificate and CA with cert-controller, storing
 them in --cert-secret and writing the CA into the caBundle of
 --webhook-config; without it, it reads tls.crt and tls.key from --cert-dir
-(for cert-manager).`,
+(for cert-manager). The rotator reads, lists and watches only that Secret
+and that configuration, by name, and updates them: it needs get, list,
+watch and update on each by resourceNames, and creates nothing (the Secret
+must exist; the chart makes it).`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			opts, err := o.options()
@@ -71,6 +74,12 @@ them in --cert-secret and writing the CA into the caBundle of
 				return fmt.Errorf("kubernetes client configuration: %w", err)
 			}
 			rc.UserAgent = "handoff-webhook/" + version
+			if rotate {
+				// cert-controller's informers list and watch whole
+				// collections: narrow them to its Secret and configuration,
+				// which is all the chart's RBAC grants.
+				rc.Wrap(webhook.RotatorReadsByName(namespace, secret, configName))
+			}
 			mgr, err := manager.New(rc, manager.Options{
 				Metrics:                metricsserver.Options{BindAddress: metricsAddr},
 				HealthProbeBindAddress: healthAddr,
