@@ -5,17 +5,24 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	certutil "k8s.io/client-go/util/cert"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/webhook"
@@ -35,13 +42,7 @@ func TestWebhookProcessRotatesItsCertificateWithTheChartsRights(t *testing.T) {
 	ns, podNs := env.Namespace(t), env.Namespace(t)
 	release := "handoff-" + ns // the chart's full name: it contains "handoff"
 	sa, secretName := release+"-webhook", release+"-webhook-cert"
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-
+	port := freePort(t)
 	objs := renderChart(t, release, ns, "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
 		"--show-only", "templates/certificate.yaml", "--show-only", "templates/mutatingwebhookconfiguration.yaml",
 		"--show-only", "templates/webhook-config-policy.yaml",
@@ -100,6 +101,7 @@ func TestWebhookProcessRotatesItsCertificateWithTheChartsRights(t *testing.T) {
 	injected := func(what string) {
 		var pod *corev1.Pod
 		kubetest.WaitFor(t, 60*time.Second, what, func() bool {
+			var err error
 			pod, err = env.Client.CoreV1().Pods(podNs).Create(ctx, &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{GenerateName: "worker-", Labels: map[string]string{"handoff.dev/inject": "true"}},
 				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "worker", Image: "worker:1"}}},
@@ -127,3 +129,140 @@ func TestWebhookProcessRotatesItsCertificateWithTheChartsRights(t *testing.T) {
 
 	terminate(t, cmd, exited, "webhook")
 }
+
+// The real webhook process, as its service account with the chart's rights
+// (cert-manager mode: no rotation), serves /metrics over HTTPS to a caller
+// whose token the apiserver authenticates and whose account is bound to the
+// chart's metrics-reader ClusterRole, and to no one else: not over plain
+// HTTP, not without a token, not with a bad token, not to another service
+// account.
+func TestWebhookMetricsNeedAnAuthorizedToken(t *testing.T) {
+	env := kubetest.Get(t)
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	release := "handoff-" + ns
+	sa := release + "-webhook"
+	objs := renderChart(t, release, ns, "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
+		"--show-only", "templates/metrics-reader.yaml", "--set", "certs.certManager.enabled=true")
+	createAll(t, env, objs)
+	for _, name := range []string{"scraper", "stranger"} {
+		if _, err := env.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	binding, err := env.Client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "scraper-" + ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: sa + "-metrics-reader"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "scraper", Namespace: ns}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.Client.RbacV1().ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
+	})
+	kubeconfig := serviceAccountKubeconfig(t, env, ns, sa, authorizationv1.ResourceAttributes{Verb: "create", Group: "authentication.k8s.io", Resource: "tokenreviews"})
+
+	// cert-manager's certificate, as the kubelet would mount it.
+	certDir := t.TempDir()
+	crt, key, err := certutil.GenerateSelfSignedCertKey("localhost", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{"tls.crt": crt, "tls.key": key} {
+		if err := os.WriteFile(filepath.Join(certDir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr := freeAddr(t)
+	cmd, exited := runMain(t, fmt.Sprintf("webhook --kubeconfig %s --port %d --cert-dir %s --namespace %s --cert-rotation=false --metrics-addr %s --health-addr 127.0.0.1:0 --image handoff:test",
+		kubeconfig, freePort(t), certDir, ns, addr))
+
+	scrape := func(scheme, token string) (int, string) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+addr+"/metrics", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		// The server's certificate is self-signed: a scraper skips its
+		// verification, as for kube-controller-manager's metrics.
+		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a self-signed certificate
+		res, err := c.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer func() { _ = res.Body.Close() }()
+		body, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(body)
+	}
+	kubetest.WaitFor(t, 30*time.Second, "the metrics server to listen", func() bool {
+		select {
+		case err := <-exited:
+			t.Fatalf("the webhook exited: %v", err)
+		default:
+		}
+		code, _ := scrape("https", "")
+		if code == 0 {
+			code, _ = scrape("http", "")
+		}
+		return code != 0
+	})
+
+	scraper, stranger := serviceAccountToken(t, env, ns, "scraper"), serviceAccountToken(t, env, ns, "stranger")
+	// The scraper's token with its signature's last bytes changed.
+	forged := scraper[:len(scraper)-4] + "AAAA"
+	for _, tc := range []struct {
+		what, scheme, token string
+		want                int
+	}{
+		{"over plain HTTP", "http", "", http.StatusBadRequest}, // the TLS server's answer to plain HTTP
+		{"without a token", "https", "", http.StatusUnauthorized},
+		// The TokenReview of a token the apiserver does not accept
+		// carries an error, which controller-runtime's filter answers with
+		// 500 "Authentication failed".
+		{"with a token the apiserver does not know", "https", "not-a-token", http.StatusInternalServerError},
+		{"with a forged token", "https", forged, http.StatusInternalServerError},
+		{"as another service account", "https", stranger, http.StatusForbidden},
+		{"as the scraper bound to the metrics-reader ClusterRole", "https", scraper, http.StatusOK},
+	} {
+		code, body := scrape(tc.scheme, tc.token)
+		if code != tc.want {
+			t.Errorf("scrape %s: %d %.200s; want %d", tc.what, code, body, tc.want)
+		}
+		if code == http.StatusOK && tc.want == http.StatusOK && !strings.Contains(body, "# TYPE ") {
+			t.Errorf("scrape %s: no metrics in %.200s", tc.what, body)
+		}
+		if code == http.StatusOK && tc.want != http.StatusOK {
+			t.Errorf("scrape %s served the metrics", tc.what)
+		}
+	}
+	terminate(t, cmd, exited, "webhook")
+}
+
+// Unauthenticated plain-HTTP metrics are refused off loopback.
+func TestWebhookRefusesPlainMetricsOffLoopback(t *testing.T) {
+	for _, addr := range []string{":8080", "0.0.0.0:8080", "10.0.0.1:8080", "[::]:8080", "8080"} {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "HANDOFF_TEST_RUN_MAIN=webhook --namespace n --metrics-secure=false --metrics-addr "+addr)
+		out, err := cmd.CombinedOutput()
+		want := fmt.Sprintf("--metrics-addr %q: plain-HTTP metrics (--metrics-secure=false) listen on loopback only; want 127.0.0.1:PORT", addr)
+		if err == nil || !strings.Contains(string(out), want) {
+			t.Errorf("webhook --metrics-secure=false --metrics-addr %s: %v\n%s\nwant a failure saying %s", addr, err, out, want)
+		}
+	}
+}
+
+// freePort is a TCP port on 127.0.0.1 that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func freeAddr(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", freePort(t)) }
