@@ -123,7 +123,8 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 		}
 		kinds[gvk.Kind]++
 	}
-	for _, k := range []string{"Namespace", "Deployment", "Service", "MutatingWebhookConfiguration", "PodDisruptionBudget", "ClusterRole", "Role", "ServiceAccount", "Secret"} {
+	for _, k := range []string{"Namespace", "Deployment", "Service", "MutatingWebhookConfiguration", "PodDisruptionBudget", "ClusterRole",
+		"ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "Secret", "NetworkPolicy", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s in deploy/handoff.yaml", k)
 		}
