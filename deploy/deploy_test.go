@@ -59,7 +59,8 @@ func helm(t *testing.T, args ...string) []byte {
 }
 
 func TestChartLints(t *testing.T) {
-	for _, set := range []string{"", "certs.certManager.enabled=true,rbac.sidecarBindings[0].namespace=shop,rbac.sidecarBindings[0].serviceAccount=orders,rbac.sidecarBindings[0].leases={orders-leader}"} {
+	for _, set := range []string{"", "certs.certManager.enabled=true,rbac.sidecarBindings[0].namespace=shop,rbac.sidecarBindings[0].serviceAccount=orders,rbac.sidecarBindings[0].leases={orders-leader}",
+		"createNamespace=true,namespacePodSecurity=baseline,webhook.metricsSecure=false,rbac.webhookCABundleOnly=false,networkPolicy.sidecar.allowOtherPorts=false,networkPolicy.sidecar.namespaces={shop},networkPolicy.scraper.namespaceSelector.matchLabels.team=monitoring"} {
 		args := []string{"lint", "--strict", "../charts/handoff"}
 		if set != "" {
 			args = append(args, "--set", set)
@@ -123,7 +124,8 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 		}
 		kinds[gvk.Kind]++
 	}
-	for _, k := range []string{"Namespace", "Deployment", "Service", "MutatingWebhookConfiguration", "PodDisruptionBudget", "ClusterRole", "Role", "ServiceAccount", "Secret"} {
+	for _, k := range []string{"Namespace", "Deployment", "Service", "MutatingWebhookConfiguration", "PodDisruptionBudget", "ClusterRole",
+		"ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "Secret", "NetworkPolicy", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s in deploy/handoff.yaml", k)
 		}

@@ -27,6 +27,12 @@ const (
 // server can select the pods it sends by label but not by annotation.
 const LabelInject = config.AnnotationPrefix + "inject"
 
+// LabelInjected is the label Pod sets, "true", on every pod it injects,
+// beside AnnotationStatus: a NetworkPolicy can select pods by label, never
+// by annotation, and the chart's policy for the sidecar's metrics and probe
+// port selects the injected pods with it (networkPolicy.sidecar).
+const LabelInjected = config.AnnotationPrefix + "injected"
+
 // Layouts, the values of AnnotationLayout.
 const (
 	// LayoutNative runs the sidecar as an init container with restartPolicy
@@ -63,7 +69,7 @@ var Keys = []Key{
 	{Key: AnnotationAllowSharedProcessNamespace, Default: "false", Form: `"true" or "false"`, valid: isBool,
 		Usage: "inject a pod with `shareProcessNamespace: true`, which is refused without it: in a shared process namespace every container of the pod sees the sidecar and the worker and, running as the same user or with CAP_SYS_PTRACE, can read the pod's token and reach the control path through /proc/PID/root, so \"true\" trusts every container of the pod as the worker. `hostPID: true` is refused always"},
 	{Key: AnnotationStatus, Form: `"injected", set by handoff`, valid: func(v string) bool { return v == StatusInjected },
-		Usage: "marks an injected pod, which is then left alone; do not set it yourself"},
+		Usage: "marks an injected pod, which is then left alone; do not set it yourself. handoff also sets the label " + LabelInjected + ": \"true\" on it, by which the chart's NetworkPolicy selects it"},
 }
 
 func isBool(v string) bool { return v == "true" || v == "false" }

@@ -26,7 +26,8 @@
 //     ...`, and HANDOFF_TOKEN_FILE, HANDOFF_APP_URL and
 //     HANDOFF_LEASE_DURATION for package worker (the key its calls are
 //     signed with, where to serve, the bound of a term);
-//   - the annotation handoff.dev/status: injected.
+//   - the annotation handoff.dev/status: injected and the label
+//     handoff.dev/injected: "true" (LabelInjected).
 package inject
 
 import (
@@ -398,6 +399,21 @@ func duplicateNames(spec *corev1.PodSpec) error {
 	return refuse(ReasonDuplicateContainerName, errors.Join(errs...))
 }
 
+// markInjected sets the annotation handoff.dev/status: injected, which
+// makes Pod leave the pod alone from then on, and the label
+// handoff.dev/injected: "true", by which a NetworkPolicy selects the pods
+// that run the sidecar.
+func markInjected(meta *metav1.ObjectMeta) {
+	if meta.Annotations == nil {
+		meta.Annotations = map[string]string{}
+	}
+	meta.Annotations[AnnotationStatus] = StatusInjected
+	if meta.Labels == nil {
+		meta.Labels = map[string]string{}
+	}
+	meta.Labels[LabelInjected] = "true"
+}
+
 // revisionLabels are the labels a controller sets per revision of a
 // workload's pod template: a shard-peers selector on one of them leaves the
 // pods of the old and the new revision blind to each other in a rollout.
@@ -572,10 +588,7 @@ func (p *plan) preStop(w corev1.Container, wrap bool) ([]string, error) {
 }
 
 func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
-	if meta.Annotations == nil {
-		meta.Annotations = map[string]string{}
-	}
-	meta.Annotations[AnnotationStatus] = StatusInjected
+	markInjected(meta)
 
 	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: VolumeName, VolumeSource: corev1.VolumeSource{
 		EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("64Mi"))}}},

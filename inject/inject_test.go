@@ -459,7 +459,7 @@ func TestShardPeersSelectThePodItself(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			meta, spec := pod(map[string]string{"handoff.dev/inject": "true", "handoff.dev/shards": "orders-{0..3}", "handoff.dev/shard-peers": tc.peers})
-			meta.Labels = podLabels
+			meta.Labels = maps.Clone(podLabels) // Pod labels an injected pod in place
 			res, err := inject.Pod(meta, spec, opts)
 			if len(tc.wantErr) == 0 {
 				if err != nil || res != inject.Injected {
@@ -613,5 +613,28 @@ func TestManifestsReadNumbersAndTypesAsWritten(t *testing.T) {
 		if !strings.Contains(out.String(), w) {
 			t.Errorf("output lacks %q:\n%s", w, out.String())
 		}
+	}
+}
+
+// An injected pod carries the label handoff.dev/injected: "true", which the
+// chart's NetworkPolicy for the sidecar's port selects (a policy selects
+// pods by label only), beside its own labels; a refused pod gets none.
+func TestInjectedPodIsLabelled(t *testing.T) {
+	meta, spec := pod(map[string]string{"handoff.dev/inject": "true"}, corev1.Container{Name: "worker"})
+	meta.Labels = map[string]string{"app": "orders"}
+	if res, err := inject.Pod(meta, spec, opts); err != nil || res != inject.Injected {
+		t.Fatalf("inject: %s, %v", res, err)
+	}
+	if want := map[string]string{"app": "orders", inject.LabelInjected: "true"}; !maps.Equal(meta.Labels, want) {
+		t.Errorf("labels %v; want %v", meta.Labels, want)
+	}
+	// Without labels of its own, and refused.
+	meta, spec = pod(map[string]string{"handoff.dev/inject": "true"}, corev1.Container{Name: "worker"})
+	if _, err := inject.Pod(meta, spec, opts); err != nil || meta.Labels[inject.LabelInjected] != "true" {
+		t.Errorf("pod without labels: %v, labels %v; want %s: \"true\"", err, meta.Labels, inject.LabelInjected)
+	}
+	meta, spec = pod(map[string]string{"handoff.dev/inject": "true", "handoff.dev/layout": "x"}, corev1.Container{Name: "worker"})
+	if _, err := inject.Pod(meta, spec, opts); err == nil || meta.Labels[inject.LabelInjected] != "" {
+		t.Errorf("refused pod: %v, labels %v; want refused and no %s", err, meta.Labels, inject.LabelInjected)
 	}
 }

@@ -130,14 +130,14 @@ func idleConnectionMemory(b *testing.B) (rss, stack, heap float64) {
 	return (after.rss - before.rss) / idleConns, (after.stack - before.stack) / idleConns, (after.heap - before.heap) / idleConns
 }
 
-type memory struct{ rss, stack, heap, goroutines float64 }
+type serverMem struct{ rss, stack, heap, goroutines float64 }
 
-func serverMemory(b *testing.B, pid int, addr string) memory {
+func serverMemory(b *testing.B, pid int, addr string) serverMem {
 	b.Helper()
 	m, err := procstat.Memory(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	return memory{rss: m["VmRSS"] * (1 << 20), stack: metric(b, addr, "go_memstats_stack_inuse_bytes"),
+	return serverMem{rss: m["VmRSS"] * (1 << 20), stack: metric(b, addr, "go_memstats_stack_inuse_bytes"),
 		heap: metric(b, addr, "go_memstats_heap_inuse_bytes"), goroutines: metric(b, addr, "go_goroutines")}
 }

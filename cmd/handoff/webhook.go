@@ -5,6 +5,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 
 	"github.com/go-logr/zapr"
@@ -19,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/handoff-dev/handoff/webhook"
@@ -28,7 +30,7 @@ func webhookCommand() *cobra.Command {
 	var (
 		kubeconfig, certDir, metricsAddr, healthAddr string
 		port                                         int
-		rotate                                       bool
+		rotate, metricsSecure                        bool
 		namespace, secret, service, configName       string
 		extraDNSNames                                []string
 	)
@@ -47,12 +49,18 @@ with a message naming each problem. With --cert-rotation (the default) it makes
 and renews its own serving certificate and CA with cert-controller, storing
 them in --cert-secret and writing the CA into the caBundle of
 --webhook-config; without it, it reads tls.crt and tls.key from --cert-dir
-(for cert-manager).`,
+(for cert-manager). The rotator reads, lists and watches only that Secret
+and that configuration, by name, and updates them: it needs get, list,
+watch and update on each by resourceNames, and creates nothing (the Secret
+must exist; the chart makes it).`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			opts, err := o.options()
 			if namespace == "" {
 				err = errors.Join(err, errors.New("--namespace: want the webhook's namespace (or POD_NAMESPACE set)"))
+			}
+			if !metricsSecure {
+				err = errors.Join(err, plainMetricsOnLoopback(metricsAddr))
 			}
 			if err != nil {
 				return err
@@ -70,8 +78,25 @@ them in --cert-secret and writing the CA into the caBundle of
 				return fmt.Errorf("kubernetes client configuration: %w", err)
 			}
 			rc.UserAgent = "handoff-webhook/" + version
+			if rotate {
+				// cert-controller's informers list and watch whole
+				// collections: narrow them to its Secret and configuration,
+				// which is all the chart's RBAC grants.
+				rc.Wrap(webhook.RotatorReadsByName(namespace, secret, configName))
+			}
+			metrics := metricsserver.Options{BindAddress: metricsAddr}
+			if metricsSecure {
+				// HTTPS with a self-signed certificate, and only for a
+				// caller whose token the apiserver authenticates
+				// (TokenReview) and who may get the non-resource URL
+				// /metrics (SubjectAccessReview): anyone else gets 401 or
+				// 403. The webhook's service account needs create on
+				// tokenreviews and subjectaccessreviews.
+				metrics.SecureServing = true
+				metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+			}
 			mgr, err := manager.New(rc, manager.Options{
-				Metrics: metricsserver.Options{BindAddress: metricsAddr},
+				Metrics: metrics,
 				// Served by serveHealth, with connection caps.
 				HealthProbeBindAddress: "0",
 				// The rotator reads only its Secret (and the cluster-scoped webhook configuration).
@@ -127,6 +152,7 @@ them in --cert-secret and writing the CA into the caBundle of
 	f.IntVar(&port, "port", 9443, "HTTPS port of the webhook")
 	f.StringVar(&certDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory of tls.crt and tls.key")
 	f.StringVar(&metricsAddr, "metrics-addr", ":8080", `address of /metrics, "0" to turn it off`)
+	f.BoolVar(&metricsSecure, "metrics-secure", true, "serve /metrics over HTTPS (a self-signed certificate) only to callers whose bearer token the apiserver authenticates and allows to get the non-resource URL /metrics; false: plain HTTP, on a loopback --metrics-addr only")
 	f.StringVar(&healthAddr, "health-addr", ":8081", `address of /healthz and /readyz, "0" to turn it off`)
 	f.BoolVar(&rotate, "cert-rotation", true, "make and renew the serving certificate with cert-controller (off when cert-manager provides it)")
 	f.StringVar(&namespace, "namespace", os.Getenv("POD_NAMESPACE"), "namespace of the webhook's Service and certificate Secret")
@@ -136,4 +162,18 @@ them in --cert-secret and writing the CA into the caBundle of
 	f.StringSliceVar(&extraDNSNames, "cert-dns-names", nil, "more DNS names for the rotated certificate (e.g. localhost, for a webhook run outside the cluster)")
 	o.add(f)
 	return cmd
+}
+
+// plainMetricsOnLoopback refuses a plain-HTTP metrics address that is not
+// on loopback ("0", no metrics server, is accepted): unauthenticated
+// metrics must not be reachable from another pod.
+func plainMetricsOnLoopback(addr string) error {
+	if addr == "0" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); err == nil && (host == "localhost" || ip != nil && ip.IsLoopback()) {
+		return nil
+	}
+	return fmt.Errorf("--metrics-addr %q: plain-HTTP metrics (--metrics-secure=false) listen on loopback only; want 127.0.0.1:PORT, [::1]:PORT or localhost:PORT, \"0\" for none, or --metrics-secure", addr)
 }

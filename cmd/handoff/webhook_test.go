@@ -3,102 +3,126 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	certutil "k8s.io/client-go/util/cert"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/webhook"
 )
 
-// webhookFloodConns is the flood TestWebhookProcessRotatesItsCertificateAndInjects
+// webhookFloodConns is the flood TestWebhookProcessRotatesItsCertificateWithTheChartsRights
 // opens on the webhook's port from one address: 2,000 connections (each a
 // goroutine and a TLS connection in the webhook process, which runs with
 // the race detector here).
 const webhookFloodConns = 2000
 
-// The real webhook process with certificate rotation: it makes its CA and
-// certificate, stores them in its Secret, writes the CA into its webhook
-// configuration, and the apiserver then sends it pods to inject. A flood
-// of connections from another address takes none of the slots the
+// The real webhook process with certificate rotation, run as its service
+// account with a token of its own and only the rights the chart gives it
+// (its Secret and its configuration by name, the caBundle only): it makes
+// its CA and certificate, stores them in the chart's Secret, writes the CA
+// into its webhook configuration, and the apiserver then sends it pods to
+// inject. When its CA is gone (emptied here, as a CA past its end is
+// replaced), it makes a new one, writes it into the Secret and the
+// configuration, and pods are injected again with the new certificate. A
+// flood of connections from another address takes none of the slots the
 // apiserver needs.
-func TestWebhookProcessRotatesItsCertificateAndInjects(t *testing.T) {
+func TestWebhookProcessRotatesItsCertificateWithTheChartsRights(t *testing.T) {
 	env := kubetest.Get(t)
 	ctx := context.Background()
 	ns, podNs := env.Namespace(t), env.Namespace(t)
-	if _, err := env.Client.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "handoff-webhook-cert"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	release := "handoff-" + ns // the chart's full name: it contains "handoff"
+	sa, secretName := release+"-webhook", release+"-webhook-cert"
+	port := freePort(t)
+	objs := renderChart(t, release, ns, "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
+		"--show-only", "templates/certificate.yaml", "--show-only", "templates/mutatingwebhookconfiguration.yaml",
+		"--show-only", "templates/webhook-config-policy.yaml",
+		"--set", "webhook.failurePolicy=Fail", "--set-json", `webhook.namespaceSelector={"matchLabels":{"kubernetes.io/metadata.name":"`+podNs+`"}}`)
+	for _, obj := range objs {
+		if obj.GetKind() != "MutatingWebhookConfiguration" {
+			continue
+		}
+		// The apiserver here cannot reach a Service: the admin points the
+		// configuration at the process, before the webhook runs.
+		hooks, _, _ := unstructured.NestedSlice(obj.Object, "webhooks")
+		for i := range hooks {
+			_ = unstructured.SetNestedMap(hooks[i].(map[string]any), map[string]any{"url": fmt.Sprintf("https://localhost:%d%s", port, webhook.Path)}, "clientConfig")
+		}
+		_ = unstructured.SetNestedSlice(obj.Object, hooks, "webhooks")
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	cfgName := "handoff-" + ns
-	_, err = env.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, &admissionregistrationv1.MutatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: cfgName},
-		Webhooks: []admissionregistrationv1.MutatingWebhook{{
-			Name:         "inject.handoff.dev",
-			ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: ptr.To(fmt.Sprintf("https://localhost:%d%s", port, webhook.Path))},
-			Rules: []admissionregistrationv1.RuleWithOperations{{
-				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
-				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
-			}},
-			// Only this test's pods.
-			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": podNs}},
-			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
-			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
-			AdmissionReviewVersions: []string{"v1"},
-		}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = env.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, cfgName, metav1.DeleteOptions{})
-	})
+	createAll(t, env, objs)
+	kubeconfig := serviceAccountKubeconfig(t, env, ns, sa, authorizationv1.ResourceAttributes{Namespace: ns, Verb: "list", Resource: "secrets", Name: secretName})
 
 	certDir := t.TempDir()
-	cmd, exited := runMain(t, fmt.Sprintf("webhook --kubeconfig %s --port %d --cert-dir %s --namespace %s --webhook-config %s --cert-dns-names localhost --metrics-addr 0 --health-addr 127.0.0.1:0 --image handoff:test",
-		env.Kubeconfig, port, certDir, ns, cfgName))
+	cmd, exited := runMain(t, fmt.Sprintf("webhook --kubeconfig %s --port %d --cert-dir %s --namespace %s --cert-secret %s --webhook-config %s --service %s --cert-dns-names localhost --metrics-addr 0 --health-addr 127.0.0.1:0 --image handoff:test",
+		kubeconfig, port, certDir, ns, secretName, release, sa))
 
-	kubetest.WaitFor(t, 30*time.Second, "the rotator to write the CA into the webhook configuration", func() bool {
-		c, err := env.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, cfgName, metav1.GetOptions{})
-		return err == nil && len(c.Webhooks[0].ClientConfig.CABundle) > 0
-	})
-	secret, err := env.Client.CoreV1().Secrets(ns).Get(ctx, "handoff-webhook-cert", metav1.GetOptions{})
-	if err != nil || len(secret.Data["tls.crt"]) == 0 || len(secret.Data["ca.crt"]) == 0 {
-		t.Fatalf("certificate Secret %v, %v: want tls.crt and ca.crt", secret.Data, err)
+	// rotated waits until the configuration's caBundle is the Secret's
+	// ca.crt and not before, puts the Secret's files where the kubelet
+	// would (the server reads them there), and returns the CA.
+	rotated := func(before []byte) []byte {
+		var ca []byte
+		kubetest.WaitFor(t, 60*time.Second, "the rotator to write a new CA into its Secret and its configuration", func() bool {
+			select {
+			case err := <-exited:
+				t.Fatalf("the webhook exited: %v", err)
+			default:
+			}
+			c, err := env.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, release, metav1.GetOptions{})
+			if err != nil {
+				return false
+			}
+			s, err := env.Client.CoreV1().Secrets(ns).Get(ctx, secretName, metav1.GetOptions{})
+			if err != nil || len(s.Data["tls.crt"]) == 0 {
+				return false
+			}
+			ca = c.Webhooks[0].ClientConfig.CABundle
+			if len(ca) == 0 || bytes.Equal(ca, before) || !bytes.Equal(ca, s.Data["ca.crt"]) {
+				return false
+			}
+			for name, data := range s.Data {
+				if err := os.WriteFile(filepath.Join(certDir, name), data, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return true
+		})
+		return ca
 	}
-	// What the kubelet does for the chart's Secret volume: the rotator
-	// starts the server once the files it stored are in --cert-dir.
-	for name, data := range secret.Data {
-		if err := os.WriteFile(filepath.Join(certDir, name), data, 0o600); err != nil {
-			t.Fatal(err)
+	injected := func(what string) {
+		var pod *corev1.Pod
+		kubetest.WaitFor(t, 60*time.Second, what, func() bool {
+			var err error
+			pod, err = env.Client.CoreV1().Pods(podNs).Create(ctx, &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{GenerateName: "worker-", Labels: map[string]string{"handoff.dev/inject": "true"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "worker", Image: "worker:1"}}},
+			}, metav1.CreateOptions{})
+			return err == nil // refused (failurePolicy Fail) until the server is up with a certificate of the CA
+		})
+		if len(pod.Spec.InitContainers) != 2 || pod.Spec.InitContainers[1].Image != "handoff:test" {
+			t.Errorf("pod init containers %v: want handoff-install and the handoff sidecar from handoff:test", pod.Spec.InitContainers)
 		}
 	}
 
-	var pod *corev1.Pod
-	kubetest.WaitFor(t, 30*time.Second, "a pod to be created through the webhook", func() bool {
-		pod, err = env.Client.CoreV1().Pods(podNs).Create(ctx, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{GenerateName: "worker-", Annotations: map[string]string{"handoff.dev/inject": "true"}},
-			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "worker", Image: "worker:1"}}},
-		}, metav1.CreateOptions{})
-		return err == nil // refused (failurePolicy Fail) until the server is up
-	})
-	if len(pod.Spec.InitContainers) != 2 || pod.Spec.InitContainers[1].Image != "handoff:test" {
-		t.Errorf("pod init containers %v: want handoff-install and the handoff sidecar from handoff:test", pod.Spec.InitContainers)
-	}
+	first := rotated(nil)
+	injected("a pod to be created through the webhook")
 
 	// A flood from another pod (127.0.0.2): the webhook keeps at most
 	// webhookTimeouts.conns.PerAddr of its connections and resets the
@@ -108,13 +132,156 @@ func TestWebhookProcessRotatesItsCertificateAndInjects(t *testing.T) {
 	if open := f.open(); open > webhookTimeouts.conns.PerAddr {
 		t.Errorf("the webhook holds %d of %d connections from one address; want at most %d", open, len(f.conns), webhookTimeouts.conns.PerAddr)
 	}
-	if _, err := env.Client.CoreV1().Pods(podNs).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "worker-", Annotations: map[string]string{"handoff.dev/inject": "true"}},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "worker", Image: "worker:1"}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Errorf("a pod created during the flood: %v; want it admitted", err)
-	}
+	injected("a pod to be created through the webhook during a flood")
 	f.close()
+
+	s, err := env.Client.CoreV1().Secrets(ns).Get(ctx, secretName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Data = nil
+	if _, err := env.Client.CoreV1().Secrets(ns).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rotated(first)
+	injected("a pod to be created through the webhook with the new CA")
 
 	terminate(t, cmd, exited, "webhook")
 }
+
+// The real webhook process, as its service account with the chart's rights
+// (cert-manager mode: no rotation), serves /metrics over HTTPS to a caller
+// whose token the apiserver authenticates and whose account is bound to the
+// chart's metrics-reader ClusterRole, and to no one else: not over plain
+// HTTP, not without a token, not with a bad token, not to another service
+// account.
+func TestWebhookMetricsNeedAnAuthorizedToken(t *testing.T) {
+	env := kubetest.Get(t)
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	release := "handoff-" + ns
+	sa := release + "-webhook"
+	objs := renderChart(t, release, ns, "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
+		"--show-only", "templates/metrics-reader.yaml", "--set", "certs.certManager.enabled=true")
+	createAll(t, env, objs)
+	for _, name := range []string{"scraper", "stranger"} {
+		if _, err := env.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	binding, err := env.Client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "scraper-" + ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: sa + "-metrics-reader"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "scraper", Namespace: ns}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.Client.RbacV1().ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
+	})
+	kubeconfig := serviceAccountKubeconfig(t, env, ns, sa, authorizationv1.ResourceAttributes{Verb: "create", Group: "authentication.k8s.io", Resource: "tokenreviews"})
+
+	// cert-manager's certificate, as the kubelet would mount it.
+	certDir := t.TempDir()
+	crt, key, err := certutil.GenerateSelfSignedCertKey("localhost", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{"tls.crt": crt, "tls.key": key} {
+		if err := os.WriteFile(filepath.Join(certDir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr := freeAddr(t)
+	cmd, exited := runMain(t, fmt.Sprintf("webhook --kubeconfig %s --port %d --cert-dir %s --namespace %s --cert-rotation=false --metrics-addr %s --health-addr 127.0.0.1:0 --image handoff:test",
+		kubeconfig, freePort(t), certDir, ns, addr))
+
+	scrape := func(scheme, token string) (int, string) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+addr+"/metrics", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		// The server's certificate is self-signed: a scraper skips its
+		// verification, as for kube-controller-manager's metrics.
+		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a self-signed certificate
+		res, err := c.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer func() { _ = res.Body.Close() }()
+		body, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(body)
+	}
+	kubetest.WaitFor(t, 30*time.Second, "the metrics server to listen", func() bool {
+		select {
+		case err := <-exited:
+			t.Fatalf("the webhook exited: %v", err)
+		default:
+		}
+		code, _ := scrape("https", "")
+		if code == 0 {
+			code, _ = scrape("http", "")
+		}
+		return code != 0
+	})
+
+	scraper, stranger := serviceAccountToken(t, env, ns, "scraper"), serviceAccountToken(t, env, ns, "stranger")
+	// The scraper's token with its signature's last bytes changed.
+	forged := scraper[:len(scraper)-4] + "AAAA"
+	for _, tc := range []struct {
+		what, scheme, token string
+		want                int
+	}{
+		{"over plain HTTP", "http", "", http.StatusBadRequest}, // the TLS server's answer to plain HTTP
+		{"without a token", "https", "", http.StatusUnauthorized},
+		// The TokenReview of a token the apiserver does not accept
+		// carries an error, which controller-runtime's filter answers with
+		// 500 "Authentication failed".
+		{"with a token the apiserver does not know", "https", "not-a-token", http.StatusInternalServerError},
+		{"with a forged token", "https", forged, http.StatusInternalServerError},
+		{"as another service account", "https", stranger, http.StatusForbidden},
+		{"as the scraper bound to the metrics-reader ClusterRole", "https", scraper, http.StatusOK},
+	} {
+		code, body := scrape(tc.scheme, tc.token)
+		if code != tc.want {
+			t.Errorf("scrape %s: %d %.200s; want %d", tc.what, code, body, tc.want)
+		}
+		if code == http.StatusOK && tc.want == http.StatusOK && !strings.Contains(body, "# TYPE ") {
+			t.Errorf("scrape %s: no metrics in %.200s", tc.what, body)
+		}
+		if code == http.StatusOK && tc.want != http.StatusOK {
+			t.Errorf("scrape %s served the metrics", tc.what)
+		}
+	}
+	terminate(t, cmd, exited, "webhook")
+}
+
+// Unauthenticated plain-HTTP metrics are refused off loopback.
+func TestWebhookRefusesPlainMetricsOffLoopback(t *testing.T) {
+	for _, addr := range []string{":8080", "0.0.0.0:8080", "10.0.0.1:8080", "[::]:8080", "8080"} {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "HANDOFF_TEST_RUN_MAIN=webhook --namespace n --metrics-secure=false --metrics-addr "+addr)
+		out, err := cmd.CombinedOutput()
+		want := fmt.Sprintf("--metrics-addr %q: plain-HTTP metrics (--metrics-secure=false) listen on loopback only; want 127.0.0.1:PORT", addr)
+		if err == nil || !strings.Contains(string(out), want) {
+			t.Errorf("webhook --metrics-secure=false --metrics-addr %s: %v\n%s\nwant a failure saying %s", addr, err, out, want)
+		}
+	}
+}
+
+// freePort is a TCP port on 127.0.0.1 that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func freeAddr(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", freePort(t)) }

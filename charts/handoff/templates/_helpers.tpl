@@ -41,3 +41,15 @@ shard set's prefix0 … prefix(count-1), as JSON (a list).
 {{- end }}
 {{- toJson $names }}
 {{- end }}
+
+{{/*
+The metrics scraper as a NetworkPolicy peer (networkPolicy.scraper): its
+namespaceSelector and podSelector, those given; "" when neither is, and then
+no pod may scrape (the node still may).
+*/}}
+{{- define "handoff.scraperPeer" -}}
+{{- $peer := dict }}
+{{- with .Values.networkPolicy.scraper.namespaceSelector }}{{ $_ := set $peer "namespaceSelector" . }}{{ end }}
+{{- with .Values.networkPolicy.scraper.podSelector }}{{ $_ := set $peer "podSelector" . }}{{ end }}
+{{- if $peer }}{{ toJson $peer }}{{ end }}
+{{- end }}

@@ -1,0 +1,151 @@
+package deploy_test
+
+import (
+	"context"
+	"reflect"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/handoff-dev/handoff/internal/kubetest"
+)
+
+// No network plugin here enforces NetworkPolicy (the e2e cluster runs
+// Debian's bridge CNI plugin), so the chart's policies are checked in two
+// ways: the apiserver validates and defaults each rendered policy (a
+// server-side dry run), and what comes back is evaluated port by port under
+// the NetworkPolicy rules (a rule with no from admits any peer; a port with
+// no number is every port of its protocol; endPort closes a range). The
+// node's own traffic, which a policy always admits, is left out.
+
+// admits reports whether np admits TCP, UDP or SCTP traffic to port from
+// peer: nil is any peer, which only a rule without from admits.
+func admits(np *networkingv1.NetworkPolicy, proto corev1.Protocol, port int32, peer *networkingv1.NetworkPolicyPeer) bool {
+	for _, r := range np.Spec.Ingress {
+		fromOK := len(r.From) == 0
+		for _, f := range r.From {
+			if peer != nil && reflect.DeepEqual(f, *peer) {
+				fromOK = true
+			}
+		}
+		if !fromOK {
+			continue
+		}
+		if len(r.Ports) == 0 {
+			return true
+		}
+		for _, p := range r.Ports {
+			if *p.Protocol != proto {
+				continue
+			}
+			if p.Port == nil {
+				return true
+			}
+			end := p.Port.IntVal
+			if p.EndPort != nil {
+				end = *p.EndPort
+			}
+			if p.Port.IntVal <= port && port <= end {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// dryRun creates the NetworkPolicies of a rendering with dryRun=All and
+// returns them as the apiserver validated and defaulted them.
+func dryRun(t *testing.T, env *kubetest.Env, rendered []byte) []*networkingv1.NetworkPolicy {
+	t.Helper()
+	res := dynamic.NewForConfigOrDie(env.Config).Resource(schema.GroupVersionResource{Group: "networking.k8s.io", Version: "v1", Resource: "networkpolicies"})
+	var out []*networkingv1.NetworkPolicy
+	for _, obj := range decodeStream(t, rendered) {
+		if obj.GetKind() != "NetworkPolicy" {
+			continue
+		}
+		got, err := res.Namespace(obj.GetNamespace()).Create(context.Background(), obj, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			t.Fatalf("the apiserver refuses NetworkPolicy %s/%s: %v", obj.GetNamespace(), obj.GetName(), err)
+		}
+		np := &networkingv1.NetworkPolicy{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, np); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, np)
+	}
+	return out
+}
+
+func TestNetworkPoliciesAdmitOnlyTheScraperToMetrics(t *testing.T) {
+	needHelm(t)
+	env := kubetest.Get(t)
+	release := env.Namespace(t) // the webhook's namespace
+	shop, billing := env.Namespace(t), env.Namespace(t)
+	scraper := networkingv1.NetworkPolicyPeer{
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "monitoring"}},
+		PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"app": "prometheus"}},
+	}
+	const scraperJSON = `networkPolicy.scraper={"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}},"podSelector":{"matchLabels":{"app":"prometheus"}}}`
+	bindings := `rbac.sidecarBindings=[{"namespace":"` + shop + `","serviceAccount":"orders","leases":[]},{"namespace":"` + shop + `","serviceAccount":"mail","leases":[]},{"namespace":"` + billing + `","serviceAccount":"ledger","leases":[]}]`
+	for _, tc := range []struct {
+		name       string
+		set        []string
+		port       int32 // the sidecar's
+		withScrape bool
+		otherPorts bool
+	}{
+		{"defaults, no scraper", nil, 7451, false, true},
+		{"a scraper", []string{"--set-json", scraperJSON}, 7451, true, true},
+		{"the port moved to 9090", []string{"--set-json", scraperJSON, "--set", "networkPolicy.sidecar.metricsPort=9090"}, 9090, true, true},
+		{"the first port", []string{"--set", "networkPolicy.sidecar.metricsPort=1"}, 1, false, true},
+		{"the last port", []string{"--set", "networkPolicy.sidecar.metricsPort=65535"}, 65535, false, true},
+		{"other ports closed", []string{"--set-json", scraperJSON, "--set", "networkPolicy.sidecar.allowOtherPorts=false"}, 7451, true, false},
+		{"other ports closed, no scraper", []string{"--set", "networkPolicy.sidecar.allowOtherPorts=false"}, 7451, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"template", "handoff", "../charts/handoff", "--namespace", release, "--kube-version", "1.35.0",
+				"--show-only", "templates/networkpolicy-webhook.yaml", "--show-only", "templates/networkpolicy-sidecar.yaml",
+				"--set-json", bindings}, tc.set...)
+			policies := dryRun(t, env, helm(t, args...))
+			if len(policies) != 3 {
+				t.Fatalf("%d NetworkPolicies; want the webhook's and one per namespace of injected pods (2)", len(policies))
+			}
+			for _, np := range policies {
+				if np.Namespace == release {
+					// The webhook: 9443 from anyone; 8080 from the scraper only.
+					for port, want := range map[int32]bool{9443: true, 8080: false, 8081: false, 443: false} {
+						if got := admits(np, corev1.ProtocolTCP, port, nil); got != want {
+							t.Errorf("webhook: TCP %d from any pod: %v; want %v", port, got, want)
+						}
+					}
+					if got := admits(np, corev1.ProtocolTCP, 8080, &scraper); got != tc.withScrape {
+						t.Errorf("webhook: metrics from the scraper: %v; want %v", got, tc.withScrape)
+					}
+					continue
+				}
+				if !reflect.DeepEqual(np.Spec.PodSelector.MatchLabels, map[string]string{"handoff.dev/injected": "true"}) {
+					t.Errorf("%s: selects %v; want the injected pods", np.Namespace, np.Spec.PodSelector)
+				}
+				// Every port of every protocol: only the sidecar's TCP port
+				// is closed to any pod, and open to the scraper if any.
+				for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP} {
+					for port := int32(1); port <= 65535; port++ {
+						sidecar := proto == corev1.ProtocolTCP && port == tc.port
+						want := tc.otherPorts && !sidecar
+						if got := admits(np, proto, port, nil); got != want {
+							t.Fatalf("%s: %s %d from any pod: %v; want %v", np.Namespace, proto, port, got, want)
+						}
+						if got, want := admits(np, proto, port, &scraper), want || sidecar && tc.withScrape; got != want {
+							t.Fatalf("%s: %s %d from the scraper: %v; want %v", np.Namespace, proto, port, got, want)
+						}
+					}
+				}
+			}
+		})
+	}
+}
