@@ -126,11 +126,18 @@ func TestWebhookProcessRotatesItsCertificateWithTheChartsRights(t *testing.T) {
 
 	// A flood from another pod (127.0.0.2): the webhook keeps at most
 	// webhookTimeouts.conns.PerAddr of its connections and resets the
-	// rest, and the apiserver's calls are still served.
+	// rest, and the apiserver's calls are still served. A connection the
+	// kernel has completed but the webhook not yet accepted looks open to
+	// its client until the webhook takes it from the queue and resets it:
+	// on a loaded machine that takes a moment, so the count is waited for.
 	f := openFlood(t, "127.0.0.2", fmt.Sprintf("127.0.0.1:%d", port), webhookFloodConns)
 	t.Cleanup(f.close)
-	if open := f.open(); open > webhookTimeouts.conns.PerAddr {
-		t.Errorf("the webhook holds %d of %d connections from one address; want at most %d", open, len(f.conns), webhookTimeouts.conns.PerAddr)
+	open := f.open()
+	for deadline := time.Now().Add(10 * time.Second); open > webhookTimeouts.conns.PerAddr && time.Now().Before(deadline); open = f.open() {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if open > webhookTimeouts.conns.PerAddr {
+		t.Errorf("the webhook holds %d of %d connections from one address 10 s after the flood; want at most %d", open, len(f.conns), webhookTimeouts.conns.PerAddr)
 	}
 	injected("a pod to be created through the webhook during a flood")
 	f.close()
