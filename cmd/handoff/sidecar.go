@@ -346,4 +346,3 @@ func serve(ln net.Listener, h http.Handler, log logr.Logger, t serverTimeouts) *
 	}()
 	return srv
 }
-
