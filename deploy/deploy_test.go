@@ -5,12 +5,9 @@
 package deploy_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"flag"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,13 +19,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
-	"sigs.k8s.io/yaml"
 
+	"github.com/handoff-dev/handoff/internal/charttest"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 )
 
@@ -39,23 +35,10 @@ var render = []string{"template", "handoff", "../charts/handoff", "--namespace",
 
 func TestMain(m *testing.M) { kubetest.Main(m) }
 
-// helm runs the helm built by hack/tools.sh, with its helm-unittest plugin.
+// helm runs the pinned helm (charttest.Helm).
 func helm(t *testing.T, args ...string) []byte {
 	t.Helper()
-	out, err := exec.Command("bash", "../hack/tools.sh").Output()
-	if err != nil {
-		t.Fatalf("hack/tools.sh: %v", err)
-	}
-	bin := strings.TrimSpace(string(out))
-	cmd := exec.Command(filepath.Join(bin, "helm"), args...)
-	cmd.Env = append(os.Environ(), "HELM_PLUGINS="+filepath.Join(bin, "helm-plugins"))
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, stdout, stderr.Bytes())
-	}
-	return stdout
+	return charttest.Helm(t, args...)
 }
 
 func TestChartLints(t *testing.T) {
@@ -138,29 +121,5 @@ func decode(t *testing.T, path string) []*unstructured.Unstructured {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return decodeStream(t, data)
-}
-
-// decodeStream parses a YAML stream into its objects, skipping empty
-// documents.
-func decodeStream(t *testing.T, stream []byte) []*unstructured.Unstructured {
-	t.Helper()
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(stream)))
-	var objs []*unstructured.Unstructured
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			return objs
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		obj := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal(doc, &obj.Object); err != nil {
-			t.Fatal(err)
-		}
-		if len(obj.Object) > 0 {
-			objs = append(objs, obj)
-		}
-	}
+	return charttest.Decode(t, data)
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/handoff-dev/handoff/internal/charttest"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 )
 
@@ -64,7 +65,7 @@ func dryRun(t *testing.T, env *kubetest.Env, rendered []byte) []*networkingv1.Ne
 	t.Helper()
 	res := dynamic.NewForConfigOrDie(env.Config).Resource(schema.GroupVersionResource{Group: "networking.k8s.io", Version: "v1", Resource: "networkpolicies"})
 	var out []*networkingv1.NetworkPolicy
-	for _, obj := range decodeStream(t, rendered) {
+	for _, obj := range charttest.Decode(t, rendered) {
 		if obj.GetKind() != "NetworkPolicy" {
 			continue
 		}

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/handoff-dev/handoff/internal/charttest"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 )
 
@@ -25,7 +26,7 @@ func TestWebhookPodMeetsTheRestrictedLevelItsNamespaceEnforces(t *testing.T) {
 	env := kubetest.Get(t)
 	ctx := context.Background()
 	ns := fmt.Sprintf("psa-%d", os.Getpid())
-	objs := decodeStream(t, helm(t, "template", "handoff", "../charts/handoff", "--namespace", ns, "--kube-version", "1.35.0",
+	objs := charttest.Decode(t, helm(t, "template", "handoff", "../charts/handoff", "--namespace", ns, "--kube-version", "1.35.0",
 		"--set", "createNamespace=true", "--show-only", "templates/namespace.yaml", "--show-only", "templates/deployment.yaml"))
 	var namespace corev1.Namespace
 	var deployment appsv1.Deployment

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/handoff-dev/handoff/internal/charttest"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/leaderelection"
 )
@@ -277,7 +278,7 @@ func applyAll(t *testing.T, cfg *rest.Config, stream []byte, bindings, policies 
 	t.Helper()
 	dyn := dynamic.NewForConfigOrDie(cfg)
 	kinds := map[string]int{}
-	for _, obj := range decodeStream(t, stream) {
+	for _, obj := range charttest.Decode(t, stream) {
 		gvk := obj.GroupVersionKind()
 		res, ok := sidecarKinds[gvk.Kind]
 		if !ok || res.Group != gvk.Group {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/handoff-dev/handoff/internal/charttest"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 )
 
@@ -74,7 +75,7 @@ func TestWebhookIsSentOnlySelectedPods(t *testing.T) {
 			rendered := helm(t, "template", "handoff", "../charts/handoff", "--namespace", "handoff", "--kube-version", "1.35.0",
 				"--show-only", "templates/mutatingwebhookconfiguration.yaml",
 				"--set", "webhook.selectBy="+tc.selectBy, "--set", "webhook.failurePolicy=Fail", "--set", "webhook.timeoutSeconds=1")
-			objs := decodeStream(t, rendered)
+			objs := charttest.Decode(t, rendered)
 			if len(objs) != 1 || objs[0].GetKind() != "MutatingWebhookConfiguration" {
 				t.Fatalf("rendered %d objects; want one MutatingWebhookConfiguration", len(objs))
 			}

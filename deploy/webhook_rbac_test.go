@@ -15,19 +15,15 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/restmapper"
 	"k8s.io/utils/ptr"
 
+	"github.com/handoff-dev/handoff/internal/charttest"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 )
 
@@ -44,34 +40,10 @@ func needHelm(t *testing.T) {
 }
 
 // installChart creates every object of a rendered chart on the apiserver,
-// as the admin, and deletes the cluster-scoped ones at the end of the test
-// (the namespaced ones go with the test's namespace). It returns the
-// objects by kind.
+// as the admin (charttest.Create), and returns them by kind.
 func installChart(t *testing.T, env *kubetest.Env, rendered []byte) map[string][]*unstructured.Unstructured {
 	t.Helper()
-	ctx := context.Background()
-	dyn := dynamic.NewForConfigOrDie(env.Config)
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(discovery.NewDiscoveryClientForConfigOrDie(env.Config)))
-	byKind := map[string][]*unstructured.Unstructured{}
-	for _, obj := range decodeStream(t, rendered) {
-		gvk := obj.GroupVersionKind()
-		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
-			t.Fatalf("%s %s: %v", gvk.Kind, obj.GetName(), err)
-		}
-		r := dyn.Resource(m.Resource)
-		var ri dynamic.ResourceInterface = r
-		if m.Scope.Name() == meta.RESTScopeNameNamespace {
-			ri = r.Namespace(obj.GetNamespace())
-		} else {
-			t.Cleanup(func() { _ = r.Delete(context.Background(), obj.GetName(), metav1.DeleteOptions{}) })
-		}
-		if _, err := ri.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("create %s %s/%s: %v", gvk.Kind, obj.GetNamespace(), obj.GetName(), err)
-		}
-		byKind[gvk.Kind] = append(byKind[gvk.Kind], obj)
-	}
-	return byKind
+	return charttest.Create(t, env.Config, charttest.Decode(t, rendered))
 }
 
 // asUser is a client that acts as user, a service account of ns, by

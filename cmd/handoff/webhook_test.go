@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	certutil "k8s.io/client-go/util/cert"
 
+	"github.com/handoff-dev/handoff/internal/charttest"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/webhook"
 )
@@ -51,7 +52,7 @@ func TestWebhookProcessRotatesItsCertificateWithTheChartsRights(t *testing.T) {
 	release := "handoff-" + ns // the chart's full name: it contains "handoff"
 	sa, secretName := release+"-webhook", release+"-webhook-cert"
 	port := freePort(t)
-	objs := renderChart(t, release, ns, "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
+	objs := charttest.Render(t, release, ns, "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
 		"--show-only", "templates/certificate.yaml", "--show-only", "templates/mutatingwebhookconfiguration.yaml",
 		"--show-only", "templates/webhook-config-policy.yaml",
 		"--set", "webhook.failurePolicy=Fail", "--set-json", `webhook.namespaceSelector={"matchLabels":{"kubernetes.io/metadata.name":"`+podNs+`"}}`)
@@ -67,7 +68,7 @@ func TestWebhookProcessRotatesItsCertificateWithTheChartsRights(t *testing.T) {
 		}
 		_ = unstructured.SetNestedSlice(obj.Object, hooks, "webhooks")
 	}
-	createAll(t, env, objs)
+	charttest.Create(t, env.Config, objs)
 	kubeconfig := serviceAccountKubeconfig(t, env, ns, sa, authorizationv1.ResourceAttributes{Namespace: ns, Verb: "list", Resource: "secrets", Name: secretName})
 
 	certDir := t.TempDir()
@@ -168,9 +169,9 @@ func TestWebhookMetricsNeedAnAuthorizedToken(t *testing.T) {
 	ns := env.Namespace(t)
 	release := "handoff-" + ns
 	sa := release + "-webhook"
-	objs := renderChart(t, release, ns, "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
+	objs := charttest.Render(t, release, ns, "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
 		"--show-only", "templates/metrics-reader.yaml", "--set", "certs.certManager.enabled=true")
-	createAll(t, env, objs)
+	charttest.Create(t, env.Config, objs)
 	for _, name := range []string{"scraper", "stranger"} {
 		if _, err := env.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
