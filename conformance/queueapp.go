@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/worker"
 )
 
@@ -191,17 +193,28 @@ func (q *QueueApp) finishLocked() {
 	q.release = make(chan struct{})
 }
 
-// TestQueueApp is a Go test of app: it serves app on a loopback httptest
-// server, runs every case against it with the pod's token token (within 3
-// minutes), stops the last worker, logs the report, and fails t unless
-// every case passed.
+// TestQueueApp is a Go test of app: it serves app on a Unix socket, as an
+// injected worker serves (protocol.AppSocket's transport), runs every case
+// against it with the pod's token token (within 3 minutes), stops the last
+// worker, logs the report, and fails t unless every case passed.
 func TestQueueApp(t testing.TB, app *QueueApp, token string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	srv := httptest.NewServer(app)
-	defer srv.Close()
-	rep := Run(ctx, Target{URL: srv.URL, Token: token, Fixture: app, Leader: app.Leader(), Client: srv.Client(), Logf: t.Logf})
+	dir, err := os.MkdirTemp("", "qa") // short: a socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	e := protocol.Endpoint{Network: "unix", Address: filepath.Join(dir, "app.sock")}
+	ln, err := e.Listen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: app, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer func() { _ = srv.Close() }()
+	rep := Run(ctx, Target{URL: e.String(), Token: token, Fixture: app, Leader: app.Leader(), Logf: t.Logf})
 	if err := app.Stop(ctx); err != nil {
 		t.Errorf("stopping the last worker: %v", err)
 	}
