@@ -251,7 +251,7 @@ var Table = []Setting{
 		Usage: "kubeconfig file; empty means in-cluster configuration",
 		set:   func(s *Settings, v string) error { s.Kubeconfig = v; return nil }},
 	{Name: "token-file", Form: "the path of the pod's token file, like " + protocol.TokenFile,
-		Usage: "file with the pod's token, required on POST /v1/prestop and sent to the app (set by injection; handoff install --token-file writes one)",
+		Usage: "file with the pod's token, the key that signs every call of the control API and to the app (never sent; set by injection; handoff install --token-file writes one)",
 		set:   func(s *Settings, v string) error { s.TokenFile = v; return nil }},
 }
 
