@@ -121,24 +121,29 @@ func (a *Agent) mux() *http.ServeMux {
 			writeError(w, http.StatusUnprocessableEntity, err)
 			return
 		}
-		if !a.sequenced(lease, l.Sequence) {
-			writeJSON(w, http.StatusOK, protocol.LeadershipAck{Leader: l.Leader, Stale: true})
-			return
+		var grant *Leadership
+		if l.Leader {
+			until := received.Add(millis(l.ValidForMillis))
+			if !l.Until.IsZero() && l.Until.Before(until) {
+				until = l.Until
+			}
+			grant = &Leadership{Lease: lease, FencingToken: l.FencingToken, Until: until}
 		}
-		if !l.Leader {
-			if err := a.revoke(r.Context(), lease); err != nil {
+		// The sequence is checked and the term changed at once: of two
+		// messages handled together, the earlier is stale either way.
+		stale, ended := a.applyLeadership(lease, l.Sequence, grant)
+		switch {
+		case stale:
+			writeJSON(w, http.StatusOK, protocol.LeadershipAck{Leader: l.Leader, Stale: true})
+		case l.Leader:
+			writeJSON(w, http.StatusOK, protocol.LeadershipAck{Leader: true})
+		default:
+			if err := a.waitLeaderWork(r.Context(), lease, ended); err != nil {
 				writeError(w, http.StatusServiceUnavailable, fmt.Errorf("leader work did not stop: %w", err))
 				return
 			}
 			writeJSON(w, http.StatusOK, protocol.LeadershipAck{Leader: false})
-			return
 		}
-		until := received.Add(millis(l.ValidForMillis))
-		if !l.Until.IsZero() && l.Until.Before(until) {
-			until = l.Until
-		}
-		a.grant(Leadership{Lease: lease, FencingToken: l.FencingToken, Until: until})
-		writeJSON(w, http.StatusOK, protocol.LeadershipAck{Leader: true})
 	})
 	return mux
 }

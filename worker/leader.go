@@ -146,22 +146,39 @@ func (a *Agent) leadershipChanged() {
 	a.lmu.Unlock()
 }
 
-// sequenced records seq as the latest message about lease, and reports
-// false when a later one was already applied.
-func (a *Agent) sequenced(lease string, seq int64) bool {
+// applyLeadership applies one message about lease, if it is the latest:
+// under one hold of a.mu it checks and records seq, then starts or extends
+// the term (grant not nil) or ends it (grant nil). Checked apart from the
+// change, two messages handled at once could interleave: a grant checked
+// before a later revoke, applied after the revoke was acknowledged, left
+// the worker leading after its ack (the sidecar then frees the Lease). So
+// of two messages the one with the lower sequence is stale whatever order
+// they are handled in. stale reports a message not applied; ended is the
+// term a revoke ended (nil if there was none), whose leader work the
+// caller waits for (waitLeaderWork).
+func (a *Agent) applyLeadership(lease string, seq int64, grant *Leadership) (stale bool, ended *term) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if last, ok := a.sequences[lease]; ok && seq <= last {
-		return false
+		return true, nil
 	}
 	a.sequences[lease] = seq
-	return true
+	if grant != nil {
+		a.grantLocked(*grant)
+		return false, nil
+	}
+	return false, a.endTermLocked(lease)
 }
 
 // grant starts or extends a term. A new fencing token ends the old term.
 func (a *Agent) grant(l Leadership) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.grantLocked(l)
+}
+
+// grantLocked is grant, a.mu held.
+func (a *Agent) grantLocked(l Leadership) {
 	t := a.leases[l.Lease]
 	if t != nil && (t.lead.FencingToken != l.FencingToken || t.ctx.Err() != nil) {
 		t.cancel()
@@ -169,7 +186,7 @@ func (a *Agent) grant(l Leadership) {
 		t = nil
 	}
 	if t == nil {
-		defer a.leadershipChanged()
+		defer a.leadershipChanged() // takes a.lmu alone
 	}
 	left := l.Until.Sub(a.clock.Now())
 	if t == nil {
@@ -191,15 +208,33 @@ func (a *Agent) grant(l Leadership) {
 // work begins once revoke has been called.
 func (a *Agent) revoke(ctx context.Context, lease string) error {
 	a.mu.Lock()
+	t := a.endTermLocked(lease)
+	a.mu.Unlock()
+	return a.waitLeaderWork(ctx, lease, t)
+}
+
+// endTermLocked ends the term for lease, a.mu held, and returns it (nil if
+// there is none): its context is canceled, so BeginLeading, which checks
+// it under a.mu, begins no leader work from now on.
+func (a *Agent) endTermLocked(lease string) *term {
 	t := a.leases[lease]
 	if t == nil {
-		a.mu.Unlock()
 		return nil
 	}
 	t.cancel()
 	if t.timer.Stop() {
-		defer a.leadershipChanged() // else the timer's end told it
+		a.leadershipChanged() // else the timer's end told it; takes a.lmu alone
 	}
+	return t
+}
+
+// waitLeaderWork waits, until ctx ends, for the leader work of the ended
+// term t (nil: none) to be done; it returns ctx's error if it was not.
+func (a *Agent) waitLeaderWork(ctx context.Context, lease string, t *term) error {
+	if t == nil {
+		return nil
+	}
+	a.mu.Lock()
 	for t.work > 0 {
 		changed := t.changed
 		a.mu.Unlock()
