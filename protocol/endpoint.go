@@ -60,8 +60,9 @@ type Endpoint struct {
 // ParseEndpoint reads an address: "unix://" and an absolute socket path of
 // at most 107 bytes (unix:///handoff-run/app.sock), or a loopback TCP
 // address as a host:port or an http URL without path, query or fragment
-// (127.0.0.1:7450, http://127.0.0.1:7452; port 0 picks a free port). The
-// error says what is wrong and the accepted forms.
+// (127.0.0.1:7450, http://127.0.0.1:7452; port 0 picks a free port; a
+// loopback IP, not the name localhost, which names two). The error says
+// what is wrong and the accepted forms.
 func ParseEndpoint(s string) (Endpoint, error) {
 	bad := func(format string, args ...any) (Endpoint, error) {
 		return Endpoint{}, &EndpointError{Value: s, Reason: fmt.Sprintf(format, args...)}
@@ -93,7 +94,13 @@ func ParseEndpoint(s string) (Endpoint, error) {
 	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
 		return bad("port %q is not a number from 0 to 65535", port)
 	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+	if host == "localhost" {
+		// It names both 127.0.0.1 and ::1 in a pod's /etc/hosts: a server
+		// binds one, a client tries ::1 first, and a neighbour container
+		// that binds the other gets the calls, with no privilege at all.
+		return bad("localhost names both 127.0.0.1 and ::1, and a neighbour could serve the one the server does not bind: give the loopback address itself, like 127.0.0.1")
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
 		return bad("%q is not a loopback address: the protocol is never spoken beyond the pod's loopback", host)
 	}
 	return Endpoint{Network: "tcp", Address: hostport}, nil
