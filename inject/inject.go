@@ -557,6 +557,34 @@ func conflicts(spec *corev1.PodSpec) []error {
 			errs = append(errs, refuse(ReasonNameTaken, fmt.Errorf("spec.volumes: the pod already has a volume named %q; rename it", v.Name)))
 		}
 	}
+	return append(errs, mountsOfOurs(spec)...)
+}
+
+// mountsOfOurs refuses a container of the pod that already mounts a volume
+// by the name of one injection adds (handoff-bin, handoff-run,
+// handoff-api-token): the pod alone is invalid, but injected it would be
+// admitted, and that container would hold the pod's token, the sockets or
+// the sidecar's API token, which injection mounts into the sidecar and the
+// worker alone; an init container mounting handoff-bin could even write a
+// token of its choice before the install step, which keeps a token already
+// there. Ephemeral containers are added after admission (their
+// subresource is not sent to the webhook): docs/security.md.
+func mountsOfOurs(spec *corev1.PodSpec) []error {
+	ours := []string{VolumeName, RunVolumeName, TokenVolumeName}
+	var errs []error
+	for _, list := range []struct {
+		field      string
+		containers []corev1.Container
+	}{{"spec.containers", spec.Containers}, {"spec.initContainers", spec.InitContainers}} {
+		for _, c := range list.containers {
+			for _, m := range c.VolumeMounts {
+				if slices.Contains(ours, m.Name) {
+					errs = append(errs, refuse(ReasonNameTaken, fmt.Errorf("%s[%s].volumeMounts: mounts volume %q, a name handoff's injection takes: it mounts that volume into the sidecar and the worker container alone (the pod's token, the sockets, the sidecar's API token); remove the mount",
+						list.field, c.Name, m.Name)))
+				}
+			}
+		}
+	}
 	return errs
 }
 

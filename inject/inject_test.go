@@ -132,6 +132,12 @@ func TestPodRefusesWithNamedCause(t *testing.T) {
 			[]string{"handoff.dev/control-addr and handoff.dev/app-url: both are unix:///handoff-run/control.sock", "distinct addresses"}},
 		{"run mount path taken", on(), []corev1.Container{{Name: "worker", VolumeMounts: []corev1.VolumeMount{{Name: "tools", MountPath: "/handoff-run"}}}}, nil,
 			[]string{"spec.containers[worker].volumeMounts", "/handoff-run", `"tools"`, "sockets"}},
+		// A break test of issue 20: another container mounting the volumes
+		// by name was injected and admitted, and held the token, the sockets
+		// and the sidecar's API token.
+		{"another container mounts ours by name", on(), []corev1.Container{{Name: "worker"}, {Name: "logshipper", VolumeMounts: []corev1.VolumeMount{
+			{Name: "handoff-bin", MountPath: "/b"}, {Name: "handoff-run", MountPath: "/r"}, {Name: "handoff-api-token", MountPath: "/t"}}}}, nil,
+			[]string{`spec.containers[logshipper].volumeMounts: mounts volume "handoff-bin"`, `mounts volume "handoff-run"`, `mounts volume "handoff-api-token"`, "sidecar and the worker container alone"}},
 		{"mount path taken", on(), []corev1.Container{{Name: "worker", VolumeMounts: []corev1.VolumeMount{{Name: "tools", MountPath: "/handoff-bin/"}}}}, nil,
 			[]string{"spec.containers[worker].volumeMounts", "/handoff-bin", `"tools"`}},
 		{"bad duration", on("handoff.dev/lease-duration", "fast"), nil, nil,
@@ -636,5 +642,18 @@ func TestInjectedPodIsLabelled(t *testing.T) {
 	meta, spec = pod(map[string]string{"handoff.dev/inject": "true", "handoff.dev/layout": "x"}, corev1.Container{Name: "worker"})
 	if _, err := inject.Pod(meta, spec, opts); err == nil || meta.Labels[inject.LabelInjected] != "" {
 		t.Errorf("refused pod: %v, labels %v; want refused and no %s", err, meta.Labels, inject.LabelInjected)
+	}
+}
+
+// An init container that mounts handoff-bin by name would run before the
+// install step and write a token of its choice, which the install step
+// keeps: refused, naming it.
+func TestInitContainerMountingOursIsRefused(t *testing.T) {
+	meta, spec := pod(map[string]string{"handoff.dev/inject": "true"}, corev1.Container{Name: "worker"})
+	spec.InitContainers = []corev1.Container{{Name: "early", Image: "x", VolumeMounts: []corev1.VolumeMount{{Name: inject.VolumeName, MountPath: "/b"}}}}
+	_, err := inject.Pod(meta, spec, opts)
+	if err == nil || !strings.Contains(err.Error(), `spec.initContainers[early].volumeMounts: mounts volume "handoff-bin"`) ||
+		!slices.Equal(inject.Reasons(err), []inject.Reason{inject.ReasonNameTaken}) {
+		t.Fatalf("Pod = %v (reasons %v); want refused naming the init container's mount, reason %s", err, inject.Reasons(err), inject.ReasonNameTaken)
 	}
 }
