@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -58,6 +59,78 @@ const (
 func TestHandoverUnderConnectionFlood(t *testing.T) {
 	env := kubetest.Get(t)
 	ensureFileLimit(t, floodConns+2048)
+	sp := startSidecarProcess(t, env)
+	metrics, control, token, agent, cmd, exited, pid := sp.metrics, sp.control, sp.token, sp.agent, sp.cmd, sp.exited, sp.pid
+	// The runtime took 3/4 of the container's limit.
+	if got, want := metric(t, metrics, "go_gc_gomemlimit_bytes"), float64(injectedMemoryLimit/4*3); got != want {
+		t.Errorf("the sidecar's go_gc_gomemlimit_bytes = %v with %s=%d; want %v (3/4)", got, memlimit.EnvVar, injectedMemoryLimit, want)
+	}
+	before, err := procstat.Memory(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The kubelet: a probe every 100 ms from the node's address.
+	probes := startProber(metrics, 100*time.Millisecond)
+	f := openFlood(t, "127.0.0.2", metrics, floodConns)
+	t.Cleanup(f.close)
+	during, _ := procstat.Memory(pid)
+	t.Logf("flood from 127.0.0.2: %d dials in %s, %d connected (%d of them still open), %d failed (%d reset by the server before the dial returned); sidecar RSS %.1f MiB before, %.1f MiB after",
+		len(f.conns)+f.failed, f.took.Round(time.Millisecond), len(f.conns), f.open(), f.failed, f.reset, before["VmRSS"], during["VmRSS"])
+
+	// The flood held, the hook runs.
+	time.Sleep(2 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rep, err := prestop.Call(ctx, control, token, 5*time.Second)
+	if err != nil {
+		t.Errorf("preStop under the flood: %v; want the sequence's report", err)
+	} else {
+		if rep.Outcome != protocol.OutcomeDrained || len(rep.Leases) != 1 || !rep.Leases[0].Released {
+			t.Errorf("preStop under the flood: outcome %s, Leases %+v; want Drained and the Lease released", rep.Outcome, rep.Leases)
+		}
+		if _, leading := agent.Leader("work"); leading {
+			t.Errorf("the worker still leads after the sequence; want leadership revoked")
+		}
+	}
+	stats := probes.stop()
+	peak, err := procstat.Memory(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("probes from 127.0.0.1 during the flood: %d, %d failed (longest run %d); sidecar peak RSS (VmHWM) %.1f MiB, RSS now %.1f MiB",
+		stats.total, stats.failed, stats.longestRun, peak["VmHWM"], peak["VmRSS"])
+	for _, e := range stats.errors {
+		t.Logf("  probe failed: %s", e)
+	}
+	if stats.longestRun >= 3 {
+		t.Errorf("%d probes in a row failed under the flood (first: %s); the kubelet restarts the sidecar at 3 (failureThreshold)", stats.longestRun, stats.errors[0])
+	}
+	if limit := float64(injectedMemoryLimit) / (1 << 20); peak["VmHWM"] >= limit {
+		t.Errorf("sidecar peak RSS %.1f MiB under the flood; want under the injected limit of %.0f MiB (the container is OOM-killed there)", peak["VmHWM"], limit)
+	}
+	f.close()
+	terminate(t, cmd, exited, "sidecar after the flood")
+}
+
+// sidecarProcess is a real handoff sidecar process as an injected pod runs
+// it (the sidecaronly build, without the race detector; the sockets in a
+// run directory; its metrics and probe port on loopback TCP) on the test's
+// apiserver, leading its Lease "work", with a worker Agent as its app.
+type sidecarProcess struct {
+	metrics string
+	control protocol.Endpoint
+	token   string
+	agent   *worker.Agent
+	cmd     *exec.Cmd
+	exited  chan error
+	pid     int
+}
+
+// startSidecarProcess starts one, and returns once it leads and its worker
+// is told so; it is killed when the test ends.
+func startSidecarProcess(t *testing.T, env *kubetest.Env) *sidecarProcess {
+	t.Helper()
 	bin := sidecarBuild(t)
 	ns := env.Namespace(t)
 	pod := env.Pod(t, ns, "worker-0", 30)
@@ -111,56 +184,7 @@ func TestHandoverUnderConnectionFlood(t *testing.T) {
 		return err == nil && ptr.Deref(l.Spec.HolderIdentity, "") == identity && probe(metrics) == nil
 	})
 	kubetest.WaitFor(t, 10*time.Second, "the worker to be told it leads", func() bool { _, ok := agent.Leader("work"); return ok })
-	// The runtime took 3/4 of the container's limit.
-	if got, want := metric(t, metrics, "go_gc_gomemlimit_bytes"), float64(injectedMemoryLimit/4*3); got != want {
-		t.Errorf("the sidecar's go_gc_gomemlimit_bytes = %v with %s=%d; want %v (3/4)", got, memlimit.EnvVar, injectedMemoryLimit, want)
-	}
-	before, err := procstat.Memory(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	// The kubelet: a probe every 100 ms from the node's address.
-	probes := startProber(metrics, 100*time.Millisecond)
-	f := openFlood(t, "127.0.0.2", metrics, floodConns)
-	t.Cleanup(f.close)
-	during, _ := procstat.Memory(pid)
-	t.Logf("flood from 127.0.0.2: %d dials in %s, %d connected (%d of them still open), %d failed (%d reset by the server before the dial returned); sidecar RSS %.1f MiB before, %.1f MiB after",
-		len(f.conns)+f.failed, f.took.Round(time.Millisecond), len(f.conns), f.open(), f.failed, f.reset, before["VmRSS"], during["VmRSS"])
-
-	// The flood held, the hook runs.
-	time.Sleep(2 * time.Second)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	rep, err := prestop.Call(ctx, control, token, 5*time.Second)
-	if err != nil {
-		t.Errorf("preStop under the flood: %v; want the sequence's report", err)
-	} else {
-		if rep.Outcome != protocol.OutcomeDrained || len(rep.Leases) != 1 || !rep.Leases[0].Released {
-			t.Errorf("preStop under the flood: outcome %s, Leases %+v; want Drained and the Lease released", rep.Outcome, rep.Leases)
-		}
-		if _, leading := agent.Leader("work"); leading {
-			t.Errorf("the worker still leads after the sequence; want leadership revoked")
-		}
-	}
-	stats := probes.stop()
-	peak, err := procstat.Memory(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("probes from 127.0.0.1 during the flood: %d, %d failed (longest run %d); sidecar peak RSS (VmHWM) %.1f MiB, RSS now %.1f MiB",
-		stats.total, stats.failed, stats.longestRun, peak["VmHWM"], peak["VmRSS"])
-	for _, e := range stats.errors {
-		t.Logf("  probe failed: %s", e)
-	}
-	if stats.longestRun >= 3 {
-		t.Errorf("%d probes in a row failed under the flood (first: %s); the kubelet restarts the sidecar at 3 (failureThreshold)", stats.longestRun, stats.errors[0])
-	}
-	if limit := float64(injectedMemoryLimit) / (1 << 20); peak["VmHWM"] >= limit {
-		t.Errorf("sidecar peak RSS %.1f MiB under the flood; want under the injected limit of %.0f MiB (the container is OOM-killed there)", peak["VmHWM"], limit)
-	}
-	f.close()
-	terminate(t, cmd, exited, "sidecar after the flood")
+	return &sidecarProcess{metrics: metrics, control: control, token: token, agent: agent, cmd: cmd, exited: exited, pid: pid}
 }
 
 // sidecarBuild builds bin/handoff-sidecar, as the image has it
@@ -375,4 +399,120 @@ func (f *flood) close() {
 			_ = c.Close()
 		}
 	})
+}
+
+// keepAlive holds one connection from the loopback address from to addr
+// open and quiet, with a request every period (so the server's idle
+// timeout never ends it), until ctx ends; held counts it while it is
+// open. Over TLS when tlsConfig is not nil.
+func keepAlive(ctx context.Context, from, addr string, period time.Duration, tlsConfig *tls.Config, held *atomic.Int64) {
+	d := &net.Dialer{Timeout: time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	var c net.Conn
+	var err error
+	if tlsConfig != nil {
+		c, err = tls.DialWithDialer(d, "tcp", addr, tlsConfig)
+	} else {
+		c, err = d.DialContext(ctx, "tcp", addr)
+	}
+	if err != nil {
+		return
+	}
+	defer func() { _ = c.Close() }()
+	r := bufio.NewReader(c)
+	counted := false
+	defer func() {
+		if counted {
+			held.Add(-1)
+		}
+	}()
+	for {
+		if _, err := c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
+			return
+		}
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil {
+			return
+		}
+		_ = resp.Body.Close()
+		if !counted {
+			counted = true
+			held.Add(1)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(period):
+		}
+	}
+}
+
+// holdSlots keeps perAddr connections from each of froms to addr with
+// keepAlive, each opened again when closed, until ctx ends; it returns the
+// count of those open and a wait for them to end.
+func holdSlots(ctx context.Context, froms []string, perAddr int, addr string, tlsConfig *tls.Config) (*atomic.Int64, func()) {
+	var held atomic.Int64
+	var wg sync.WaitGroup
+	for _, from := range froms {
+		for range perAddr {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					keepAlive(ctx, from, addr, 2*time.Second, tlsConfig, &held)
+					select {
+					case <-ctx.Done():
+					case <-time.After(200 * time.Millisecond):
+					}
+				}
+			})
+		}
+	}
+	return &held, wg.Wait
+}
+
+// A break test of issue 20: kept-alive connections, each with a request
+// now and then, held every slot of the probe port: 16 from the node's own
+// address (a node process, or a hostNetwork pod, shares the kubelet's),
+// and 512 from 32 addresses. The kubelet's probes were reset or timed out,
+// every one, and the liveness probe would restart the sidecar. Now a new
+// connection takes the place of an idle one: the probes (127.0.0.1, a new
+// connection each, 1 s timeout) are answered throughout, and the preStop
+// still hands over.
+func TestProbesUnderKeptAliveFloods(t *testing.T) {
+	env := kubetest.Get(t)
+	ensureFileLimit(t, 4096)
+	sp := startSidecarProcess(t, env)
+	for _, tc := range []struct {
+		name  string
+		froms []string
+	}{
+		{"from the node's address", []string{"127.0.0.1"}},
+		{"from 32 addresses", func() []string {
+			var froms []string
+			for i := 1; i <= 32; i++ {
+				froms = append(froms, fmt.Sprintf("127.0.1.%d", i))
+			}
+			return froms
+		}()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // stops by itself
+			held, wait := holdSlots(ctx, tc.froms, probeTimeouts.conns.PerAddr, sp.metrics, nil)
+			defer func() { cancel(); wait() }()
+			want := int64(len(tc.froms) * probeTimeouts.conns.PerAddr)
+			kubetest.WaitFor(t, 20*time.Second, fmt.Sprintf("%d kept-alive connections", want), func() bool { return held.Load() >= want })
+			probes := startProber(sp.metrics, 250*time.Millisecond)
+			time.Sleep(5 * time.Second) // past the header timeout, with requests every 2 s
+			stats := probes.stop()
+			t.Logf("%d kept-alive connections held; probes from 127.0.0.1: %d, %d failed (longest run %d)", held.Load(), stats.total, stats.failed, stats.longestRun)
+			if stats.failed > 0 {
+				t.Errorf("%d of %d probes failed (first: %s); want every one answered", stats.failed, stats.total, stats.errors[0])
+			}
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if rep, err := prestop.Call(ctx, sp.control, sp.token, 5*time.Second); err != nil || rep.Outcome != protocol.OutcomeDrained {
+		t.Errorf("preStop after the floods: %+v, %v; want Drained", rep, err)
+	}
+	terminate(t, sp.cmd, sp.exited, "sidecar after the floods")
 }

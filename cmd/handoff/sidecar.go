@@ -281,12 +281,13 @@ var (
 	// :7451), for the kubelet (a new connection per probe, from the node's
 	// address: 2 probes every 5 and 10 s on the injected sidecar, each done
 	// within its 1 s timeout) and a scraper (one kept-alive connection per
-	// scrape job). 16 from one address is several times what they hold;
-	// a flood from one pod holds 16 and the rest are reset. The total is
-	// what probeConnBudget pays for: 512 (9 MiB idle, about 17 MiB all
-	// sending the largest header); it takes 32 addresses flooding at once
-	// to fill it, and then new connections wait in the kernel's accept
-	// queue until a held one times out (readHeader, 5 s).
+	// scrape job). 16 from one address is several times what they hold.
+	// The total is what probeConnBudget pays for: 512 (9 MiB idle, about
+	// 17 MiB all sending the largest header). Past either cap, a new
+	// connection takes the place of one that is idle or has waited more
+	// than a second for its request (connlimit): a flood that holds its
+	// slots open and quiet, from one address or many, the node's own
+	// among them, does not keep the kubelet's probes out.
 	probeTimeouts = serverTimeouts{readHeader: 5 * time.Second, read: 5 * time.Second, write: 10 * time.Second, idle: 30 * time.Second,
 		conns: connlimit.Limits{Total: probeConnBudget / idleConnBytes, PerAddr: 16}}
 	// controlTimeouts: the same for GET /v1/status and every refused call.
@@ -307,9 +308,9 @@ var (
 
 // listen binds addr before returning, so a busy port is an error at start,
 // and serves h there within t: its timeouts, maxHeaderBytes, and its
-// connection caps (connlimit.Listen: past t.conns.Total open, new
-// connections wait in the kernel's accept queue; past t.conns.PerAddr from
-// one address, they are reset at once).
+// connection caps (connlimit.Listen: past t.conns.Total open, or
+// t.conns.PerAddr from one address, a new connection takes the place of
+// an idle or long-waiting one, else is reset at once).
 func listen(addr string, h http.Handler, log logr.Logger, t serverTimeouts) (*http.Server, error) {
 	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
 	if err != nil {
@@ -336,9 +337,9 @@ func listenControl(e protocol.Endpoint, h http.Handler, log logr.Logger, t serve
 // timeouts, maxHeaderBytes and its connection caps (connlimit.Listen; a
 // socket's connections count against the total only).
 func serve(ln net.Listener, h http.Handler, log logr.Logger, t serverTimeouts) *http.Server {
-	srv := &http.Server{Addr: ln.Addr().String(), Handler: h, ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read, WriteTimeout: t.write, IdleTimeout: t.idle,
-		MaxHeaderBytes: maxHeaderBytes}
 	limited := connlimit.Listen(ln, t.conns)
+	srv := &http.Server{Addr: ln.Addr().String(), Handler: h, ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read, WriteTimeout: t.write, IdleTimeout: t.idle,
+		MaxHeaderBytes: maxHeaderBytes, ConnState: limited.ConnState}
 	go func() {
 		if err := srv.Serve(limited); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error(err, "serving stopped", "addr", srv.Addr)

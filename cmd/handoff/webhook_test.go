@@ -143,6 +143,30 @@ func TestWebhookProcessRotatesItsCertificateWithTheChartsRights(t *testing.T) {
 	injected("a pod to be created through the webhook during a flood")
 	f.close()
 
+	// A break test of issue 20: kept-alive connections from 4 addresses,
+	// a request each now and then, held all 512 slots, and the apiserver's
+	// next connection (its own kept-alive one idles out after 90 s) waited
+	// in the kernel's queue past its timeout: pods were admitted without
+	// the sidecar. Now a new connection takes an idle one's place.
+	hctx, hcancel := context.WithTimeout(ctx, 60*time.Second)                            // stops by itself
+	tlsConfig := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}} //nolint:gosec // a test's flood
+	held, wait := holdSlots(hctx, []string{"127.0.2.1", "127.0.2.2", "127.0.2.3", "127.0.2.4"}, webhookTimeouts.conns.PerAddr,
+		fmt.Sprintf("127.0.0.1:%d", port), tlsConfig)
+	// The apiserver's own kept-alive connections hold a few slots.
+	kubetest.WaitFor(t, 30*time.Second, "nearly 512 kept-alive connections", func() bool { return held.Load() >= int64(webhookTimeouts.conns.Total-8) })
+	fresh := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig, DisableKeepAlives: true,
+		DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.3.1")}}).DialContext}}
+	for i := range 3 {
+		resp, err := fresh.Get(fmt.Sprintf("https://127.0.0.1:%d/", port))
+		if err != nil {
+			t.Errorf("a new connection (%d) with every slot held idle: %v; want it served", i, err)
+			continue
+		}
+		_ = resp.Body.Close()
+	}
+	hcancel()
+	wait()
+
 	s, err := env.Client.CoreV1().Secrets(ns).Get(ctx, secretName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -31,8 +31,12 @@ var (
 	// Connections: the apiserver is the only client, from one address per
 	// apiserver instance, with a connection per request in flight (HTTP/1.1
 	// only, below); 128 from one address is far more than its admissions
-	// of pods hold at once, and a flood from one pod holds 128, the rest
-	// reset at once. 512 in all: 32 addresses to fill it. An idle TLS
+	// of pods hold at once. 512 in all. Past either cap, a new connection
+	// takes the place of one idle between requests or that has waited
+	// more than a second for its handshake and request (connlimit): a
+	// flood that holds slots open and quiet (4 addresses of kept-alive
+	// connections took all 512 before, and pods were admitted without the
+	// sidecar) does not keep the apiserver's calls out. An idle TLS
 	// connection before its handshake costs about what a probe port's
 	// does (idleConnBytes): 9 MiB at the total, against the webhook's
 	// 256 MiB limit (the chart's webhook.resources).
@@ -83,8 +87,10 @@ func (s *webhookServer) Start(ctx context.Context) error {
 		return err
 	}
 	t := webhookTimeouts
+	limited := connlimit.Listen(ln, t.conns)
 	srv := &http.Server{Handler: s.WebhookMux(), BaseContext: func(net.Listener) context.Context { return ctx },
 		ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read, WriteTimeout: t.write, IdleTimeout: t.idle, MaxHeaderBytes: maxHeaderBytes,
+		ConnState: limited.ConnState,
 		// HTTP/1.1 only (TLSNextProto empty, not nil).
 		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){}}
 	stopped := make(chan struct{})
@@ -97,7 +103,7 @@ func (s *webhookServer) Start(ctx context.Context) error {
 	}()
 	s.started.Store(true)
 	s.log.Info("serving webhooks", "port", s.port, "connections", t.conns.Total, "perAddress", t.conns.PerAddr)
-	if err := srv.Serve(tls.NewListener(connlimit.Listen(ln, t.conns), cfg)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(tls.NewListener(limited, cfg)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	<-stopped
