@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/handoff-dev/handoff/conformance"
+	"github.com/handoff-dev/handoff/internal/sockettest"
 )
 
 // fixtureEnv, set, makes the test binary the fixture command: it sends its
@@ -100,7 +101,7 @@ func control(app *goApp, leader conformance.LeaderFixture) http.Handler {
 // passes every case through it too.
 func TestCommandFixture(t *testing.T) {
 	app := newGoApp(t)
-	appURL := serveSocket(t, app)
+	appURL := serveApp(t, app)
 	ctl := httptest.NewServer(control(app, conformance.AgentLeader(app.current)))
 	defer ctl.Close()
 	// The step's words follow Argv; "hold N" has its argument, the others
@@ -147,12 +148,7 @@ func TestPythonApp(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(testToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sock, err := os.MkdirTemp("", "py") // short: a socket path has at most 107 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(sock) })
-	sock = filepath.Join(sock, "app.sock")
+	sock := filepath.Join(sockettest.Dir(t), "app.sock")
 	cmd := exec.Command(python, filepath.Join("testdata", "app.py"), sock, tokenFile)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()

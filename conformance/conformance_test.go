@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/handoff-dev/handoff/conformance"
+	"github.com/handoff-dev/handoff/internal/sockettest"
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/worker"
 )
@@ -139,23 +140,11 @@ func (g *goApp) returnClaims(context.Context) (int, error) {
 	return len(cs) + unacked, nil
 }
 
-// serveSocket serves h on a Unix socket, as an injected worker serves the
-// app API, until the test ends, and returns its address.
-func serveSocket(t *testing.T, h http.Handler) string {
+// serveApp serves h on an app socket until the test ends and returns its
+// address.
+func serveApp(t *testing.T, h http.Handler) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "cs") // short: a socket path has at most 107 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	e := protocol.Endpoint{Network: "unix", Address: filepath.Join(dir, "app.sock")}
-	ln, err := e.Listen(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	e, _ := sockettest.Serve(t, "app.sock", h)
 	return e.String()
 }
 
@@ -165,7 +154,7 @@ func serve(t *testing.T, app *goApp, h http.Handler) conformance.Report {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep := conformance.Run(ctx, conformance.Target{
-		URL: serveSocket(t, h), Token: testToken, Fixture: app, Leader: conformance.AgentLeader(app.current),
+		URL: serveApp(t, h), Token: testToken, Fixture: app, Leader: conformance.AgentLeader(app.current),
 	})
 	t.Logf("\n%s", rep)
 	return rep
@@ -515,7 +504,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 // to the socket fails every case, as the sidecar follows none.
 func TestSocketCase(t *testing.T) {
 	app := newGoApp(t)
-	addr := serveSocket(t, app)
+	addr := serveApp(t, app)
 	e, _ := protocol.ParseEndpoint(addr)
 	if err := os.Chmod(e.Address, 0o600); err != nil {
 		t.Fatal(err)

@@ -6,13 +6,12 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/handoff-dev/handoff/internal/sockettest"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
 )
@@ -39,33 +38,13 @@ func (s *sequence) Shutdown(ctx context.Context, trigger protocol.Trigger) (*pro
 	return &protocol.Report{Trigger: trigger, Outcome: protocol.OutcomeDrained}, nil
 }
 
-// serveSocket serves h on a Unix socket, as the sidecar serves its control
-// API, until the test ends, and returns its endpoint.
-func serveSocket(t *testing.T, h http.Handler) protocol.Endpoint {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "ps") // short: a socket path has at most 107 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	e := protocol.Endpoint{Network: "unix", Address: filepath.Join(dir, "control.sock")}
-	ln, err := e.Listen(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	return e
-}
-
 // A call that is not signed with the pod's token (none, the token as a
 // bearer token, another token's signature) or that is sent again as it was
 // is answered 401 with a JSON error and starts no sequence; Call says so,
 // and signed with the token it runs.
 func TestHandlerRequiresASignedCall(t *testing.T) {
 	seq := &sequence{}
-	control := serveSocket(t, prestop.Handler(seq, protocol.NewVerifier(testToken, nil)))
+	control, _ := sockettest.Serve(t, "control.sock", prestop.Handler(seq, protocol.NewVerifier(testToken, nil)))
 	client := &http.Client{Transport: control.Transport(0, 0)}
 	var replay http.Header
 	for _, tc := range []struct {
@@ -124,7 +103,7 @@ func TestGetStatusIsSigned(t *testing.T) {
 	h := protocol.Signed(protocol.NewVerifier(testToken, nil), 1<<10, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_ = json.NewEncoder(w).Encode(protocol.Status{Identity: "p_u", Phase: protocol.PhaseRunning})
 	}))
-	control := serveSocket(t, h)
+	control, _ := sockettest.Serve(t, "control.sock", h)
 	st, err := prestop.GetStatus(context.Background(), control, testToken)
 	if err != nil || st.Identity != "p_u" {
 		t.Fatalf("GetStatus = %+v, %v", st, err)

@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/internal/sockettest"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
@@ -439,7 +440,7 @@ func TestBreakNeighbourWithoutASignature(t *testing.T) {
 		inner.ServeHTTP(w, req)
 	})
 	p.app.Store(&h)
-	control, _ := serveSocket(t, "control.sock", p.c.ControlHandler())
+	control, _ := sockettest.Serve(t, "control.sock", p.c.ControlHandler())
 
 	lead, _ := p.agent.Leader(lease)
 	later := strconv.FormatInt(time.Now().Add(protocol.MaxSequenceAhead/2).UnixNano(), 10)

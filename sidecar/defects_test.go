@@ -24,6 +24,7 @@ import (
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/internal/sockettest"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
@@ -51,7 +52,7 @@ func TestShutdownBeforeStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	control, _ := serveSocket(t, "control.sock", c.ControlHandler())
+	control, _ := sockettest.Serve(t, "control.sock", c.ControlHandler())
 	rep, err := prestop.Call(context.Background(), control, testToken, time.Second)
 	if err != nil {
 		t.Fatalf("preStop before Start: %v", err)

@@ -8,8 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,6 +25,7 @@ import (
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/internal/sockettest"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
@@ -118,7 +117,7 @@ func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts work
 	p.agent = newAgent(t, opts)
 	h0 := p.agent.Handler()
 	p.app.Store(&h0)
-	p.appAddr, p.appLn = serveSocket(t, "app.sock", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	p.appAddr, p.appLn = sockettest.Serve(t, "app.sock", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := *p.app.Load()
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
@@ -161,27 +160,6 @@ func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts work
 	}()
 	p.c, p.stop = p.startSidecar(t, p.metrics)
 	return p
-}
-
-// serveSocket serves h on a Unix socket named name, as the worker serves the
-// app API and the sidecar its control API in an injected pod, until the
-// test ends; it returns the socket's address and listener.
-func serveSocket(t *testing.T, name string, h http.Handler) (protocol.Endpoint, net.Listener) {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "sc") // short: a socket path has at most 107 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	e := protocol.Endpoint{Network: "unix", Address: filepath.Join(dir, name)}
-	ln, err := e.Listen(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	return e, ln
 }
 
 // startSidecar makes and starts a Coordinator for the pod (one sidecar
@@ -409,7 +387,7 @@ func TestConcurrentTriggersJoinOneSequence(t *testing.T) {
 	ns := kubetest.Get(t).Namespace(t)
 	a := newPod(t, ns, "pod-a", nil, worker.Options{})
 	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", a.leads)
-	control, _ := serveSocket(t, "control.sock", a.c.ControlHandler())
+	control, _ := sockettest.Serve(t, "control.sock", a.c.ControlHandler())
 
 	reports := make([]*protocol.Report, 9)
 	errs := make([]error, 9)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/handoff-dev/handoff/internal/sockettest"
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
 	"github.com/handoff-dev/handoff/worker"
@@ -38,12 +39,7 @@ func sign(req *http.Request, body string) *http.Request {
 // socket is a Unix socket path for one test, short enough to bind.
 func socket(t *testing.T) protocol.Endpoint {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "wk")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return protocol.Endpoint{Network: "unix", Address: filepath.Join(dir, "app.sock")}
+	return protocol.Endpoint{Network: "unix", Address: filepath.Join(sockettest.Dir(t), "app.sock")}
 }
 
 // serve runs a.ListenAndServe on a Unix socket, as an injected worker

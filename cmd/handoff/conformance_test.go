@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/handoff-dev/handoff/internal/sockettest"
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/worker"
 )
@@ -44,11 +45,7 @@ func TestConformanceCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The Go worker as an injected pod runs it: on its app socket.
-	sock, err := os.MkdirTemp("", "cf") // short: a socket path has at most 107 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(sock) })
+	sock := sockettest.Dir(t)
 	good := "unix://" + filepath.Join(sock, "app.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)

@@ -26,6 +26,7 @@ import (
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/internal/memlimit"
 	"github.com/handoff-dev/handoff/internal/procstat"
+	"github.com/handoff-dev/handoff/internal/sockettest"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/worker"
@@ -145,11 +146,7 @@ func startSidecarProcess(t *testing.T, env *kubetest.Env) *sidecarProcess {
 		t.Fatal(err)
 	}
 	// The pod's handoff-run volume: the sockets, as injected.
-	run, err := os.MkdirTemp("", "fl") // short: a socket path has at most 107 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(run) })
+	run := sockettest.Dir(t)
 	appAddr := protocol.Endpoint{Network: "unix", Address: filepath.Join(run, "app.sock")}
 	control := protocol.Endpoint{Network: "unix", Address: filepath.Join(run, "control.sock")}
 	appLn, err := appAddr.Listen(context.Background())
