@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/handoff-dev/handoff/internal/sockettest"
-	"github.com/handoff-dev/handoff/protocol"
-	"github.com/handoff-dev/handoff/worker"
 )
 
 // runConformance runs handoff conformance with args and returns its
@@ -35,15 +33,7 @@ func runConformance(t *testing.T, args ...string) (string, error) {
 // fixture skipped), and against an app that answers 200 to anything fails,
 // printing the cases that failed.
 func TestConformanceCommand(t *testing.T) {
-	file := tokenFile(t)
-	token, err := protocol.ReadTokenFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent, err := worker.New(worker.Options{Token: token})
-	if err != nil {
-		t.Fatal(err)
-	}
+	file, _, agent := tokenAgent(t)
 	// The Go worker as an injected pod runs it: on its app socket.
 	sock := sockettest.Dir(t)
 	good := "unix://" + filepath.Join(sock, "app.sock")

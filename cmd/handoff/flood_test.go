@@ -124,7 +124,7 @@ type sidecarProcess struct {
 	token   string
 	agent   *worker.Agent
 	cmd     *exec.Cmd
-	exited  chan error
+	exited  <-chan error
 	pid     int
 }
 
@@ -136,15 +136,7 @@ func startSidecarProcess(t *testing.T, env *kubetest.Env) *sidecarProcess {
 	ns := env.Namespace(t)
 	pod := env.Pod(t, ns, "worker-0", 30)
 	identity := "worker-0_" + string(pod.UID)
-	tokenPath := tokenFile(t)
-	token, err := protocol.ReadTokenFile(tokenPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent, err := worker.New(worker.Options{Token: token})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tokenPath, token, agent := tokenAgent(t)
 	// The pod's handoff-run volume: the sockets, as injected.
 	run := sockettest.Dir(t)
 	appAddr := protocol.Endpoint{Network: "unix", Address: filepath.Join(run, "app.sock")}
@@ -167,13 +159,7 @@ func startSidecarProcess(t *testing.T, env *kubetest.Env) *sidecarProcess {
 		"HANDOFF_LEASE_DURATION=3s", "HANDOFF_RENEW_DEADLINE=2s", "HANDOFF_RETRY_PERIOD=250ms",
 		// As the injector gives it (downward API, limits.memory, in bytes).
 		memlimit.EnvVar+"="+strconv.Itoa(injectedMemoryLimit))
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	exited := startProcess(t, cmd)
 	pid := cmd.Process.Pid
 
 	kubetest.WaitFor(t, 30*time.Second, "the sidecar to lead the Lease and answer /healthz", func() bool {
@@ -401,8 +387,25 @@ func (f *flood) close() {
 // keepAlive holds one connection from the loopback address from to addr
 // open and quiet, with a request every period (so the server's idle
 // timeout never ends it), until ctx ends; held counts it while it is
-// open. Over TLS when tlsConfig is not nil.
-func keepAlive(ctx context.Context, from, addr string, period time.Duration, tlsConfig *tls.Config, held *atomic.Int64) {
+// open. Over TLS when tlsConfig is not nil. It opens the connection and
+// makes its first request holding a place in opening: a server that resets
+// connections still waiting for their first request after a second (as
+// connlimit does once its slots are full) resets slow handshakes, and
+// hundreds at once on a loaded machine under -race never all finish.
+func keepAlive(ctx context.Context, from, addr string, period time.Duration, tlsConfig *tls.Config, held *atomic.Int64, opening chan struct{}) {
+	select {
+	case opening <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
+	opened := false
+	release := func() {
+		if !opened {
+			opened = true
+			<-opening
+		}
+	}
+	defer release()
 	d := &net.Dialer{Timeout: time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
 	var c net.Conn
 	var err error
@@ -435,6 +438,7 @@ func keepAlive(ctx context.Context, from, addr string, period time.Duration, tls
 		if !counted {
 			counted = true
 			held.Add(1)
+			release()
 		}
 		select {
 		case <-ctx.Done():
@@ -450,11 +454,12 @@ func keepAlive(ctx context.Context, from, addr string, period time.Duration, tls
 func holdSlots(ctx context.Context, froms []string, perAddr int, addr string, tlsConfig *tls.Config) (*atomic.Int64, func()) {
 	var held atomic.Int64
 	var wg sync.WaitGroup
+	opening := make(chan struct{}, 8) // connections being opened at once
 	for _, from := range froms {
 		for range perAddr {
 			wg.Go(func() {
 				for ctx.Err() == nil {
-					keepAlive(ctx, from, addr, 2*time.Second, tlsConfig, &held)
+					keepAlive(ctx, from, addr, 2*time.Second, tlsConfig, &held, opening)
 					select {
 					case <-ctx.Done():
 					case <-time.After(200 * time.Millisecond):

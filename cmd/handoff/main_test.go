@@ -119,6 +119,14 @@ func runMain(t *testing.T, args string, env ...string) (*exec.Cmd, <-chan error)
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), "HANDOFF_TEST_RUN_MAIN="+args), env...)
+	return cmd, startProcess(t, cmd)
+}
+
+// startProcess starts cmd, its stderr ours, and returns the channel that
+// receives its Wait result; it is killed at the end of the test if it
+// still runs.
+func startProcess(t *testing.T, cmd *exec.Cmd) <-chan error {
+	t.Helper()
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -126,5 +134,5 @@ func runMain(t *testing.T, args string, env ...string) (*exec.Cmd, <-chan error)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	return cmd, exited
+	return exited
 }

@@ -14,8 +14,6 @@ import (
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/internal/leadtrace"
-	"github.com/handoff-dev/handoff/protocol"
-	"github.com/handoff-dev/handoff/worker"
 )
 
 // One sidecar process holding 100 Leases at the default timings, with no
@@ -35,15 +33,7 @@ func TestSidecarHolds100LeasesAtDefaultTimings(t *testing.T) {
 	defaults := defaultTimings(t)
 
 	trace := leadtrace.New()
-	tokenPath := tokenFile(t)
-	token, err := protocol.ReadTokenFile(tokenPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent, err := worker.New(worker.Options{Token: token})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tokenPath, _, agent := tokenAgent(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -19,7 +19,23 @@ import (
 
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
+	"github.com/handoff-dev/handoff/worker"
 )
+
+// tokenAgent writes a token file (tokenFile) and returns its path, its
+// token and a Go worker Agent keyed with it, as an injected worker's.
+func tokenAgent(t *testing.T) (path, token string, agent *worker.Agent) {
+	t.Helper()
+	path = tokenFile(t)
+	token, err := protocol.ReadTokenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if agent, err = worker.New(worker.Options{Token: token}); err != nil {
+		t.Fatal(err)
+	}
+	return path, token, agent
+}
 
 // tokenFile writes a token file as the install step does and returns its
 // path.
