@@ -16,6 +16,10 @@ const (
 	AnnotationContainer   = config.AnnotationPrefix + "container"
 	AnnotationWrapPreStop = config.AnnotationPrefix + "wrap-prestop"
 	AnnotationStatus      = config.AnnotationPrefix + "status"
+	// AnnotationVersion is set by Pod on every pod it injects: the version
+	// of handoff that injected it (Options.Version), which is the sidecar's
+	// when the image is the default one. A value the pod had is replaced.
+	AnnotationVersion = config.AnnotationPrefix + "version"
 	// AnnotationAllowSharedProcessNamespace "true" injects a pod with
 	// spec.shareProcessNamespace true, which is refused without it.
 	AnnotationAllowSharedProcessNamespace = config.AnnotationPrefix + "allow-shared-process-namespace"
@@ -32,6 +36,15 @@ const LabelInject = config.AnnotationPrefix + "inject"
 // by annotation, and the chart's policy for the sidecar's metrics and probe
 // port selects the injected pods with it (networkPolicy.sidecar).
 const LabelInjected = config.AnnotationPrefix + "injected"
+
+// LabelVersion is the label Pod sets beside AnnotationVersion, to the same
+// version, so that the API server can select the pods of one sidecar
+// version (kubectl get pods -A -l 'handoff.dev/injected,handoff.dev/version!=v0.2.0'
+// lists those that run another or an unknown one; `handoff version` counts
+// them). A version that is not a valid label value (63 characters of
+// [A-Za-z0-9._-]; none that hack/version.sh prints) gets no label, and a
+// label the pod had is removed.
+const LabelVersion = config.AnnotationPrefix + "version"
 
 // Layouts, the values of AnnotationLayout.
 const (
@@ -51,6 +64,9 @@ const StatusInjected = "injected"
 // Key documents one injection annotation.
 type Key struct {
 	Key, Default, Form, Usage string
+	// Mark is set for an annotation that Pod writes on the pods it injects
+	// rather than one that configures injection.
+	Mark bool
 	// valid reports whether v is accepted; nil accepts anything.
 	valid func(v string) bool
 }
@@ -68,8 +84,10 @@ var Keys = []Key{
 		Usage: "when the worker container already has a preStop hook (exec or sleep), run it after the handover instead of refusing to inject"},
 	{Key: AnnotationAllowSharedProcessNamespace, Default: "false", Form: `"true" or "false"`, valid: isBool,
 		Usage: "inject a pod with `shareProcessNamespace: true`, which is refused without it: in a shared process namespace every container of the pod sees the sidecar and the worker and, running as the same user or with CAP_SYS_PTRACE, can read the pod's token and reach the control path through /proc/PID/root, so \"true\" trusts every container of the pod as the worker. `hostPID: true` is refused always"},
-	{Key: AnnotationStatus, Form: `"injected", set by handoff`, valid: func(v string) bool { return v == StatusInjected },
+	{Key: AnnotationStatus, Form: `"injected", set by handoff`, valid: func(v string) bool { return v == StatusInjected }, Mark: true,
 		Usage: "marks an injected pod, which is then left alone; do not set it yourself. handoff also sets the label " + LabelInjected + ": \"true\" on it, by which the chart's NetworkPolicy selects it"},
+	{Key: AnnotationVersion, Form: "a version, like v0.2.0, set by handoff", Mark: true,
+		Usage: "the version of handoff that injected the pod: the webhook's (or `handoff inject`'s), and its sidecar's unless the injector was given another image. Injection replaces any value the pod had; elsewhere it is ignored. handoff also sets the label of the same key to the same version, so `kubectl get pods -A -l '" + LabelInjected + "," + LabelVersion + "!=v0.2.0'` lists the pods whose sidecars are not v0.2.0 (and those injected before this annotation existed); `handoff version` counts the pods per version"},
 }
 
 func isBool(v string) bool { return v == "true" || v == "false" }
@@ -141,7 +159,23 @@ reads every pod template it is given, labelled or not.
 |---|---|---|---|
 `)
 	for _, k := range Keys {
-		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", k.Key, orDash(k.Default), k.Form, k.Usage)
+		if !k.Mark {
+			fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", k.Key, orDash(k.Default), k.Form, k.Usage)
+		}
+	}
+	b.WriteString(`
+## Set by handoff
+
+Injection writes these on every pod it injects; they record what was done and
+configure nothing.
+
+| annotation | value | meaning |
+|---|---|---|
+`)
+	for _, k := range Keys {
+		if k.Mark {
+			fmt.Fprintf(&b, "| `%s` | %s | %s |\n", k.Key, k.Form, k.Usage)
+		}
 	}
 	b.WriteString(`
 ## Sidecar settings

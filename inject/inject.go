@@ -27,7 +27,9 @@
 //     HANDOFF_LEASE_DURATION for package worker (the key its calls are
 //     signed with, where to serve, the bound of a term);
 //   - the annotation handoff.dev/status: injected and the label
-//     handoff.dev/injected: "true" (LabelInjected).
+//     handoff.dev/injected: "true" (LabelInjected); the annotation and the
+//     label handoff.dev/version: the injector's version (AnnotationVersion,
+//     LabelVersion).
 package inject
 
 import (
@@ -46,11 +48,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/internal/memlimit"
 	"github.com/handoff-dev/handoff/protocol"
+	"github.com/handoff-dev/handoff/version"
 )
 
 // Names and paths of what Pod adds.
@@ -65,13 +69,17 @@ const (
 	// volume with the handoff binary: a top-level directory, since the
 	// handoff image's own /handoff is a file, not a directory.
 	BinDir = "/handoff-bin"
-	// ImageBinary is the handoff binary's path in the handoff image.
-	ImageBinary = "/handoff"
-	// SidecarBinary is the sidecar's binary in the same image: bin/handoff
-	// built with the tag sidecaronly, without the webhook and the injector,
-	// which the sidecar and install containers run (a smaller resident
-	// memory; docs/performance.md, Footprint).
-	SidecarBinary = "/handoff-sidecar"
+	// ImageBinary is the handoff binary's path in the handoff image
+	// (bin/handoff: the webhook and the CLI), where ko puts a main
+	// package's binary (hack/release.sh); also its entrypoint.
+	ImageBinary = "/ko-app/handoff"
+	// SidecarBinary is the binary's path in the handoff-sidecar image, the
+	// image of Options.Image: bin/handoff built with the tag sidecaronly,
+	// without the webhook and the injector, which the sidecar, the install
+	// step and the sidecar's preStop hook run (a smaller resident memory;
+	// docs/performance.md, Footprint). ko puts it at the same path as
+	// ImageBinary, in its own image.
+	SidecarBinary = "/ko-app/handoff"
 	// MetricsPortName names the sidecar's metrics and probes port.
 	MetricsPortName = "handoff-metrics"
 
@@ -83,11 +91,17 @@ const defaultGracePeriod = 30
 
 // Options are the injector's own settings, the same for every pod.
 type Options struct {
-	// Image is the handoff image, for the sidecar and the install step.
+	// Image is the handoff-sidecar image (a reference: repository:tag or
+	// repository@sha256:…), for the sidecar and the install step; its
+	// binary is at SidecarBinary.
 	Image           string
 	ImagePullPolicy corev1.PullPolicy
 	// Resources of the sidecar and the install step.
 	Resources corev1.ResourceRequirements
+	// Version is the version of handoff written to every injected pod
+	// (AnnotationVersion, LabelVersion), like v0.2.0; empty: this build's,
+	// version.Get().
+	Version string
 }
 
 // Result says what Pod did.
@@ -402,16 +416,23 @@ func duplicateNames(spec *corev1.PodSpec) error {
 // markInjected sets the annotation handoff.dev/status: injected, which
 // makes Pod leave the pod alone from then on, and the label
 // handoff.dev/injected: "true", by which a NetworkPolicy selects the pods
-// that run the sidecar.
-func markInjected(meta *metav1.ObjectMeta) {
+// that run the sidecar; and handoff.dev/version, the annotation and (when v
+// is a valid label value) the label, to v, replacing what the pod had.
+func markInjected(meta *metav1.ObjectMeta, v string) {
 	if meta.Annotations == nil {
 		meta.Annotations = map[string]string{}
 	}
 	meta.Annotations[AnnotationStatus] = StatusInjected
+	meta.Annotations[AnnotationVersion] = v
 	if meta.Labels == nil {
 		meta.Labels = map[string]string{}
 	}
 	meta.Labels[LabelInjected] = "true"
+	if len(validation.IsValidLabelValue(v)) == 0 {
+		meta.Labels[LabelVersion] = v
+	} else {
+		delete(meta.Labels, LabelVersion)
+	}
 }
 
 // revisionLabels are the labels a controller sets per revision of a
@@ -616,7 +637,11 @@ func (p *plan) preStop(w corev1.Container, wrap bool) ([]string, error) {
 }
 
 func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
-	markInjected(meta)
+	v := o.Version
+	if v == "" {
+		v = version.Get()
+	}
+	markInjected(meta, v)
 
 	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: VolumeName, VolumeSource: corev1.VolumeSource{
 		EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("64Mi"))}}},

@@ -19,17 +19,19 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/inject"
+	"github.com/handoff-dev/handoff/version"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
 
 var opts = inject.Options{
-	Image:           "ghcr.io/handoff-dev/handoff:v0.1.0",
+	Image:           "ghcr.io/handoff-dev/handoff-sidecar:v0.1.0",
 	ImagePullPolicy: corev1.PullIfNotPresent,
 	Resources: corev1.ResourceRequirements{
 		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
 		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")},
 	},
+	Version: "v0.1.0",
 }
 
 // golden compares got with testdata/name, or rewrites it with -update.
@@ -624,14 +626,15 @@ func TestManifestsReadNumbersAndTypesAsWritten(t *testing.T) {
 
 // An injected pod carries the label handoff.dev/injected: "true", which the
 // chart's NetworkPolicy for the sidecar's port selects (a policy selects
-// pods by label only), beside its own labels; a refused pod gets none.
+// pods by label only), and handoff.dev/version, beside its own labels; a
+// refused pod gets none.
 func TestInjectedPodIsLabelled(t *testing.T) {
 	meta, spec := pod(map[string]string{"handoff.dev/inject": "true"}, corev1.Container{Name: "worker"})
 	meta.Labels = map[string]string{"app": "orders"}
 	if res, err := inject.Pod(meta, spec, opts); err != nil || res != inject.Injected {
 		t.Fatalf("inject: %s, %v", res, err)
 	}
-	if want := map[string]string{"app": "orders", inject.LabelInjected: "true"}; !maps.Equal(meta.Labels, want) {
+	if want := map[string]string{"app": "orders", inject.LabelInjected: "true", inject.LabelVersion: "v0.1.0"}; !maps.Equal(meta.Labels, want) {
 		t.Errorf("labels %v; want %v", meta.Labels, want)
 	}
 	// Without labels of its own, and refused.
@@ -655,5 +658,65 @@ func TestInitContainerMountingOursIsRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `spec.initContainers[early].volumeMounts: mounts volume "handoff-bin"`) ||
 		!slices.Equal(inject.Reasons(err), []inject.Reason{inject.ReasonNameTaken}) {
 		t.Fatalf("Pod = %v (reasons %v); want refused naming the init container's mount, reason %s", err, inject.Reasons(err), inject.ReasonNameTaken)
+	}
+}
+
+// Every injected pod carries the injector's version, as an annotation and
+// a label; what the pod said there itself is replaced (a pod cannot pass
+// for another version), a version that cannot be a label value is an
+// annotation alone (and a label the pod had is removed), and an injector
+// without a version of its own writes this build's. An injected pod is
+// left alone, version and all.
+func TestInjectedPodCarriesTheInjectorsVersion(t *testing.T) {
+	check := func(what string, o inject.Options, annotations, labels map[string]string, wantLabel string) {
+		t.Helper()
+		meta, spec := pod(annotations, corev1.Container{Name: "worker"})
+		meta.Labels = labels
+		if res, err := inject.Pod(meta, spec, o); err != nil || res != inject.Injected {
+			t.Fatalf("%s: %s, %v; want injected", what, res, err)
+		}
+		want := o.Version
+		if want == "" {
+			want = version.Get()
+		}
+		if got := meta.Annotations[inject.AnnotationVersion]; got != want {
+			t.Errorf("%s: annotation %s = %q, want %q", what, inject.AnnotationVersion, got, want)
+		}
+		if got, ok := meta.Labels[inject.LabelVersion]; got != wantLabel || ok != (wantLabel != "") {
+			t.Errorf("%s: label %s = %q (set %v), want %q", what, inject.LabelVersion, got, ok, wantLabel)
+		}
+	}
+	asks := func(extra ...string) map[string]string {
+		a := map[string]string{"handoff.dev/inject": "true"}
+		for i := 0; i+1 < len(extra); i += 2 {
+			a[extra[i]] = extra[i+1]
+		}
+		return a
+	}
+	check("plain", opts, asks(), nil, "v0.1.0")
+	check("a version set by the pod", opts, asks(inject.AnnotationVersion, "v9.9.9"), map[string]string{inject.LabelVersion: "v9.9.9"}, "v0.1.0")
+	dev := opts
+	dev.Version = "v0.2.1-dev.3.g2c1ee26.dirty"
+	check("a development version", dev, asks(), nil, dev.Version)
+	bad := opts
+	bad.Version = "v0.2.0+build.1"
+	check("a version no label may hold", bad, asks(), map[string]string{inject.LabelVersion: "v9.9.9"}, "")
+	long := opts
+	long.Version = "v0.2.0-" + strings.Repeat("a", 60)
+	check("a version longer than a label", long, asks(), nil, "")
+	this := opts
+	this.Version = ""
+	check("no version given", this, asks(), nil, version.Get())
+
+	// Already injected: left alone, its version with it.
+	meta, spec := pod(asks(inject.AnnotationStatus, inject.StatusInjected, inject.AnnotationVersion, "v0.0.9"), corev1.Container{Name: "worker"})
+	if res, err := inject.Pod(meta, spec, opts); err != nil || res != inject.AlreadyInjected || meta.Annotations[inject.AnnotationVersion] != "v0.0.9" {
+		t.Errorf("already injected: %s, %v, version %q; want left alone with v0.0.9", res, err, meta.Annotations[inject.AnnotationVersion])
+	}
+	// A pod that does not ask: the key is handoff's own, not unknown, and
+	// nothing is added.
+	meta, spec = pod(map[string]string{inject.AnnotationVersion: "v0.0.9"}, corev1.Container{Name: "worker"})
+	if res, err := inject.Pod(meta, spec, opts); err != nil || res != inject.Skipped || len(meta.Labels) != 0 {
+		t.Errorf("not asking, with %s: %s, %v, labels %v; want skipped, unchanged", inject.AnnotationVersion, res, err, meta.Labels)
 	}
 }

@@ -44,9 +44,12 @@ var config = &admissionregistrationv1.MutatingWebhookConfiguration{
 	}},
 }
 
+// testVersion is the injector's version in these tests.
+const testVersion = "v0.3.0-test.1"
+
 var (
 	registry = prometheus.NewRegistry()
-	injector = webhook.NewInjector(inject.Options{Image: "handoff:test", ImagePullPolicy: corev1.PullNever}, registry, logr.Discard())
+	injector = webhook.NewInjector(inject.Options{Image: "handoff:test", ImagePullPolicy: corev1.PullNever, Version: testVersion}, registry, logr.Discard())
 )
 
 func TestMain(m *testing.M) {
@@ -102,6 +105,10 @@ func checkInjected(t *testing.T, pod *corev1.Pod, leases string) {
 	if pod.Annotations[inject.AnnotationStatus] != inject.StatusInjected {
 		t.Errorf("annotation %s = %q", inject.AnnotationStatus, pod.Annotations[inject.AnnotationStatus])
 	}
+	if pod.Annotations[inject.AnnotationVersion] != testVersion || pod.Labels[inject.LabelVersion] != testVersion {
+		t.Errorf("annotation %s = %q, label %s = %q; want the injector's version %s in both",
+			inject.AnnotationVersion, pod.Annotations[inject.AnnotationVersion], inject.LabelVersion, pod.Labels[inject.LabelVersion], testVersion)
+	}
 	sidecar := pod.Spec.InitContainers[1]
 	if sidecar.RestartPolicy == nil || *sidecar.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 		t.Error("sidecar is not a native sidecar (restartPolicy Always)")
@@ -124,6 +131,25 @@ func checkInjected(t *testing.T, pod *corev1.Pod, leases string) {
 	if w.Lifecycle == nil || w.Lifecycle.PreStop == nil || w.Lifecycle.PreStop.Exec == nil ||
 		w.Lifecycle.PreStop.Exec.Command[0] != inject.BinDir+"/handoff" {
 		t.Errorf("worker preStop %+v, want exec of %s/handoff", w.Lifecycle, inject.BinDir)
+	}
+}
+
+// A pod that says which version it runs, by annotation and label, is
+// injected with the injector's version in both: a pod cannot pass for
+// another sidecar version, so the count `handoff version` makes holds.
+func TestInjectedPodCannotClaimAVersion(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	p := newPod("claims", map[string]string{"handoff.dev/inject": "true", "handoff.dev/leases": "work", inject.AnnotationVersion: "v9.9.9"})
+	p.Labels = map[string]string{inject.LabelVersion: "v9.9.9"}
+	pod, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkInjected(t, pod, "work")
+	pods, err := env.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: inject.LabelVersion + "=" + testVersion})
+	if err != nil || len(pods.Items) != 1 {
+		t.Errorf("pods selected by %s=%s: %v, %v; want the one injected", inject.LabelVersion, testVersion, pods, err)
 	}
 }
 

@@ -3,9 +3,12 @@ package main
 import (
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/handoff-dev/handoff/version"
 )
 
 // TestSidecarBuildLeavesOutTheWebhook: bin/handoff-sidecar (the build tag
@@ -31,7 +34,10 @@ func TestSidecarBuildLeavesOutTheWebhook(t *testing.T) {
 		}
 	}
 	bin := t.TempDir() + "/handoff-sidecar"
-	if out, err := exec.Command("go", "build", "-tags", "sidecaronly", "-o", bin, ".").CombinedOutput(); err != nil {
+	// Stamped as the Makefile stamps it.
+	stamp := version.Info{Version: "v9.8.7-rc.1", Commit: "0123456789abcdef0123456789abcdef01234567", GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	ldflags := "-X github.com/handoff-dev/handoff/version.version=" + stamp.Version + " -X github.com/handoff-dev/handoff/version.commit=" + stamp.Commit
+	if out, err := exec.Command("go", "build", "-tags", "sidecaronly", "-ldflags", ldflags, "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	for cmd, flag := range map[string]string{"sidecar": "--renew-deadline", "prestop": "--then-sleep", "install": "--token-file"} {
@@ -39,8 +45,18 @@ func TestSidecarBuildLeavesOutTheWebhook(t *testing.T) {
 			t.Errorf("handoff-sidecar %s --help: %v, want the flag %s listed\n%s", cmd, err, flag, out)
 		}
 	}
-	if out, err := exec.Command(bin, "version").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "dev" {
-		t.Errorf("handoff-sidecar version: %v, %q; want dev", err, out)
+	// The client's version as bin/handoff's `version --client` prints it.
+	for _, format := range []string{"", "json", "yaml"} {
+		var want strings.Builder
+		if err := writeVersion(&want, versionReport{Client: stamp}, format); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command(bin, "version", "-o", format).CombinedOutput(); err != nil || string(out) != want.String() {
+			t.Errorf("handoff-sidecar version -o %q: %v\n%s\nwant\n%s", format, err, out, want.String())
+		}
+	}
+	if out, _ := exec.Command(bin, "version").Output(); string(out) != "Client version: v9.8.7-rc.1 (commit 0123456789ab, "+stamp.GoVersion+", "+stamp.Platform+")\n" {
+		t.Errorf("handoff-sidecar version: %q, want the stamped version, the commit's first 12 digits, Go and platform", out)
 	}
 	token := t.TempDir() + "/token"
 	if err := os.WriteFile(token, []byte(strings.Repeat("ab", 32)), 0o600); err != nil {

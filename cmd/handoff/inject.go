@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/handoff-dev/handoff/inject"
+	"github.com/handoff-dev/handoff/version"
 )
 
 func injectCommand() *cobra.Command {
@@ -161,9 +162,25 @@ func readInputs(stdin io.Reader, files []string) ([]input, error) {
 	return inputs, nil
 }
 
-// defaultImage is the released image of this version of the chart
-// (charts/handoff appVersion; a test keeps them equal).
-const defaultImage = "ghcr.io/handoff-dev/handoff:0.1.0"
+// sidecarRepository is the image that injected pods run, which a release
+// publishes tagged with its version (the webhook and the CLI are
+// ghcr.io/handoff-dev/handoff).
+const sidecarRepository = "ghcr.io/handoff-dev/handoff-sidecar"
+
+// defaultImage is the sidecar image of this build's release:
+// sidecarRepository tagged with version.Get(), like
+// ghcr.io/handoff-dev/handoff-sidecar:v0.2.0. A development build's
+// version names an image no registry has (imageUsage says so).
+func defaultImage() string { return sidecarRepository + ":" + version.Get() }
+
+// imageUsage is the help of --image.
+func imageUsage() string {
+	u := "handoff sidecar image for the sidecar and its install step; by default the release's of this build's version"
+	if v := version.Get(); !version.Released(v) {
+		u += ", but " + v + " is a development build, whose image no registry publishes: give the image you built"
+	}
+	return u
+}
 
 // injectFlags are the injector's settings, shared by inject and webhook.
 type injectFlags struct {
@@ -172,7 +189,7 @@ type injectFlags struct {
 }
 
 func (f *injectFlags) add(fs *pflag.FlagSet) {
-	fs.StringVar(&f.image, "image", defaultImage, "handoff image for the sidecar and its install step")
+	fs.StringVar(&f.image, "image", defaultImage(), imageUsage())
 	fs.StringVar(&f.pullPolicy, "image-pull-policy", string(corev1.PullIfNotPresent), "Always, IfNotPresent or Never")
 	fs.StringVar(&f.cpuRequest, "sidecar-cpu-request", "10m", "CPU request of the sidecar (a quantity, or empty for none)")
 	fs.StringVar(&f.memoryRequest, "sidecar-memory-request", "48Mi", "memory request of the sidecar (a quantity, or empty for none)")
@@ -189,7 +206,7 @@ func (f *injectFlags) options() (inject.Options, error) {
 		errs = append(errs, fmt.Errorf("--image-pull-policy %q: want Always, IfNotPresent or Never", f.pullPolicy))
 	}
 	if f.image == "" {
-		errs = append(errs, fmt.Errorf("--image: want an image reference, like %s", defaultImage))
+		errs = append(errs, fmt.Errorf("--image: want an image reference, like %s", defaultImage()))
 	}
 	for _, q := range []struct {
 		flag, value string

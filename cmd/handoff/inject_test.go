@@ -5,9 +5,12 @@ package main
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/handoff-dev/handoff/version"
 )
 
 const deployment = `apiVersion: apps/v1
@@ -41,7 +44,7 @@ func TestInjectCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"name: handoff-install", "image: handoff:test", "value: cancel", "handoff.dev/status: injected"} {
+	for _, want := range []string{"name: handoff-install", "image: handoff:test", "value: cancel", "handoff.dev/status: injected", "handoff.dev/version: " + version.Get()} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -124,7 +127,7 @@ func TestInjectCommandRejectsBadFlags(t *testing.T) {
 		// The API server would refuse the pods: a request above the limit, a negative quantity.
 		{[]string{"--sidecar-memory-request", "256Mi"}, "--sidecar-memory-request 256Mi is above --sidecar-memory-limit 128Mi: want a request at most the limit"},
 		{[]string{"--sidecar-cpu-request", "-10m"}, `--sidecar-cpu-request "-10m": want a quantity from 0`},
-		{[]string{"--image", ""}, "--image: want an image reference, like " + defaultImage},
+		{[]string{"--image", ""}, "--image: want an image reference, like " + defaultImage()},
 	} {
 		if _, _, err := runInject(t, strings.Replace(deployment, "%s", "cancel", 1), tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v; want %q", tc.args, err, tc.want)
@@ -154,19 +157,72 @@ func TestInstallCopiesThisBinary(t *testing.T) {
 	}
 }
 
-func TestDefaultImageIsTheChartsAppVersion(t *testing.T) {
+// The repository's chart carries no release's version: a release stamps
+// its version and appVersion (helm package --version --app-version) from
+// the same tag as the binaries and images, and the placeholder is a valid
+// semantic version that helm lint accepts.
+func TestChartVersionIsTheDevPlaceholder(t *testing.T) {
 	chart, err := os.ReadFile("../../charts/handoff/Chart.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var appVersion string
+	got := map[string]string{}
 	for _, line := range strings.Split(string(chart), "\n") {
-		if v, ok := strings.CutPrefix(line, "appVersion:"); ok {
-			appVersion = strings.Trim(strings.TrimSpace(v), `"`)
+		if k, v, ok := strings.Cut(line, ":"); ok && (k == "version" || k == "appVersion") {
+			got[k] = strings.Trim(strings.TrimSpace(v), `"`)
 		}
 	}
-	if want := "ghcr.io/handoff-dev/handoff:" + appVersion; defaultImage != want {
-		t.Errorf("default image %s, chart appVersion gives %s", defaultImage, want)
+	if got["version"] != "v0.0.0-dev" || got["appVersion"] != "v0.0.0-dev" {
+		t.Errorf("Chart.yaml version %q, appVersion %q; want v0.0.0-dev in both, which a release replaces", got["version"], got["appVersion"])
+	}
+}
+
+// The injector's default image is the sidecar image of this build's
+// version, and a development build's --image help says that no registry
+// has it.
+func TestDefaultImageIsThisVersionsSidecar(t *testing.T) {
+	if got, want := defaultImage(), "ghcr.io/handoff-dev/handoff-sidecar:"+version.Get(); got != want {
+		t.Errorf("default image %s, want %s", got, want)
+	}
+	if v := version.Get(); !version.Released(v) && !strings.Contains(imageUsage(), v+" is a development build") {
+		t.Errorf("--image help of the development build %s: %q; want it to say so", v, imageUsage())
+	}
+}
+
+// One version, stamped once as the Makefile stamps it, is everywhere a
+// build of bin/handoff puts one: its client version, the injector's default
+// image (and no development note in its help), and the injected pods'
+// handoff.dev/version annotation and label.
+func TestStampedVersionIsEverywhere(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds bin/handoff")
+	}
+	const v = "v9.8.7"
+	bin := filepath.Join(t.TempDir(), "handoff")
+	build := exec.Command("go", "build", "-ldflags", "-X github.com/handoff-dev/handoff/version.version="+v, "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	if out, err := exec.Command(bin, "version", "--client").Output(); err != nil || !strings.HasPrefix(string(out), "Client version: "+v+" (") {
+		t.Errorf("handoff version --client: %v, %q; want Client version: %s", err, out, v)
+	}
+	help, err := exec.Command(bin, "inject", "--help").Output()
+	if err != nil || !strings.Contains(string(help), `(default "ghcr.io/handoff-dev/handoff-sidecar:`+v+`")`) || strings.Contains(string(help), "development build") {
+		t.Errorf("handoff inject --help: %v\n%s\nwant the default image ghcr.io/handoff-dev/handoff-sidecar:%s, and no development note", err, help, v)
+	}
+	inject := exec.Command(bin, "inject")
+	inject.Stdin = strings.NewReader(strings.Replace(deployment, "%s", "cancel", 1))
+	out, err := inject.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"image: ghcr.io/handoff-dev/handoff-sidecar:" + v,
+		"handoff.dev/version: " + v, // the annotation and the label
+	} {
+		if n := strings.Count(string(out), want); n != 2 {
+			t.Errorf("injected manifest has %q %d times, want 2 (install step and sidecar, or annotation and label):\n%s", want, n, out)
+		}
 	}
 }
 

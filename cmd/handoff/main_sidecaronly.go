@@ -13,10 +13,9 @@ import (
 	"os"
 
 	"github.com/spf13/pflag"
-)
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
+	"github.com/handoff-dev/handoff/version"
+)
 
 // commands are bin/handoff-sidecar's: what the sidecar and install
 // containers and the preStop hook run, and version.
@@ -38,11 +37,7 @@ func run(args []string, out, errOut io.Writer) error {
 		return nil
 	}
 	if args[0] == "version" {
-		if len(args) > 1 {
-			return fmt.Errorf("unknown command %q for %q", args[1], "handoff version")
-		}
-		fmt.Fprintln(out, version)
-		return nil
+		return runVersion(args[1:], out)
 	}
 	for _, c := range commands {
 		if c.name() != args[0] {
@@ -72,6 +67,27 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-10s %s\n", c.name(), c.short)
 	}
 	fmt.Fprintf(w, "  %-10s %s\n\nRun \"handoff COMMAND --help\" for a command's flags.\n", "version", "Print the handoff version")
+}
+
+// runVersion is bin/handoff-sidecar's version command: the client's
+// version as bin/handoff's `handoff version --client` prints it, with the
+// same --output.
+func runVersion(args []string, out io.Writer) error {
+	fs := pflag.NewFlagSet("version", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Bool("client", true, "print the client's version only (this build has no other)")
+	format := fs.StringP("output", "o", "", "json or yaml; text without it")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			fmt.Fprintf(out, "Print the handoff version\n\nUsage:\n  handoff version [flags]\n\nFlags:\n%s", fs.FlagUsages())
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unknown command %q for %q", fs.Arg(0), "handoff version")
+	}
+	return writeVersion(out, versionReport{Client: version.GetInfo()}, *format)
 }
 
 // runCommand runs c with args as bin/handoff-sidecar does (tests).

@@ -32,6 +32,7 @@ import (
 	"github.com/handoff-dev/handoff/leaderelection"
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
+	"github.com/handoff-dev/handoff/version"
 )
 
 // eventFlush bounds the wait, after the sequence ends, for its last Events
@@ -100,7 +101,7 @@ func runSidecar(s *config.Settings) error {
 		}
 		return fmt.Errorf("kubeconfig: %s: %w", s.Kubeconfig, err)
 	}
-	rc.UserAgent = "handoff/" + version
+	rc.UserAgent = "handoff/" + version.Get()
 	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return err
@@ -141,7 +142,7 @@ func runSidecar(s *config.Settings) error {
 	defer stop()
 	c.Start(ctx)
 	log.Info("handoff sidecar started", "identity", s.Identity(), "leases", s.Leases,
-		"control", s.ControlAddr.String(), "metrics", s.MetricsAddr, "app", s.AppURL.String(), "version", version,
+		"control", s.ControlAddr.String(), "metrics", s.MetricsAddr, "app", s.AppURL.String(), "version", version.Get(),
 		"leaseClientQPS", budget.QPS, "leaseClientBurst", budget.Burst, "leaseCapacity", budget.Leases)
 
 	sig := make(chan os.Signal, 2)
