@@ -1,7 +1,22 @@
 # handoff — the README's two commands are `make demo` and `make test`.
 SHELL := /bin/bash
-VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X main.version=$(VERSION)
+# The release version, from the git tag (hack/version.sh: vX.Y.Z on a tagged
+# commit, vX.Y.Z-dev.N.gSHA between tags), stamped into both binaries with
+# the commit; the image tags and the chart take the same VERSION. Override
+# it as `make release VERSION=v0.2.0`.
+# (Worked out once, as `VERSION ?=` would on every use.)
+ifeq ($(origin VERSION),undefined)
+VERSION := $(shell bash hack/version.sh)
+endif
+ifeq ($(VERSION),)
+$(error VERSION: hack/version.sh printed none (see its error above); set VERSION=vX.Y.Z)
+endif
+ifeq ($(origin COMMIT),undefined)
+COMMIT := $(shell git rev-parse HEAD 2>/dev/null)
+endif
+LDFLAGS := -s -w -X github.com/handoff-dev/handoff/version.version=$(VERSION) -X github.com/handoff-dev/handoff/version.commit=$(COMMIT)
+# The images' platforms in make release (make image: this machine's).
+PLATFORMS ?= linux/amd64,linux/arm64
 
 # The Go toolchain of every build, test and tool here: go1.27.3, which fixes
 # standard-library vulnerabilities of go1.26 that govulncheck finds reachable
@@ -19,19 +34,38 @@ KUBE_NEWEST := KUBE_VERSION=v1.37.2 ETCD_VERSION=v3.7.3
 # The packages whose tests talk to the apiserver, run again on the newest.
 API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
 
-.PHONY: all build image deploy demo test integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
+.PHONY: all build image release deploy demo test integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
 
 all: build
 
-build:
-	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/handoff ./cmd/handoff
-	CGO_ENABLED=0 go build -tags sidecaronly -trimpath -ldflags "$(LDFLAGS)" -o bin/handoff-sidecar ./cmd/handoff
-	CGO_ENABLED=0 go build -trimpath -o bin/pgworker ./examples/pgworker
-	CGO_ENABLED=0 go build -trimpath -o bin/riverworker ./examples/riverworker
+# Static builds, through hack/gobuild.sh: a cold build reports how far it
+# has got (a warm one prints nothing more than go build).
+GOBUILD := CGO_ENABLED=0 bash hack/gobuild.sh -trimpath
+BUILD_SIDECAR = $(GOBUILD) -tags sidecaronly -ldflags "$(LDFLAGS)" -o bin/handoff-sidecar ./cmd/handoff
+BUILD_PGWORKER = $(GOBUILD) -o bin/pgworker ./examples/pgworker
 
-# The container image, written as a tarball without a container engine.
-image: build
-	go run ./hack/image --binary bin/handoff --sidecar bin/handoff-sidecar --tag handoff:$(VERSION) --out bin/handoff-image.tar
+build:
+	$(GOBUILD) -ldflags "$(LDFLAGS)" -o bin/handoff ./cmd/handoff
+	$(BUILD_SIDECAR)
+	$(BUILD_PGWORKER)
+	$(GOBUILD) -o bin/riverworker ./examples/riverworker
+
+# The images handoff and handoff-sidecar for this machine's platform, built
+# with ko without a container engine into a loopback registry whose storage
+# is bin/image/registry, and as docker-archive tarballs in bin/image/images
+# (hack/release.sh images; signed with a key made in bin/image).
+image: tools
+	PLATFORMS=linux/$$(go env GOARCH) DIST=bin/image VERSION=$(VERSION) bash hack/release.sh images
+
+# The release artifacts under dist/ (docs/releasing.md): the images
+# handoff and handoff-sidecar for PLATFORMS, each an OCI image index with
+# OCI labels and an SPDX SBOM, signed with cosign (a key made into dist/
+# unless COSIGN_KEY names one) and verified; the chart as an OCI artifact;
+# handoff for linux and darwin on amd64 and arm64 with SHA-256 checksums.
+# REGISTRY unset: pushed to a loopback registry whose storage is
+# dist/registry (hack/release.sh).
+release: tools
+	VERSION=$(VERSION) PLATFORMS=$(PLATFORMS) bash hack/release.sh
 
 # deploy/handoff.yaml: the Helm chart rendered as plain manifests.
 deploy: tools
@@ -45,9 +79,17 @@ kube-assets:
 tools:
 	@bash hack/tools.sh >/dev/null
 
-# A real handover with its timeline, beside the same replacement without handoff.
-demo: build kube-assets
-	go run ./examples/demo --handoff bin/handoff-sidecar --worker bin/pgworker $(DEMO_ARGS)
+# A real handover with its timeline, beside the same replacement without
+# handoff. It builds only what it runs: the sidecar's binary, the example
+# worker, the demo, and kube-apiserver and etcd of the oldest supported
+# Kubernetes (cached under ~/.cache/handoff; not the controller manager, not
+# the newest version's, which the tests use).
+demo:
+	$(BUILD_SIDECAR)
+	$(BUILD_PGWORKER)
+	$(GOBUILD) -o bin/demo ./examples/demo
+	@$(KUBE_OLDEST) bash hack/kube-assets.sh >/dev/null
+	bin/demo --handoff bin/handoff-sidecar --worker bin/pgworker $(DEMO_ARGS)
 
 # Every test: unit and integration, then end to end on a real kubelet. Each
 # suite runs to its end even when one before it failed; hack/test.sh times
@@ -81,9 +123,9 @@ queue-figures: queue-servers
 # handover and API cost beside plain client-go, the sidecar's memory, CPU and
 # shutdown time, many Leases over many sidecars (scale), and the webhook's
 # admission latency.
-bench: image kube-assets
+bench: build image kube-assets
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/takeover
-	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/sidecar --handoff bin/handoff-sidecar --image bin/handoff-image.tar
+	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/sidecar --handoff bin/handoff-sidecar --image bin/image/images/handoff-sidecar-linux-$$(go env GOARCH).tar
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/scale --handoff bin/handoff-sidecar
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/footprint --handoff bin/handoff-sidecar -variant 'handoff (all)=bin/handoff'
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh kube-controller-manager) go test -run '^$$' -bench Admission -benchtime 2000x ./webhook
@@ -128,7 +170,7 @@ fuzz:
 	bash hack/fuzz.sh
 
 unit:
-	go test -count=1 ./config ./worker
+	go test -count=1 ./config ./version ./worker
 
 # vet and golangci-lint load the packages built with -race, as every test
 # here is: the packages they compile into the build cache are the tests'
@@ -138,6 +180,8 @@ lint: tools
 	go vet -race ./...
 	go vet -race -tags e2e ./e2e/
 	GOFLAGS="$$GOFLAGS -race" $$(bash hack/tools.sh)/golangci-lint run ./...
+	bash hack/chartlint.sh
+	$$(bash hack/tools.sh)/actionlint .github/workflows/*.yml
 
 # Known vulnerabilities reachable from the shipped binary (govulncheck,
 # offline, with the vulnerability database from the Go module proxy).
@@ -145,4 +189,4 @@ vuln: tools
 	bash hack/vuln.sh
 
 clean:
-	rm -rf bin .run
+	rm -rf bin .run dist

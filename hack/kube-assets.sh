@@ -15,6 +15,7 @@ out="$CACHE/kube/$KUBE_VERSION-etcd-$ETCD_VERSION"
 mkdir -p "$out"
 
 log() { echo "kube-assets: $*" >&2; }
+here=$(cd "$(dirname "$0")" && pwd)
 
 want=(kube-apiserver "$@")
 missing=()
@@ -25,7 +26,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   mkdir -p "$work"
   # .ready marks a complete wrapper module; a half-made one is made again.
   if [ ! -f "$work/.ready" ]; then
-    log "preparing wrapper module for k8s.io/kubernetes $KUBE_VERSION"
+    log "preparing wrapper module for k8s.io/kubernetes $KUBE_VERSION (downloads its modules from the Go module proxy: a minute or two the first time)"
     (cd "$work" && rm -f go.mod go.sum tools.go && go mod init handoff.local/kubebuild >/dev/null 2>&1)
     dir=$(cd "$work" && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
     # kubernetes' own replace block points every staging module at ./staging;
@@ -48,28 +49,34 @@ import (
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
-    (cd "$work" && GOFLAGS=-mod=mod go mod tidy -e >/dev/null)
+    # One "go: downloading" line per module (about 190) would bury the
+    # progress: they go to a log, shown only if tidy fails.
+    if ! (cd "$work" && GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>"$work/tidy.log"); then
+      cat "$work/tidy.log" >&2
+      exit 1
+    fi
+    log "downloaded $(grep -c '^go: downloading' "$work/tidy.log" || true) modules"
     touch "$work/.ready"
   fi
   minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
   ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION"
   for b in "${missing[@]}"; do
     [ "$b" = etcd ] && continue
-    log "building $b $KUBE_VERSION (cold: minutes)"
-    (cd "$work" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b") && mv "$out/$b.tmp" "$out/$b"
+    log "building $b $KUBE_VERSION (cold: minutes; progress below)"
+    (cd "$work" && CGO_ENABLED=0 GOFLAGS=-mod=mod bash "$here/gobuild.sh" -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b") && mv "$out/$b.tmp" "$out/$b"
   done
 fi
 
 if [ ! -x "$out/etcd" ]; then
   work="$CACHE/build/etcd-$ETCD_VERSION"
   mkdir -p "$work"
-  log "building etcd $ETCD_VERSION"
+  log "building etcd $ETCD_VERSION (cold: minutes; progress below)"
   (
     cd "$work"
     [ -f go.mod ] || go mod init handoff.local/etcdbuild >/dev/null 2>&1
     GOFLAGS=-mod=mod go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" "go.etcd.io/etcd/api/v3@$ETCD_VERSION" \
       "go.etcd.io/etcd/client/pkg/v3@$ETCD_VERSION" "go.etcd.io/etcd/client/v3@$ETCD_VERSION" "go.etcd.io/etcd/pkg/v3@$ETCD_VERSION" >/dev/null 2>&1
-    CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3
+    CGO_ENABLED=0 GOFLAGS=-mod=mod bash "$here/gobuild.sh" -trimpath -ldflags "-s -w" -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3
   ) && mv "$out/etcd.tmp" "$out/etcd"
 fi
 

@@ -18,7 +18,12 @@ TOOLS='
 golangci-lint=github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 helm=helm.sh/helm/v3/cmd/helm@v3.22.0
 govulncheck=golang.org/x/vuln/cmd/govulncheck@v1.9.0
+kubeconform=github.com/yannh/kubeconform/cmd/kubeconform@v0.8.0
 helm-unittest=github.com/helm-unittest/helm-unittest/cmd/helm-unittest@v1.1.2|github.com/vmware-labs/yaml-jsonpath v0.3.2 => github.com/helm-unittest/yaml-jsonpath v0.4.0
+ko=github.com/google/ko@v0.19.1
+crane=github.com/google/go-containerregistry/cmd/crane@v0.22.1
+cosign=github.com/sigstore/cosign/v2/cmd/cosign@v2.6.5
+actionlint=github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
 '
 
 CACHE=${HANDOFF_CACHE:-$HOME/.cache/handoff}
