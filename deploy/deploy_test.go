@@ -54,6 +54,12 @@ func TestChartLints(t *testing.T) {
 
 func TestChartUnitTests(t *testing.T) {
 	helm(t, "unittest", "../charts/handoff")
+	helm(t, "unittest", "../charts/handoff-workload")
+}
+
+func TestWorkloadChartLints(t *testing.T) {
+	helm(t, "lint", "--strict", "../charts/handoff-workload", "--kube-version", charttest.KubeVersion,
+		"--set", "serviceAccount.name=orders", "--set", "leases={orders-leader}", "--set", "shards.prefix=orders-", "--set", "shards.count=4")
 }
 
 func TestChartRefusesBadValues(t *testing.T) {
@@ -81,17 +87,32 @@ func TestManifestsAreTheChartRendered(t *testing.T) {
 // The apiserver accepts every object of deploy/handoff.yaml: a server-side
 // apply with dryRun=All validates each against its schema.
 func TestAPIServerAcceptsManifests(t *testing.T) {
+	kinds := dryRunAll(t, decode(t, "handoff.yaml"))
+	for _, k := range []string{"Namespace", "Deployment", "Service", "MutatingWebhookConfiguration", "PodDisruptionBudget", "ClusterRole",
+		"ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "Secret", "NetworkPolicy", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+		if kinds[k] == 0 {
+			t.Errorf("no %s in deploy/handoff.yaml", k)
+		}
+	}
+}
+
+// dryRunAll has the test's apiserver validate each object with a
+// server-side apply, dryRun=All (creating the namespaces they name first),
+// and returns how many of each kind there were. A refusal fails t.
+func dryRunAll(t *testing.T, objs []*unstructured.Unstructured) map[string]int {
+	t.Helper()
 	env := kubetest.Get(t)
 	ctx := context.Background()
-	objs := decode(t, "handoff.yaml")
 	dyn := dynamic.NewForConfigOrDie(env.Config)
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(discovery.NewDiscoveryClientForConfigOrDie(env.Config)))
-	// Namespaced objects cannot be dry-run into a namespace that does not exist.
-	if _, err := env.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "handoff"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
 	kinds := map[string]int{}
 	for _, obj := range objs {
+		// Namespaced objects cannot be dry-run into a namespace that does not exist.
+		if ns := obj.GetNamespace(); ns != "" {
+			if _, err := env.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatal(err)
+			}
+		}
 		gvk := obj.GroupVersionKind()
 		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 		if err != nil {
@@ -107,12 +128,7 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 		}
 		kinds[gvk.Kind]++
 	}
-	for _, k := range []string{"Namespace", "Deployment", "Service", "MutatingWebhookConfiguration", "PodDisruptionBudget", "ClusterRole",
-		"ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "Secret", "NetworkPolicy", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
-		if kinds[k] == 0 {
-			t.Errorf("no %s in deploy/handoff.yaml", k)
-		}
-	}
+	return kinds
 }
 
 func decode(t *testing.T, path string) []*unstructured.Unstructured {

@@ -12,6 +12,7 @@ import (
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -23,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/handoff-dev/handoff/version"
 	"github.com/handoff-dev/handoff/webhook"
 )
 
@@ -33,6 +35,7 @@ func webhookCommand() *cobra.Command {
 		rotate, metricsSecure                        bool
 		namespace, secret, service, configName       string
 		extraDNSNames                                []string
+		logLevel                                     string
 	)
 	o := injectFlags{}
 	cmd := &cobra.Command{
@@ -62,10 +65,14 @@ must exist; the chart makes it).`,
 			if !metricsSecure {
 				err = errors.Join(err, plainMetricsOnLoopback(metricsAddr))
 			}
+			level, lerr := webhookLogLevel(logLevel)
+			err = errors.Join(err, lerr)
 			if err != nil {
 				return err
 			}
-			zl, err := zap.NewProduction()
+			zc := zap.NewProductionConfig()
+			zc.Level = zap.NewAtomicLevelAt(level)
+			zl, err := zc.Build()
 			if err != nil {
 				return err
 			}
@@ -77,7 +84,7 @@ must exist; the chart makes it).`,
 			if err != nil {
 				return fmt.Errorf("kubernetes client configuration: %w", err)
 			}
-			rc.UserAgent = "handoff-webhook/" + version
+			rc.UserAgent = "handoff-webhook/" + version.Get()
 			if rotate {
 				// cert-controller's informers list and watch whole
 				// collections: narrow them to its Secret and configuration,
@@ -143,7 +150,7 @@ must exist; the chart makes it).`,
 				}
 				defer func() { _ = health.Close() }()
 			}
-			log.Info("starting", "version", version, "port", port, "certRotation", rotate)
+			log.Info("starting", "version", version.Get(), "port", port, "certRotation", rotate)
 			return mgr.Start(ctrl.SetupSignalHandler())
 		},
 	}
@@ -159,9 +166,21 @@ must exist; the chart makes it).`,
 	f.StringVar(&secret, "cert-secret", "handoff-webhook-cert", "Secret holding the rotated certificate and CA")
 	f.StringVar(&service, "service", "handoff-webhook", "Service in front of the webhook (the certificate's DNS name)")
 	f.StringVar(&configName, "webhook-config", "handoff", "MutatingWebhookConfiguration whose caBundle the rotator writes")
+	f.StringVar(&logLevel, "log-level", "info", "least level logged: error, warn, info, or debug (also controller-runtime's and client-go's V(1) lines)")
 	f.StringSliceVar(&extraDNSNames, "cert-dns-names", nil, "more DNS names for the rotated certificate (e.g. localhost, for a webhook run outside the cluster)")
 	o.add(f)
 	return cmd
+}
+
+// webhookLogLevel parses --log-level: zap's level names, the least a line
+// needs to be written.
+func webhookLogLevel(s string) (zapcore.Level, error) {
+	switch s {
+	case "error", "warn", "info", "debug":
+		l, err := zapcore.ParseLevel(s)
+		return l, err
+	}
+	return zapcore.InfoLevel, fmt.Errorf("--log-level %q: want error, warn, info or debug", s)
 }
 
 // plainMetricsOnLoopback refuses a plain-HTTP metrics address that is not

@@ -1,8 +1,22 @@
+{{- /* The chart's name, or nameOverride. */ -}}
+{{- define "handoff.name" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- /*
+The prefix of every object's name: fullnameOverride, else the release name
+when it holds the chart's name, else <release>-<name>.
+*/ -}}
 {{- define "handoff.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "handoff.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -10,22 +24,87 @@
 {{- define "handoff.webhookName" -}}{{ include "handoff.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
 {{- define "handoff.certSecret" -}}{{ include "handoff.webhookName" . }}-cert{{- end -}}
 
+{{- /*
+The labels of every object: the standard app.kubernetes.io ones (version:
+the chart's appVersion), then commonLabels, which may not replace them.
+*/ -}}
 {{- define "handoff.labels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- $std := dict
+  "app.kubernetes.io/name" (include "handoff.name" .)
+  "app.kubernetes.io/instance" .Release.Name
+  "app.kubernetes.io/version" (.Chart.AppVersion | toString)
+  "app.kubernetes.io/managed-by" .Release.Service
+  "app.kubernetes.io/part-of" "handoff"
+  "helm.sh/chart" (printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-") }}
+{{- toYaml (merge $std (.Values.commonLabels | default dict)) }}
 {{- end -}}
 
 {{- define "handoff.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "handoff.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: webhook
 {{- end -}}
 
+{{- /*
+The webhook pods' labels: podLabels, commonLabels and the standard labels;
+the selector's and the standard ones win over podLabels and commonLabels.
+*/ -}}
+{{- define "handoff.podLabels" -}}
+{{- $labels := merge (include "handoff.selectorLabels" . | fromYaml) (include "handoff.labels" . | fromYaml) (.Values.webhook.podLabels | default dict) }}
+{{- toYaml $labels }}
+{{- end -}}
+
+{{- /*
+An image reference from one image value ({repository, tag, digest}) and the
+root context: <registry/>repository@digest when a digest is given (it wins
+over the tag), else :tag, else :appVersion. global.imageRegistry, when set,
+takes the place of the repository's registry (its first element when that
+holds a "." or ":" or is localhost), as common charts do.
+Call as: include "handoff.imageRef" (dict "image" .Values.image "root" $)
+*/ -}}
+{{- define "handoff.imageRef" -}}
+{{- $repo := .image.repository }}
+{{- with (.root.Values.global | default dict).imageRegistry }}
+{{- $parts := splitList "/" $repo }}
+{{- $first := first $parts }}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $parts = rest $parts }}
+{{- end }}
+{{- $repo = printf "%s/%s" (trimSuffix "/" .) (join "/" $parts) }}
+{{- end }}
+{{- if .image.digest }}
+{{- printf "%s@%s" $repo .image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repo (.image.tag | default .root.Chart.AppVersion | toString) }}
+{{- end }}
+{{- end -}}
+
+{{- /* The webhook's image (image). */ -}}
 {{- define "handoff.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- include "handoff.imageRef" (dict "image" .Values.image "root" .) }}
+{{- end -}}
+
+{{- /* The injected sidecar's image (sidecar.image), also its install step's. */ -}}
+{{- define "handoff.sidecarImage" -}}
+{{- include "handoff.imageRef" (dict "image" .Values.sidecar.image "root" .) }}
+{{- end -}}
+
+{{- /*
+The webhook pods' image pull secrets: global.imagePullSecrets (names, or
+{name} objects, as umbrella charts give them) and imagePullSecrets, once each.
+*/ -}}
+{{- define "handoff.imagePullSecrets" -}}
+{{- $names := list }}
+{{- range concat ((.Values.global | default dict).imagePullSecrets | default list) (.Values.imagePullSecrets | default list) }}
+{{- if kindIs "string" . }}
+{{- $names = append $names . }}
+{{- else if and (kindIs "map" .) .name }}
+{{- $names = append $names .name }}
+{{- end }}
+{{- end }}
+{{- range $names | uniq }}
+- name: {{ . }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -52,4 +131,31 @@ no pod may scrape (the node still may).
 {{- with .Values.networkPolicy.scraper.namespaceSelector }}{{ $_ := set $peer "namespaceSelector" . }}{{ end }}
 {{- with .Values.networkPolicy.scraper.podSelector }}{{ $_ := set $peer "podSelector" . }}{{ end }}
 {{- if $peer }}{{ toJson $peer }}{{ end }}
+{{- end }}
+
+{{- /*
+The CEL condition that a request comes from a self-service sidecar's
+service account (sidecar-self-service.yaml): one a RoleBinding of the
+request's namespace binds to <fullname>-sidecar (it may use
+handoff.dev/sidecars there) and that no wildcard grants every resource
+(handoff.dev/wildcard-probe, which nothing grants by name).
+*/ -}}
+{{- define "handoff.selfServiceMatch" -}}
+request.userInfo.username.startsWith('system:serviceaccount:') && authorizer.group('handoff.dev').resource('sidecars').namespace(request.namespace).check('use').allowed() && !authorizer.group('handoff.dev').resource('wildcard-probe').namespace(request.namespace).check('use').allowed()
+{{- end }}
+
+{{- /*
+The CEL condition that a request comes from a sidecar's service account:
+one of rbac.sidecarBindings, or with rbac.selfService a self-service one.
+"" when there is neither.
+*/ -}}
+{{- define "handoff.sidecarMatch" -}}
+{{- $users := list }}
+{{- range .Values.rbac.sidecarBindings }}
+{{- $users = append $users (printf "system:serviceaccount:%s:%s" .namespace .serviceAccount) }}
+{{- end }}
+{{- $terms := list }}
+{{- with $users }}{{ $terms = append $terms (printf "request.userInfo.username in %s" (. | sortAlpha | toJson)) }}{{ end }}
+{{- if .Values.rbac.selfService }}{{ $terms = append $terms (printf "(%s)" (include "handoff.selfServiceMatch" .)) }}{{ end }}
+{{- join " || " $terms }}
 {{- end }}
