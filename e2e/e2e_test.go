@@ -6,11 +6,25 @@
 //
 //	go test -tags e2e -count=1 -v ./e2e/   (as root; boots and stops its own cluster with e2e/cluster)
 //
+// The images and the chart come from an OCI registry, as a user's install
+// does: hack/release.sh builds handoff and handoff-sidecar with ko, signs
+// them with a key made for the run and verifies them, and pushes the chart
+// as an OCI artifact; ko builds the example workers and the pause image on
+// the same base. The nodes pull the images by digest and the chart is
+// installed with helm install oci://REGISTRY/charts/handoff. On our own
+// cluster the registry is Debian's docker-registry on 127.0.0.1:25500
+// (hack/registry.sh), which the node's containerd pulls from over plain
+// HTTP. The images are built for PLATFORMS (default linux/GOARCH).
+//
 // Any other cluster whose pods can reach this machine (kind, for one):
 //
 //	HANDOFF_E2E_KUBECONFIG  its kubeconfig; the cluster is used, not booted
-//	HANDOFF_E2E_LOAD        command that loads an image tarball, given as its
-//	                        last argument, into the nodes: "kind load image-archive"
+//	HANDOFF_E2E_REGISTRY    a registry this machine pushes to and the nodes
+//	                        pull from under the same name, host:port[/path]
+//	                        (kind: its local registry, localhost:5001, with
+//	                        the hosts.toml that kind's docs give the nodes;
+//	                        a 127.0.0.1 or localhost registry is spoken to
+//	                        over plain HTTP)
 //	HANDOFF_E2E_HOST_IP     this machine's address as the pods reach it, where
 //	                        the tests' PostgreSQL listens (kind: the gateway of
 //	                        the docker network "kind")
@@ -28,7 +42,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -46,6 +60,11 @@ import (
 
 const (
 	ownHostIP = "10.89.0.1" // the host on e2e/cluster's pod bridge
+	// ownRegistryPort is our own registry's, below Linux's ephemeral range
+	// as pgPort is.
+	ownRegistryPort = "25500"
+	// releaseVersion is the version the images and the chart are built at.
+	releaseVersion = "v0.0.0-e2e"
 	// pgPort is below Linux's ephemeral range (32768-60999): a port in it
 	// can be the local end of an outgoing connection at the moment the
 	// server binds 127.0.0.1, which then fails (seen once in CI: "accepts
@@ -70,9 +89,10 @@ var workerLeases = []string{
 	"orders-leader", "plain-leader", // TestRolloutRestart
 	"delete-grace-6-leader", "legacy-leader", "never-drains-leader", // TestDeadlineHandsBackUnfinishedClaims
 	"sigkill-leader", "crash-leader", "twice-leader", "sigterm-leader", "stateful-leader", "evict-leader", // faults_test.go
-	"alive-leader",  // TestLivenessKillHandsOverAndRearms
-	"soak-leader",   // TestSoak
-	"shards-leader", // TestShardRollout, beside its shard set shardLeases
+	"alive-leader",   // TestLivenessKillHandsOverAndRearms
+	"soak-leader",    // TestSoak
+	"shards-leader",  // TestShardRollout, beside its shard set shardLeases
+	"upgrade-leader", // TestUpgradeWithPodsRunning
 }
 
 var cluster struct {
@@ -85,11 +105,72 @@ var cluster struct {
 	ctr []string
 }
 
-// images are the images under test, as the pods name them.
+// images are the images under test, as the pods name them: each
+// repository@sha256:digest, pulled from the registry.
 var images = struct {
-	handoffRepo, tag, pgworker, riverworker string
-	pullPolicy                              corev1.PullPolicy
-}{"handoff.local/handoff", "e2e", "handoff.local/pgworker:e2e", "handoff.local/riverworker:e2e", corev1.PullNever}
+	pgworker, riverworker, pause string
+	pullPolicy                   corev1.PullPolicy
+	// release is the installed release of handoff: its two images and
+	// its chart.
+	release *release
+}{pullPolicy: corev1.PullIfNotPresent}
+
+// release is one release hack/release.sh images chart built, signed and
+// pushed to registry: its record (release.env: BASE_IMAGE, CHART,
+// CHART_VERSION, CHART_DIGEST, …), its two images as the pods name them
+// (repository@sha256:digest), and the public key that verifies its
+// signatures.
+type release struct {
+	registry         string
+	record           map[string]string
+	handoff, sidecar string
+	cosignPub        string
+}
+
+// buildRelease builds, signs and pushes the images and the chart of
+// version into dist and registry for platforms() with hack/release.sh,
+// run by output (with its stderr set to ours), and reads its record.
+func buildRelease(output func(*exec.Cmd) ([]byte, error), registry, dist, version string) (*release, error) {
+	cmd := exec.Command("bash", "hack/release.sh", "images", "chart")
+	cmd.Dir, cmd.Stderr = "..", os.Stderr
+	cmd.Env = append(os.Environ(), "REGISTRY="+registry, "PLATFORMS="+platforms(), "DIST="+dist, "VERSION="+version, "SIGN=key", "COSIGN_KEY=")
+	if _, err := output(cmd); err != nil {
+		return nil, fmt.Errorf("hack/release.sh at %s: %w", version, err)
+	}
+	data, err := os.ReadFile(filepath.Join(dist, "release.env"))
+	if err != nil {
+		return nil, err
+	}
+	r := &release{registry: registry, record: map[string]string{}, cosignPub: filepath.Join(dist, "cosign.pub")}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		k, v, _ := strings.Cut(line, "=")
+		r.record[k] = v
+	}
+	if r.handoff, err = byDigest(r.record["HANDOFF_IMAGE"]); err != nil {
+		return nil, fmt.Errorf("release.env HANDOFF_IMAGE: %w", err)
+	}
+	if r.sidecar, err = byDigest(r.record["HANDOFF_SIDECAR_IMAGE"]); err != nil {
+		return nil, fmt.Errorf("release.env HANDOFF_SIDECAR_IMAGE: %w", err)
+	}
+	return r, nil
+}
+
+// imageValues are the chart's values that pull r's images by digest.
+func (r *release) imageValues() []string {
+	repo, digest, _ := strings.Cut(r.handoff, "@")
+	sideRepo, sideDigest, _ := strings.Cut(r.sidecar, "@")
+	return []string{"--set", "image.repository=" + repo, "--set", "image.digest=" + digest,
+		"--set", "sidecar.image.repository=" + sideRepo, "--set", "sidecar.image.digest=" + sideDigest}
+}
+
+// platforms are the platforms the e2e images are built for: PLATFORMS, or
+// this machine's.
+func platforms() string {
+	if p := os.Getenv("PLATFORMS"); p != "" {
+		return p
+	}
+	return "linux/" + runtime.GOARCH
+}
 
 func TestMain(m *testing.M) {
 	var c cleanups
@@ -103,10 +184,13 @@ func run(m *testing.M, c *cleanups) int {
 	c.stopOnInterrupt()
 	s, err := newSetup(c)
 	if err == nil {
-		err = s.cluster()
+		err = s.startRegistry()
 	}
 	if err == nil {
 		err = s.images()
+	}
+	if err == nil {
+		err = s.cluster()
 	}
 	if err == nil {
 		err = s.postgres()
@@ -127,9 +211,9 @@ type setup struct {
 	c          *cleanups
 	root, dir  string // the module root; a temporary directory for the run
 	kubeconfig string
-	hostIP     string   // this machine as the pods reach it
-	load       []string // the command that loads an image tarball into the nodes
-	keepDir    bool     // the cluster could not be stopped: down.sh needs its record
+	hostIP     string // this machine as the pods reach it
+	registry   string // where the images and the chart are pushed and pulled from
+	keepDir    bool   // the cluster could not be stopped: down.sh needs its record
 }
 
 func newSetup(c *cleanups) (*setup, error) {
@@ -169,7 +253,6 @@ func (s *setup) sh(env []string, name string, args ...string) (string, error) {
 func (s *setup) cluster() error {
 	var err error
 	s.kubeconfig, s.hostIP = os.Getenv("HANDOFF_E2E_KUBECONFIG"), os.Getenv("HANDOFF_E2E_HOST_IP")
-	s.load = strings.Fields(os.Getenv("HANDOFF_E2E_LOAD"))
 	if s.kubeconfig == "" {
 		runDir := filepath.Join(s.dir, "cluster")
 		// Before up.sh: an interruption may stop it halfway. down.sh stops
@@ -182,15 +265,15 @@ func (s *setup) cluster() error {
 				fmt.Fprintf(os.Stderr, "e2e: the cluster was not stopped (%v); run e2e/cluster/down.sh %s\n", err, runDir)
 			}
 		})
-		s.kubeconfig, err = s.sh([]string{"HANDOFF_E2E_WATCH_PID=" + strconv.Itoa(os.Getpid())}, "bash", "e2e/cluster/up.sh", runDir)
+		s.kubeconfig, err = s.sh([]string{"HANDOFF_E2E_WATCH_PID=" + strconv.Itoa(os.Getpid()),
+			"HANDOFF_E2E_REGISTRY=" + s.registry, "HANDOFF_E2E_PAUSE_IMAGE=" + images.pause}, "bash", "e2e/cluster/up.sh", runDir)
 		if err != nil {
 			return err
 		}
 		s.hostIP = ownHostIP
 		cluster.ctr = []string{"ctr", "--address", filepath.Join(runDir, "containerd", "containerd.sock"), "-n", "k8s.io"}
-		s.load = append(slices.Clone(cluster.ctr), "images", "import")
-	} else if s.hostIP == "" || len(s.load) == 0 {
-		return errors.New("HANDOFF_E2E_KUBECONFIG needs HANDOFF_E2E_HOST_IP (this machine's address as the pods reach it, like 172.18.0.1 for kind) and HANDOFF_E2E_LOAD (a command that loads an image tarball, like \"kind load image-archive\")")
+	} else if s.hostIP == "" {
+		return errors.New("HANDOFF_E2E_KUBECONFIG needs HANDOFF_E2E_HOST_IP (this machine's address as the pods reach it, like 172.18.0.1 for kind)")
 	}
 	cluster.kubeconfig = s.kubeconfig
 	cfg, err := clientcmd.BuildConfigFromFlags("", s.kubeconfig)
@@ -216,34 +299,83 @@ func (s *setup) cluster() error {
 	return nil
 }
 
-// images writes the handoff, pgworker and riverworker images without a container
-// engine and loads them into the nodes.
+// startRegistry starts our own loopback registry, or takes HANDOFF_E2E_REGISTRY
+// (needed with HANDOFF_E2E_KUBECONFIG: the given cluster's nodes must
+// reach it); its watchdog stops ours should this process be killed.
+func (s *setup) startRegistry() error {
+	if os.Getenv("HANDOFF_E2E_KUBECONFIG") != "" {
+		s.registry = strings.TrimSuffix(os.Getenv("HANDOFF_E2E_REGISTRY"), "/")
+		if s.registry == "" {
+			return errors.New("HANDOFF_E2E_KUBECONFIG needs HANDOFF_E2E_REGISTRY: a registry this machine pushes to and the nodes pull from under the same name (kind: its local registry, localhost:5001)")
+		}
+		return nil
+	}
+	dir := filepath.Join(s.dir, "registry")
+	s.c.add(func() { _, _ = s.sh(nil, "bash", "hack/registry.sh", "stop", dir) })
+	var err error
+	s.registry, err = s.sh([]string{"HANDOFF_REGISTRY_WATCH_PID=" + strconv.Itoa(os.Getpid())}, "bash", "hack/registry.sh", "start", dir, ownRegistryPort)
+	return err
+}
+
+// images builds and pushes the images and the chart: handoff,
+// handoff-sidecar and the chart with hack/release.sh (signed and
+// verified), the example workers and the pause image with ko on the
+// release's base image.
 func (s *setup) images() error {
-	for _, img := range []struct{ name, pkg, ref string }{
-		{"handoff", "./cmd/handoff", images.handoffRepo + ":" + images.tag},
-		{"pgworker", "./examples/pgworker", images.pgworker},
-		{"riverworker", "./examples/riverworker", images.riverworker},
-	} {
-		bin := filepath.Join(s.dir, img.name)
-		tar := bin + ".tar"
-		steps := [][]string{
-			{"go", "build", "-trimpath", "-o", bin, img.pkg},
-			{"go", "run", "./hack/image", "--binary", bin, "--path", "/" + img.name, "--tag", img.ref, "--out", tar},
-			append(slices.Clone(s.load), tar),
-		}
-		if img.name == "handoff" {
-			// The sidecar's own build beside it, which injected pods run.
-			side := bin + "-sidecar"
-			steps = slices.Insert(steps, 1, []string{"go", "build", "-tags", "sidecaronly", "-trimpath", "-o", side, img.pkg})
-			steps[2] = append(steps[2], "--sidecar", side)
-		}
-		for _, step := range steps {
-			if _, err := s.sh([]string{"CGO_ENABLED=0"}, step[0], step[1:]...); err != nil {
-				return err
+	var err error
+	if images.release, err = buildRelease(s.c.output, s.registry, filepath.Join(s.dir, "dist"), releaseVersion); err != nil {
+		return err
+	}
+	tools, err := s.sh(nil, "bash", "hack/tools.sh")
+	if err != nil {
+		return err
+	}
+	// -B: each image is REGISTRY/e2e/<the package's last element>.
+	pkgs := map[string]*string{"./examples/pgworker": &images.pgworker, "./examples/riverworker": &images.riverworker, "./e2e/cluster/pause": &images.pause}
+	args := []string{"build", "-B", "--tags", "e2e", "--platform", platforms(), "--sbom", "none"}
+	for pkg := range pkgs {
+		args = append(args, pkg)
+	}
+	out, err := s.sh([]string{"KO_DOCKER_REPO=" + s.registry + "/e2e", "KO_DEFAULTBASEIMAGE=" + images.release.record["BASE_IMAGE"]},
+		filepath.Join(tools, "ko"), args...)
+	if err != nil {
+		return err
+	}
+	for pkg, dst := range pkgs {
+		for _, ref := range strings.Fields(out) {
+			if strings.HasPrefix(ref, s.registry+"/e2e/"+filepath.Base(pkg)+":") {
+				if *dst, err = byDigest(ref); err != nil {
+					return fmt.Errorf("ko build %s: %w", pkg, err)
+				}
 			}
+		}
+		if *dst == "" {
+			return fmt.Errorf("ko build printed %q: no image of %s", out, pkg)
 		}
 	}
 	return nil
+}
+
+// plainHTTP says whether registry (host[:port][/path]) is on loopback, 127.0.0.1
+// or localhost, where it is spoken to over plain HTTP, as hack/release.sh
+// does.
+func plainHTTP(registry string) bool {
+	host, _, _ := strings.Cut(registry, "/")
+	host, _, _ = strings.Cut(host, ":")
+	return host == "127.0.0.1" || host == "localhost"
+}
+
+// byDigest turns repository:tag@sha256:digest (what ko prints) into
+// repository@sha256:digest: the pods name the images by digest alone.
+func byDigest(ref string) (string, error) {
+	repoTag, digest, ok := strings.Cut(ref, "@sha256:")
+	if !ok || len(digest) != 64 {
+		return "", fmt.Errorf("%q is not an image reference by sha256 digest", ref)
+	}
+	if i := strings.LastIndex(repoTag, ":"); i > strings.LastIndex(repoTag, "/") {
+		repoTag = repoTag[:i]
+	}
+	return repoTag + "@sha256:" + digest, nil
 }
 
 // postgres starts PostgreSQL on this machine, reachable from the pods at
@@ -266,8 +398,9 @@ func (s *setup) postgres() error {
 	return queue.Migrate(context.Background(), cluster.pool)
 }
 
-// chart installs the Helm chart with the images just loaded, its sidecar
-// Role bound to the workloads' own service account for their Leases.
+// chart installs the Helm chart from the registry as the README tells a
+// user (helm install oci://…), with the images by digest, its sidecar Role
+// bound to the workloads' own service account for their Leases.
 func (s *setup) chart() error {
 	ctx := context.Background()
 	tools, err := s.sh(nil, "bash", "hack/tools.sh")
@@ -299,11 +432,15 @@ func (s *setup) chart() error {
 	if err != nil {
 		return err
 	}
-	_, err = helm("install", "handoff", "charts/handoff",
-		"--namespace", "handoff", "--create-namespace", "--wait", "--timeout", "2m",
-		"--set", "image.repository="+images.handoffRepo, "--set", "image.tag="+images.tag, "--set", "image.pullPolicy="+string(images.pullPolicy),
+	args := []string{"install", "handoff", images.release.record["CHART"], "--version", images.release.record["CHART_VERSION"]}
+	if plainHTTP(s.registry) {
+		args = append(args, "--plain-http")
+	}
+	args = append(args, "--namespace", "handoff", "--create-namespace", "--wait", "--timeout", "2m")
+	args = append(args, images.release.imageValues()...)
+	_, err = helm(append(args,
 		"--set", "webhook.failurePolicy=Fail",
-		"--set-json", "rbac.sidecarBindings="+string(bindings))
+		"--set-json", "rbac.sidecarBindings="+string(bindings))...)
 	return err
 }
 

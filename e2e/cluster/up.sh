@@ -10,15 +10,25 @@
 # Usage: e2e/cluster/up.sh [RUN_DIR]     (default $TMPDIR/handoff-e2e)
 # Prints the kubeconfig path on stdout when the node is Ready.
 #
-# HANDOFF_E2E_WATCH_PID  if set, also leaves a watchdog that runs down.sh
-#                        once that process exits (the e2e tests set it, so a
-#                        killed test binary does not leave a cluster).
+# HANDOFF_E2E_REGISTRY    the OCI registry the node pulls images from,
+#                         127.0.0.1:PORT, plain HTTP (hack/registry.sh
+#                         starts one; the e2e tests do). Required.
+# HANDOFF_E2E_PAUSE_IMAGE the sandbox (pause) image in that registry, by
+#                         digest: any static binary that blocks until a
+#                         signal (e2e/cluster/pause, built with ko by the
+#                         e2e tests). Required.
+# HANDOFF_E2E_WATCH_PID   if set, also leaves a watchdog that runs down.sh
+#                         once that process exits (the e2e tests set it, so a
+#                         killed test binary does not leave a cluster).
 set -euo pipefail
 RUN=$(realpath -m "${1:-${HANDOFF_E2E_DIR:-${TMPDIR:-/tmp}/handoff-e2e}}")
 cd "$(dirname "$0")/../.."
 BRIDGE=handoff0 HOST_IP=10.89.0.1 POD_CIDR=10.89.0.0/24 SERVICE_CIDR=10.96.0.0/24 SERVICE_IP=10.96.0.1
 log() { echo "cluster: $*" >&2; }
 
+REGISTRY=${HANDOFF_E2E_REGISTRY:-} PAUSE_IMAGE=${HANDOFF_E2E_PAUSE_IMAGE:-}
+[[ "$REGISTRY" =~ ^127\.0\.0\.1:[0-9]+$ ]] || { log "HANDOFF_E2E_REGISTRY \"$REGISTRY\": want the loopback registry the node pulls from, 127.0.0.1:PORT (hack/registry.sh start DIR PORT)"; exit 1; }
+[[ "$PAUSE_IMAGE" == "$REGISTRY/"*@sha256:* ]] || { log "HANDOFF_E2E_PAUSE_IMAGE \"$PAUSE_IMAGE\": want the pause image in $REGISTRY by digest ($REGISTRY/...@sha256:...)"; exit 1; }
 if [ -f "$RUN/pids" ]; then
   log "$RUN already has a cluster; run e2e/cluster/down.sh $RUN first"
   exit 1
@@ -47,7 +57,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 BIN=$(bash hack/kube-assets.sh kubectl kube-controller-manager kube-scheduler kube-proxy kubelet)
-mkdir -p "$RUN"/{pki,logs,etcd,containerd,cni/net.d,cni/ipam,kubelet/root,kubelet/plugins,kubelet/logs,images}
+mkdir -p "$RUN"/{pki,logs,etcd,containerd/certs.d/"$REGISTRY",cni/net.d,cni/ipam,kubelet/root,kubelet/plugins,kubelet/logs}
 : >"$RUN/pids"
 : >"$RUN/undo"
 echo "$RUN" >"$OWNER"
@@ -139,7 +149,9 @@ start kube-proxy "$BIN/kube-proxy" --kubeconfig "$KUBECONFIG" --hostname-overrid
   --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256
 echo "$BIN/kube-proxy --cleanup" >>"$RUN/undo"
 
-# containerd, with the sandbox image built here (no registry).
+# containerd, pulling every image (the sandbox's too) from the loopback
+# registry over plain HTTP: a hosts.toml for it under config_path, as on a
+# node with a registry mirror.
 cat >"$RUN/containerd/config.toml" <<EOF
 version = 2
 root = "$RUN/containerd/root"
@@ -147,11 +159,18 @@ state = "$RUN/containerd/state"
 [grpc]
   address = "$RUN/containerd/containerd.sock"
 [plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "handoff.local/pause:e2e"
+  sandbox_image = "$PAUSE_IMAGE"
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$RUN/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$RUN/containerd/certs.d"
+EOF
+cat >"$RUN/containerd/certs.d/$REGISTRY/hosts.toml" <<EOF
+server = "http://$REGISTRY"
+[host."http://$REGISTRY"]
+  capabilities = ["pull", "resolve"]
 EOF
 cat >"$RUN/cni/net.d/10-handoff.conflist" <<EOF
 {"cniVersion": "0.4.0", "name": "handoff", "plugins": [
@@ -163,9 +182,6 @@ EOF
 start containerd containerd --config "$RUN/containerd/config.toml"
 SOCK=$RUN/containerd/containerd.sock
 wait_for containerd 30 ctr --address "$SOCK" version
-CGO_ENABLED=0 go build -trimpath -o "$RUN/images/pause" ./e2e/cluster/pause
-go run ./hack/image --binary "$RUN/images/pause" --path /pause --tag handoff.local/pause:e2e --out "$RUN/images/pause.tar" >&2
-ctr --address "$SOCK" -n k8s.io images import "$RUN/images/pause.tar" >&2
 
 cat >"$RUN/kubelet/config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -181,10 +197,11 @@ podLogsDir: $RUN/kubelet/logs
 readOnlyPort: 0
 serializeImagePulls: false
 evictionHard: {memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%"}
-# No image garbage collection: the images are imported, never pulled
-# (PullNever; the sandbox's pause too), so one collected is gone for the
-# run. On a disk over 85% full the kubelet collected the pause image of a
-# CI run halfway and every later pod failed to start. 100 turns it off.
+# No image garbage collection: on a disk over 85% full the kubelet
+# collected the pause image of a CI run halfway (then imported, not
+# pulled) and every later pod failed to start; a collected image is pulled
+# again now, but a pull in the middle of a timed handover skews it. 100
+# turns it off.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 EOF
