@@ -71,8 +71,8 @@ func TestLeaseBudgetShortfallIsSaidAtStart(t *testing.T) {
 			if got := gauge(m.LeaseCapacity); got != float64(budget.Leases) {
 				t.Errorf("handoff_lease_capacity = %v, want %d", got, budget.Leases)
 			}
-			if got := gauge(m.LeaseClientQPS); got != float64(budget.QPS) {
-				t.Errorf("handoff_lease_client_qps = %v, want %v", got, budget.QPS)
+			if got := gauge(m.LeaseClientRateLimit); got != float64(budget.QPS) {
+				t.Errorf("handoff_lease_client_rate_limit_requests_per_second = %v, want %v", got, budget.QPS)
 			}
 			if !tc.short {
 				// The first acquisition's Event is recorded after the

@@ -303,7 +303,7 @@ func (c *Coordinator) reportBudget() {
 	}
 	c.metrics.LeasesConfigured.Set(float64(b.Want))
 	c.metrics.LeaseCapacity.Set(float64(b.Leases))
-	c.metrics.LeaseClientQPS.Set(float64(b.QPS))
+	c.metrics.LeaseClientRateLimit.Set(float64(b.QPS))
 	if msg := b.Shortfall(); msg != "" {
 		c.log.Error(nil, "Lease client budget too small for the configured Leases: "+msg,
 			"leases", b.Want, "capacity", b.Leases, "qps", b.QPS)
@@ -422,7 +422,7 @@ func (c *Coordinator) callbacks(r *round, name string, l *lease) leaderelection.
 		OnTerm: func(t leaderelection.Term) {
 			if !leading {
 				leading = true
-				c.metrics.Leader.WithLabelValues(name).Set(1)
+				c.metrics.Leader.WithLabelValues(name, string(l.kind)).Set(1)
 				c.metrics.Acquisitions.WithLabelValues(name).Inc()
 				c.log.Info("lease acquired", "lease", name, "fencingToken", t.FencingToken, "round", r.n)
 				c.event(corev1.EventTypeNormal, ReasonLeaseAcquired, "Lease %s acquired by %s, fencing token %d", name, c.s.Identity(), t.FencingToken)
@@ -434,7 +434,7 @@ func (c *Coordinator) callbacks(r *round, name string, l *lease) leaderelection.
 		},
 		OnStopped: func() {
 			leading = false
-			c.metrics.Leader.WithLabelValues(name).Set(0)
+			c.metrics.Leader.WithLabelValues(name, string(l.kind)).Set(0)
 			if isClosed(r.shutdown) {
 				// A leaving pod that lost (or released) a Lease must not
 				// compete for it again: the election ends here, before
@@ -505,8 +505,9 @@ func (c *Coordinator) tellApp(l *lease) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(c.s.RetryPeriod, time.Second))
 	defer cancel()
+	asked := c.clock.Now()
 	err := c.app.SetLeadership(ctx, msg)
-	c.metrics.appResult("leadership", err)
+	c.metrics.appResult("leadership", c.clock.Since(asked), err)
 	switch {
 	case !leader && IsAppGone(err):
 		// No process holds the term any more.

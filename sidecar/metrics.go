@@ -1,10 +1,14 @@
 package sidecar
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the sidecar's Prometheus metrics, all prefixed handoff_.
 type Metrics struct {
-	Leader         *prometheus.GaugeVec     // handoff_lease_leader{lease}: 1 while this pod holds the Lease
+	Leader         *prometheus.GaugeVec     // handoff_lease_leader{lease,kind}: 1 while this pod holds the Lease
 	Acquisitions   *prometheus.CounterVec   // handoff_lease_acquisitions_total{lease}
 	Releases       *prometheus.CounterVec   // handoff_lease_releases_total{lease,result}
 	Shutdowns      *prometheus.CounterVec   // handoff_shutdowns_total{outcome}
@@ -13,7 +17,11 @@ type Metrics struct {
 	ClaimsLeft     prometheus.Counter       // handoff_claims_unfinished_at_deadline_total
 	// ClaimsUnstarted is handoff_claims_unstarted_at_stop_claiming_total.
 	ClaimsUnstarted prometheus.Counter
-	AppRequests     *prometheus.CounterVec // handoff_app_requests_total{call,result}
+	// AppRequestSeconds is handoff_app_request_duration_seconds{call,result}:
+	// each call to the app's API, in seconds, by call (stop-claiming, drain,
+	// return, leadership, revoke) and result (ok, error, gone); its _count
+	// counts the calls.
+	AppRequestSeconds *prometheus.HistogramVec
 	// Coordinating is handoff_coordinating: 1 while the elections run and a
 	// preStop would start a sequence that hands over; 0 during a sequence and
 	// after one until the sidecar re-arms (or for good, once the pod leaves).
@@ -22,8 +30,8 @@ type Metrics struct {
 	// The Lease client's budget, set at start: handoff_leases_configured,
 	// handoff_lease_capacity (Leases the budget keeps renewed within the
 	// renew deadline; below handoff_leases_configured, Leases will be lost)
-	// and handoff_lease_client_qps (requests per second).
-	LeasesConfigured, LeaseCapacity, LeaseClientQPS prometheus.Gauge
+	// and handoff_lease_client_rate_limit_requests_per_second.
+	LeasesConfigured, LeaseCapacity, LeaseClientRateLimit prometheus.Gauge
 	// ShardShare is handoff_shard_share: this pod's fair share of the
 	// shard set, ceil(N/M) for the M peers up (0 while it is not one).
 	ShardShare prometheus.Gauge
@@ -36,8 +44,8 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "handoff_lease_leader", Help: "1 while this pod holds the Lease, else 0.",
-		}, []string{"lease"}),
+			Name: "handoff_lease_leader", Help: "1 while this pod holds the Lease, else 0; kind is role (one holder at a time) or partition (a shard).",
+		}, []string{"lease", "kind"}),
 		Acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "handoff_lease_acquisitions_total", Help: "Terms begun as holder of the Lease.",
 		}, []string{"lease"}),
@@ -60,8 +68,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ClaimsUnstarted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "handoff_claims_unstarted_at_stop_claiming_total", Help: "Claims held and not started at stop-claiming (DrainStatus.unstarted), which the app hands back at once.",
 		}),
-		AppRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "handoff_app_requests_total", Help: "Calls to the app's API, by call and result (ok, error, gone).",
+		AppRequestSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "handoff_app_request_duration_seconds", Help: "Seconds each call to the app's API took, by call (stop-claiming, drain, return, leadership, revoke) and result (ok, error, gone). A drain call waits up to 5 s for the app to drain.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"call", "result"}),
 	}
 	m.Coordinating = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -78,8 +87,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "handoff_lease_capacity",
 		Help: "Leases the Lease client's rate budget keeps renewed within the renew deadline; fewer than handoff_leases_configured: Leases will be lost.",
 	})
-	m.LeaseClientQPS = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "handoff_lease_client_qps", Help: "The Lease client's rate budget, requests per second.",
+	m.LeaseClientRateLimit = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "handoff_lease_client_rate_limit_requests_per_second", Help: "The Lease client's rate budget, requests per second.",
 	})
 	m.ShardShare = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "handoff_shard_share", Help: "This pod's fair share of the shard set, ceil(N/M) for the M peers up; 0 while it is not one of them.",
@@ -87,12 +96,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.ShardsShed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "handoff_shards_shed_total", Help: "Shards this pod held and released while running, because they were assigned to another pod.",
 	})
-	reg.MustRegister(m.ShardShare, m.ShardsShed, m.Leader, m.Acquisitions, m.Releases, m.Shutdowns, m.StepSeconds, m.ClaimsReturned, m.ClaimsLeft, m.ClaimsUnstarted, m.AppRequests,
-		m.Coordinating, m.Rearms, m.LeasesConfigured, m.LeaseCapacity, m.LeaseClientQPS)
+	reg.MustRegister(m.ShardShare, m.ShardsShed, m.Leader, m.Acquisitions, m.Releases, m.Shutdowns, m.StepSeconds, m.ClaimsReturned, m.ClaimsLeft, m.ClaimsUnstarted, m.AppRequestSeconds,
+		m.Coordinating, m.Rearms, m.LeasesConfigured, m.LeaseCapacity, m.LeaseClientRateLimit)
 	return m
 }
 
-func (m *Metrics) appResult(call string, err error) {
+// appResult records a call to the app that took took and ended with err.
+func (m *Metrics) appResult(call string, took time.Duration, err error) {
 	result := "ok"
 	switch {
 	case IsAppGone(err):
@@ -100,5 +110,5 @@ func (m *Metrics) appResult(call string, err error) {
 	case err != nil:
 		result = "error"
 	}
-	m.AppRequests.WithLabelValues(call, result).Inc()
+	m.AppRequestSeconds.WithLabelValues(call, result).Observe(took.Seconds())
 }

@@ -236,10 +236,11 @@ func (c *Coordinator) shed(r *round, l *lease, wasLeader bool) {
 	l.revoked = true
 	granted := l.granted
 	if !granted.IsZero() && clk.Now().Before(granted) {
-		ctx, cancel := context.WithTimeout(context.Background(), granted.Sub(clk.Now()))
+		asked := clk.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), granted.Sub(asked))
 		err := c.app.SetLeadership(ctx, protocol.Leadership{Lease: name, Leader: false, Sequence: l.nextSequence()})
 		cancel()
-		c.metrics.appResult("revoke", err)
+		c.metrics.appResult("revoke", clk.Since(asked), err)
 		if err == nil || IsAppGone(err) {
 			granted = time.Time{}
 		} else {

@@ -218,8 +218,9 @@ func (q *sequence) stopClaiming() <-chan stopResult {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), stopClaimingTimeout)
 		defer cancel()
+		start := q.c.clock.Now()
 		st, err := q.c.app.StopClaiming(ctx)
-		stopped <- stopResult{st, err}
+		stopped <- stopResult{st, err, q.c.clock.Since(start)}
 	}()
 	return stopped
 }
@@ -311,8 +312,9 @@ func (q *sequence) noteInstance(instance string) {
 
 // stopResult is the app's answer to stop-claiming.
 type stopResult struct {
-	st  protocol.DrainStatus
-	err error
+	st   protocol.DrainStatus
+	err  error
+	took time.Duration // from the call to its answer
 }
 
 // handleClaims records the answer to stop-claiming, waits for drained until
@@ -321,7 +323,7 @@ func (q *sequence) handleClaims(stop stopResult) {
 	c := q.c
 	st, err := stop.st, stop.err
 	q.noteInstance(st.Instance)
-	c.metrics.appResult("stop-claiming", err)
+	c.metrics.appResult("stop-claiming", stop.took, err)
 	if IsAppGone(err) {
 		q.rep.Outcome = protocol.OutcomeAppGone
 		q.step(StepStopClaiming, "app not running: nothing to drain")
@@ -349,7 +351,7 @@ func (q *sequence) handleClaims(stop stopResult) {
 			sctx, scancel := context.WithTimeout(context.Background(), min(stopClaimingTimeout, max(q.b.DrainBy.Sub(polled), minStep)))
 			answer, err := c.app.StopClaiming(sctx)
 			scancel()
-			c.metrics.appResult("stop-claiming", err)
+			c.metrics.appResult("stop-claiming", clk.Since(polled), err)
 			if err == nil {
 				st, stopping, drained = answer, answer.Stopping, answer.Drained
 				q.noteInstance(answer.Instance)
@@ -360,9 +362,10 @@ func (q *sequence) handleClaims(stop stopResult) {
 		}
 		wait := min(q.b.DrainBy.Sub(polled), maxDrainPoll)
 		ctx, cancel := context.WithTimeout(context.Background(), wait+time.Second)
+		asked := clk.Now()
 		answer, err := c.app.Drain(ctx, wait)
 		cancel()
-		c.metrics.appResult("drain", err)
+		c.metrics.appResult("drain", clk.Since(asked), err)
 		switch {
 		case IsAppGone(err):
 			// Whatever it still held is left to the visibility timeout:
@@ -406,9 +409,10 @@ func (q *sequence) handleClaims(stop stopResult) {
 	budget := q.b.left(clk.Now(), q.b.FallbackBy)
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	// Half the budget for canceled work to end, half to hand claims back.
+	asked := clk.Now()
 	res, err := c.app.Return(ctx, c.s.Fallback == config.FallbackCancel, budget/2)
 	cancel()
-	c.metrics.appResult("return", err)
+	c.metrics.appResult("return", clk.Since(asked), err)
 	if err == nil && res.Error != "" {
 		err = fmt.Errorf("%s", res.Error)
 	}
@@ -478,10 +482,11 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 	clk := c.clock
 	if !granted.IsZero() && clk.Now().Before(granted) {
 		// No use waiting for an ack past the end of the app's term.
-		ctx, cancel := context.WithTimeout(context.Background(), q.b.left(clk.Now(), minTime(q.b.RevokeBy, granted)))
+		asked := clk.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), q.b.left(asked, minTime(q.b.RevokeBy, granted)))
 		err := c.app.SetLeadership(ctx, protocol.Leadership{Lease: name, Leader: false, Sequence: l.nextSequence()})
 		cancel()
-		c.metrics.appResult("revoke", err)
+		c.metrics.appResult("revoke", clk.Since(asked), err)
 		if err == nil || IsAppGone(err) {
 			granted = time.Time{}
 			q.step(StepRevoked, name)
