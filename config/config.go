@@ -62,6 +62,20 @@ const (
 	FallbackAbandon Fallback = "abandon"
 )
 
+// LogLevel is the least level of the sidecar's log lines.
+type LogLevel string
+
+const (
+	// LogLevelError logs errors only.
+	LogLevelError LogLevel = "error"
+	// LogLevelInfo logs every step, Lease change and Event (logr's V(0))
+	// and errors: the default.
+	LogLevelInfo LogLevel = "info"
+	// LogLevelDebug adds the debug lines (logr's V(1)): each failed call to
+	// the app, each drain poll that failed.
+	LogLevelDebug LogLevel = "debug"
+)
+
 // Settings is the sidecar's validated configuration. Durations are
 // time.Duration values parsed from Go duration strings ("15s", "1m30s"),
 // each within its bounds: at most MaxDuration (1h), the grace period at most
@@ -131,6 +145,8 @@ type Settings struct {
 	// injected pod), required by `handoff sidecar`: the control API and the
 	// app accept only calls that carry it.
 	TokenFile string
+	// LogLevel is the least level logged: error, info or debug.
+	LogLevel LogLevel
 }
 
 // Identity returns the Lease holder identity: pod name and pod UID, so that
@@ -253,6 +269,9 @@ var Table = []Setting{
 	{Name: "token-file", Form: "the path of the pod's token file, like " + protocol.TokenFile,
 		Usage: "file with the pod's token, the key that signs every call of the control API and to the app (never sent; set by injection; handoff install --token-file writes one)",
 		set:   func(s *Settings, v string) error { s.TokenFile = v; return nil }},
+	{Name: "log-level", Default: string(LogLevelInfo), Form: "one of error, info, debug", Annotation: true,
+		Usage: "least level logged: error, info (every step, Lease change and Event), or debug (also each failed call to the app)",
+		set:   setLogLevel},
 }
 
 // Lookup returns the setting named name.
@@ -552,6 +571,15 @@ func setFallback(s *Settings, v string) error {
 		return nil
 	}
 	return errors.New("unknown policy")
+}
+
+func setLogLevel(s *Settings, v string) error {
+	switch l := LogLevel(v); l {
+	case LogLevelError, LogLevelInfo, LogLevelDebug:
+		s.LogLevel = l
+		return nil
+	}
+	return errors.New("unknown level")
 }
 
 func setControlAddr(s *Settings, v string) error {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/handoff-dev/handoff/config"
 )
 
 // The sidecar's log lines keep the keys and values zap's production logger
@@ -14,7 +16,7 @@ import (
 // durations as text.
 func TestLoggerWritesZapKeys(t *testing.T) {
 	var buf bytes.Buffer
-	log := newLogger(&buf).WithValues("pod", "ns/p")
+	log := newLogger(&buf, config.LogLevelInfo).WithValues("pod", "ns/p")
 	before := time.Now()
 	log.WithName("client-go").Info("started", "waited", 1500*time.Millisecond, "leases", []string{"a"})
 	log.V(1).Info("debug line, not written")
@@ -47,6 +49,34 @@ func TestLoggerWritesZapKeys(t *testing.T) {
 	}
 	if failed["level"] != "error" || failed["error"] != "boom" || failed["msg"] != "failed" || failed["addr"] != "127.0.0.1:1" {
 		t.Errorf("error line: %v, want level error, error boom, msg failed, addr", failed)
+	}
+}
+
+// --log-level debug writes logr's V(1) lines, as level "debug"; error
+// writes only errors.
+func TestLoggerLevels(t *testing.T) {
+	for level, want := range map[config.LogLevel][]string{
+		config.LogLevelDebug: {"debug", "info", "error"},
+		config.LogLevelInfo:  {"info", "error"},
+		config.LogLevelError: {"error"},
+	} {
+		var buf bytes.Buffer
+		log := newLogger(&buf, level)
+		log.V(1).Info("debug line")
+		log.V(2).Info("V(2), never written")
+		log.Info("info line")
+		log.Error(errors.New("boom"), "error line")
+		var got []string
+		for line := range strings.Lines(buf.String()) {
+			var m map[string]any
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Fatalf("%s: line is not JSON: %v\n%s", level, err, line)
+			}
+			got = append(got, m["level"].(string))
+		}
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("--log-level %s: levels written %v, want %v\n%s", level, got, want, buf.String())
+		}
 	}
 }
 
