@@ -29,6 +29,7 @@ import (
 	"github.com/handoff-dev/handoff/internal/sockettest"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
+	"github.com/handoff-dev/handoff/version"
 	"github.com/handoff-dev/handoff/worker"
 )
 
@@ -65,6 +66,11 @@ func TestHandoverUnderConnectionFlood(t *testing.T) {
 	// The runtime took 3/4 of the container's limit.
 	if got, want := metric(t, metrics, "go_gc_gomemlimit_bytes"), float64(injectedMemoryLimit/4*3); got != want {
 		t.Errorf("the sidecar's go_gc_gomemlimit_bytes = %v with %s=%d; want %v (3/4)", got, memlimit.EnvVar, injectedMemoryLimit, want)
+	}
+	// Which build runs: handoff_build_info, its labels sorted by name.
+	info := version.GetInfo()
+	if got, want := metricLine(t, metrics, version.BuildInfoName+"{"), fmt.Sprintf(`%s{commit=%q,component="sidecar",goversion=%q,version=%q} 1`, version.BuildInfoName, info.Commit, info.GoVersion, info.Version); got != want {
+		t.Errorf("the sidecar's /metrics: %q, want %q", got, want)
 	}
 	before, err := procstat.Memory(pid)
 	if err != nil {
@@ -229,6 +235,17 @@ func probe(addr string) error {
 // metric reads one unlabelled metric from /metrics at addr.
 func metric(t testing.TB, addr, name string) float64 {
 	t.Helper()
+	f, err := strconv.ParseFloat(strings.TrimPrefix(metricLine(t, addr, name+" "), name+" "), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// metricLine returns the first line of /metrics at addr that starts with
+// prefix.
+func metricLine(t testing.TB, addr, prefix string) string {
+	t.Helper()
 	resp, err := probeClient.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -236,16 +253,12 @@ func metric(t testing.TB, addr, name string) float64 {
 	defer func() { _ = resp.Body.Close() }()
 	s := bufio.NewScanner(resp.Body)
 	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return f
+		if strings.HasPrefix(s.Text(), prefix) {
+			return s.Text()
 		}
 	}
-	t.Fatalf("no %s in /metrics at %s", name, addr)
-	return 0
+	t.Fatalf("no line %s… in /metrics at %s", prefix, addr)
+	return ""
 }
 
 type prober struct {

@@ -80,7 +80,7 @@ func runSidecar(s *config.Settings) error {
 	if err != nil {
 		return fmt.Errorf("token-file: %w", err)
 	}
-	log := newLogger(os.Stderr).WithValues("pod", s.PodNamespace+"/"+s.PodName)
+	log := newLogger(os.Stderr, s.LogLevel).WithValues("pod", s.PodNamespace+"/"+s.PodName)
 	klog.SetLogger(log.WithName("client-go"))
 	if err := setMemoryLimit(log); err != nil {
 		return err
@@ -120,7 +120,7 @@ func runSidecar(s *config.Settings) error {
 	recorder := flush.Recorder(broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "handoff"}))
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.NewBuildInfo("sidecar"))
 	c, err := sidecar.New(sidecar.Options{
 		Settings: s, Leases: leaseClient.CoordinationV1(), Pods: kube.CoreV1(),
 		Events: recorder, Metrics: sidecar.NewMetrics(reg), Logger: log, Token: token,

@@ -132,6 +132,9 @@ must exist; the chart makes it).`,
 				close(certsReady)
 			}
 			srv := newWebhookServer(port, certDir, log.WithName("webhook-server"))
+			if err := ctrlmetrics.Registry.Register(version.NewBuildInfo("webhook")); err != nil {
+				return err
+			}
 			webhook.NewInjector(opts, ctrlmetrics.Registry, log.WithName("webhook")).Register(srv)
 			// The server reads its certificate when it starts: start it once
 			// the rotator has written one.
