@@ -21,8 +21,6 @@ import (
 	kversion "k8s.io/apimachinery/pkg/version"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/handoff-dev/handoff/inject"
 	"github.com/handoff-dev/handoff/version"
@@ -172,18 +170,10 @@ type clusterQuery struct {
 func readCluster(ctx context.Context, q clusterQuery) *clusterVersions {
 	ctx, cancel := context.WithTimeout(ctx, q.timeout)
 	defer cancel()
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = q.kubeconfig
-	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: q.context}).ClientConfig()
+	rc, _, err := kubeClientConfig(q.kubeconfig, q.context, q.timeout)
 	if err != nil {
-		if clientcmd.IsEmptyConfig(err) {
-			return &clusterVersions{Error: "no kubeconfig: set --kubeconfig or KUBECONFIG, or write ~/.kube/config"}
-		}
-		return &clusterVersions{Error: "kubeconfig: " + err.Error()}
+		return &clusterVersions{Error: err.Error()}
 	}
-	rc = rest.CopyConfig(rc)
-	rc.Timeout = q.timeout
-	rc.UserAgent = "handoff/" + version.Get()
 	unreachable := func(err error) *clusterVersions {
 		// The client's own timeout (rc.Timeout) and ctx's end at the same
 		// moment: either one is the --timeout running out.
