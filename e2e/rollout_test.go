@@ -158,6 +158,11 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 	if run.rec.holderAt(time.Now()) == "" {
 		t.Fatalf("no pod of %s holds Lease %s before the restart", name, lease)
 	}
+	// An operator's view of it, as it happens (handoff status --watch).
+	var stopStatus func() []statusView
+	if handoff {
+		stopStatus = statusWatch(t, name)
+	}
 	restart := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"e2e/restartedAt":%q}}}}}`, time.Now().Format(time.RFC3339Nano))
 	if _, err := cluster.kube.AppsV1().Deployments(namespace).Patch(ctx, name, types.StrategicMergePatchType, []byte(restart), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
@@ -166,6 +171,10 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 	time.Sleep(3 * time.Second)
 	stopLoad()
 	load.Wait()
+	if handoff {
+		assertStatusSawTheHandover(t, stopStatus(), lease, old)
+		logStatus(t, name)
+	}
 
 	// Every message processed: the handed-back ones within their work, the
 	// stranded ones after their visibility timeout and their work.

@@ -52,9 +52,10 @@ its last handover, read from the pod's Events.
            deleted), the fair share ceil(N/M) each aims at, the shards each
            pod holds, and the shards held by none.
   Pods     PHASE is the sidecar's as the API shows it: Running (the pod is
-           not being deleted), ShuttingDown (deletion requested and the pod
-           still holds a Lease: its drain is in progress), Done (deletion
-           requested, every Lease released), or the pod's phase while it is
+           not being deleted), ShuttingDown (deletion requested, and the pod
+           still holds a Lease or its drain has not ended: no Drained or
+           DrainDeadlineExceeded Event yet), Done (deletion requested, every
+           Lease released, the drain over), or the pod's phase while it is
            Pending. LAST HANDOVER is the outcome of the pod's last shutdown
            sequence and its steps, from its Events (DrainStarted, Drained,
            DrainDeadlineExceeded, LeaseReleased, ...): they carry the step
@@ -167,6 +168,13 @@ type podView struct {
 	Leases       []string      `json:"leases"`
 	LastHandover *handoverView `json:"lastHandover,omitempty"`
 }
+
+// handoverInProgress is handoverView.Outcome until an Event ends the
+// sequence.
+const handoverInProgress = "InProgress"
+
+// handoverFailed is handoverView.Outcome when a Lease was not released.
+const handoverFailed = "Failed"
 
 // handoverView is a pod's last shutdown sequence, from its Events.
 type handoverView struct {
@@ -572,18 +580,18 @@ func buildStatus(now time.Time, ns, selector string, pods []corev1.Pod, events [
 				v.Ready = c.Status == corev1.ConditionTrue
 			}
 		}
+		v.LastHandover = lastHandover(byPod[string(p.UID)])
 		switch {
 		case p.DeletionTimestamp != nil:
 			t := p.DeletionTimestamp.UTC()
 			v.DeletionTimestamp = &t
 			v.Phase = phaseDone
-			if len(v.Leases) > 0 {
+			if len(v.Leases) > 0 || (v.LastHandover != nil && v.LastHandover.Outcome == handoverInProgress) {
 				v.Phase = phaseShuttingDown
 			}
 		case p.Status.Phase == corev1.PodPending:
 			v.Phase = string(corev1.PodPending)
 		}
-		v.LastHandover = lastHandover(byPod[string(p.UID)])
 		r.Pods = append(r.Pods, v)
 	}
 	return r
@@ -602,7 +610,17 @@ func lastHandover(events []corev1.Event) *handoverView {
 		}
 		return e.FirstTimestamp.Time
 	}
-	slices.SortStableFunc(events, func(a, b corev1.Event) int { return at(a).Compare(at(b)) })
+	// An Event's time has whole seconds: within one second, the order the
+	// sequence writes them in (handoverReasons), Rearmed last.
+	rank := func(e corev1.Event) int {
+		if i := slices.Index(handoverReasons, e.Reason); i >= 0 {
+			return i
+		}
+		return len(handoverReasons)
+	}
+	slices.SortStableFunc(events, func(a, b corev1.Event) int {
+		return cmp.Or(at(a).Compare(at(b)), cmp.Compare(rank(a), rank(b)))
+	})
 	start := 0
 	for i, e := range events {
 		if e.Reason == sidecar.ReasonRearmed {
@@ -613,25 +631,31 @@ func lastHandover(events []corev1.Event) *handoverView {
 	if len(events) == 0 {
 		return nil
 	}
-	h := &handoverView{Outcome: "InProgress"}
+	h := &handoverView{Outcome: handoverInProgress}
+	seen := map[string]bool{}
+	abandoned := false
 	for _, e := range events {
 		h.Steps = append(h.Steps, stepView{Reason: e.Reason, Time: at(e).UTC(), Message: e.Message, Count: max(e.Count, 0)})
-		switch e.Reason {
-		case sidecar.ReasonDrained:
-			h.Outcome = string(protocol.OutcomeDrained)
-		case sidecar.ReasonDeadlineExceeded:
-			h.Outcome = string(protocol.OutcomeReturned)
-			if strings.Contains(e.Message, "fallback "+string(config.FallbackAbandon)) {
-				h.Outcome = string(protocol.OutcomeAbandoned)
-			}
-		case sidecar.ReasonShutdownFailed, sidecar.ReasonReleaseWithheld:
-			h.Outcome = "Failed"
-		case sidecar.ReasonLeaseReleased:
-			if h.Outcome == "InProgress" {
-				// Released without a drain Event: the app was gone.
-				h.Outcome = string(protocol.OutcomeAppGone)
-			}
+		seen[e.Reason] = true
+		if e.Reason == sidecar.ReasonDeadlineExceeded && strings.Contains(e.Message, "fallback "+string(config.FallbackAbandon)) {
+			abandoned = true
 		}
+	}
+	// The outcome from which Events there are, not their order (which
+	// whole seconds can hide).
+	switch {
+	case seen[sidecar.ReasonShutdownFailed] || seen[sidecar.ReasonReleaseWithheld]:
+		h.Outcome = handoverFailed
+	case abandoned:
+		h.Outcome = string(protocol.OutcomeAbandoned)
+	case seen[sidecar.ReasonDeadlineExceeded]:
+		h.Outcome = string(protocol.OutcomeReturned)
+	case seen[sidecar.ReasonDrained]:
+		h.Outcome = string(protocol.OutcomeDrained)
+	case seen[sidecar.ReasonLeaseReleased] && !seen[sidecar.ReasonDrainStarted]:
+		// Released with no drain: the app was gone. (A role Lease is
+		// released during the drain, after DrainStarted.)
+		h.Outcome = string(protocol.OutcomeAppGone)
 	}
 	return h
 }

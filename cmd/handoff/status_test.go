@@ -138,16 +138,17 @@ func decodeStatus(t *testing.T, line string) statusReport {
 // On the real apiserver, a workload mid-rollout: handoff status names each
 // Lease's holder pod, state, term left and fencing token; the shards each
 // pod holds against the fair share, and those none holds; each pod's
-// phase (ShuttingDown while a deleted pod still holds a Lease, Done once it
-// holds none) and last handover from its Events, with its outcome; a
+// phase (ShuttingDown while a deleted pod still holds a Lease or drains,
+// Done after) and last handover from its Events, with its outcome; a
 // handover before a Rearmed is not the last.
 func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 	env := kubetest.Get(t)
 	f := &statusFixture{env: env, ns: env.Namespace(t), pods: map[string]*corev1.Pod{}}
 	f.injectedPod(t, "orders-a", true, false)
 	f.injectedPod(t, "orders-b", true, false)
-	f.injectedPod(t, "orders-old", false, true)  // deleted, draining: holds orders-2
-	f.injectedPod(t, "orders-done", false, true) // deleted, released everything
+	f.injectedPod(t, "orders-old", false, true)      // deleted, draining: holds orders-2
+	f.injectedPod(t, "orders-done", false, true)     // deleted, released everything
+	f.injectedPod(t, "orders-draining", false, true) // deleted, holds nothing, drains
 	createPod(t, env, f.ns, "not-injected", "w", map[string]string{"app": "orders"}, nil, "")
 
 	f.lease(t, "orders-leader", "orders-a", time.Second, 4)
@@ -159,6 +160,9 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 	f.event(t, "orders-done", sidecar.ReasonDrainStarted, "Stopped claiming with 2 in flight (0 unstarted, handed back by the app at once); drain until ..., fallback return", now.Add(-3*time.Second))
 	f.event(t, "orders-done", sidecar.ReasonDrained, "Drained in 41ms", now.Add(-2*time.Second))
 	f.event(t, "orders-done", sidecar.ReasonLeaseReleased, "Lease orders-leader (role) released at ..., 12ms after the shutdown started", now.Add(-2*time.Second))
+	f.event(t, "orders-draining", sidecar.ReasonDrainStarted, "Stopped claiming with 4 in flight", now.Add(-2*time.Second))
+	// Its role Lease released during the drain: the drain goes on.
+	f.event(t, "orders-draining", sidecar.ReasonLeaseReleased, "Lease orders-leader (role) released at ..., 9ms after the shutdown started", now.Add(-2*time.Second))
 	f.event(t, "orders-old", sidecar.ReasonDrainStarted, "Stopped claiming with 1 in flight", now.Add(-time.Second))
 	f.event(t, "orders-b", sidecar.ReasonDrainStarted, "Stopped claiming with 3 in flight", now.Add(-time.Minute))
 	f.event(t, "orders-b", sidecar.ReasonDeadlineExceeded, "Drain deadline exceeded with 3 claims in flight; fallback abandon: left to the visibility timeout", now.Add(-50*time.Second))
@@ -225,6 +229,7 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 		{"orders-a", phaseRunning, true, "orders-0,orders-leader", "Abandoned", 2},
 		{"orders-b", phaseRunning, true, "orders-1", "", 0},
 		{"orders-done", phaseDone, false, "", "Drained", 3},
+		{"orders-draining", phaseShuttingDown, false, "", "InProgress", 2},
 		{"orders-old", phaseShuttingDown, false, "orders-2", "InProgress", 1},
 	}
 	if !reflect.DeepEqual(pods, wantPods) {
@@ -239,7 +244,7 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 		"orders-3       partition  Expired  (not an injected pod)",
 		"Shards orders-{0..3}: 4 shards, 2 peers up, fair share 2",
 		"(held by none)  orders-3",
-		"orders-old   v0.2.0   ShuttingDown  false  orders-2",
+		"orders-old       v0.2.0   ShuttingDown  false  orders-2",
 		"orders-old, last handover (InProgress):",
 		"DrainStarted           Stopped claiming with 1 in flight",
 	} {

@@ -1,0 +1,129 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+)
+
+// handoffCLI builds bin/handoff (the CLI, as a user runs it) once for the
+// run and returns its path.
+var handoffCLI = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "handoff-e2e-cli-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "handoff")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/handoff")
+	cmd.Dir, cmd.Stderr = "..", os.Stderr
+	return bin, cmd.Run()
+})
+
+// statusView is the part of `handoff status -o json` the tests read.
+type statusView struct {
+	Leases []struct {
+		Name      string `json:"name"`
+		State     string `json:"state"`
+		HolderPod string `json:"holderPod"`
+	} `json:"leases"`
+	Pods []struct {
+		Name         string `json:"name"`
+		Phase        string `json:"phase"`
+		LastHandover *struct {
+			Outcome string `json:"outcome"`
+		} `json:"lastHandover"`
+	} `json:"pods"`
+}
+
+// statusWatch runs `handoff status --watch -o json` on app's pods until
+// stop, which returns every view it printed.
+func statusWatch(t *testing.T, app string) (stop func() []statusView) {
+	t.Helper()
+	bin, err := handoffCLI()
+	if err != nil {
+		t.Fatalf("go build ./cmd/handoff: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, bin, "status", "--kubeconfig", cluster.kubeconfig, "-n", namespace, "-l", "app="+app, "--watch", "-o", "json")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var views []statusView
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		lines := bufio.NewScanner(out)
+		lines.Buffer(nil, 4<<20)
+		for lines.Scan() {
+			var v statusView
+			if err := json.Unmarshal(lines.Bytes(), &v); err != nil {
+				t.Errorf("handoff status --watch -o json printed a line that is not a view: %v\n%s", err, lines.Text())
+				continue
+			}
+			views = append(views, v)
+		}
+	}()
+	return func() []statusView {
+		cancel()
+		<-read
+		_ = cmd.Wait()
+		return views
+	}
+}
+
+// assertStatusSawTheHandover checks the views of a rollout of app: the
+// Lease held by one of the old pods, then by a new pod; an old pod seen
+// with a handover under way or done (from its Events).
+func assertStatusSawTheHandover(t *testing.T, views []statusView, lease string, old []string) {
+	t.Helper()
+	heldByOld, movedAfter, drainSeen := false, false, false
+	for _, v := range views {
+		for _, l := range v.Leases {
+			if l.Name != lease || l.State != "Held" {
+				continue
+			}
+			if slices.Contains(old, l.HolderPod) {
+				heldByOld = true
+			} else if heldByOld && l.HolderPod != "" {
+				movedAfter = true
+			}
+		}
+		for _, p := range v.Pods {
+			if slices.Contains(old, p.Name) && p.LastHandover != nil && (p.Phase == "ShuttingDown" || p.Phase == "Done") {
+				drainSeen = true
+			}
+		}
+	}
+	if !heldByOld || !movedAfter || !drainSeen {
+		t.Errorf("handoff status --watch, %d views: Lease %s held by an old pod %t, then by a new pod %t; an old pod's handover seen %t; want all",
+			len(views), lease, heldByOld, movedAfter, drainSeen)
+	}
+}
+
+// logStatus logs `handoff status -o wide` of app's pods.
+func logStatus(t *testing.T, app string) {
+	t.Helper()
+	bin, err := handoffCLI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "status", "--kubeconfig", cluster.kubeconfig, "-n", namespace, "-l", "app="+app).CombinedOutput()
+	if err != nil {
+		t.Errorf("handoff status: %v\n%s", err, out)
+		return
+	}
+	t.Logf("handoff status -n %s -l app=%s:\n%s", namespace, app, out)
+}
