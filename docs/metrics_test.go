@@ -21,7 +21,7 @@ import (
 // collectors records what is registered with it.
 type collectors []prometheus.Collector
 
-func (c *collectors) Register(x prometheus.Collector) error { *c = append(*c, x); return nil }
+func (c *collectors) Register(x prometheus.Collector) error   { *c = append(*c, x); return nil }
 func (c *collectors) MustRegister(xs ...prometheus.Collector) { *c = append(*c, xs...) }
 func (c *collectors) Unregister(prometheus.Collector) bool    { return false }
 

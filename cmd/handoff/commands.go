@@ -11,5 +11,5 @@ import "github.com/spf13/cobra"
 // packages' code and init-time data are most of the difference between the
 // sidecar's memory and client-go's (docs/performance.md, Footprint).
 func toolCommands() []*cobra.Command {
-	return []*cobra.Command{injectCommand(), webhookCommand(), conformanceCommand(), statusCommand()}
+	return []*cobra.Command{injectCommand(), webhookCommand(), conformanceCommand(), statusCommand(), checkCommand()}
 }

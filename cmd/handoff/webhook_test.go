@@ -50,65 +50,9 @@ const webhookFloodConns = 2000
 func TestWebhookProcessRotatesItsCertificateWithTheChartsRights(t *testing.T) {
 	env := kubetest.Get(t)
 	ctx := context.Background()
-	ns, podNs := env.Namespace(t), env.Namespace(t)
-	release := "handoff-" + ns // the chart's full name: it contains "handoff"
-	sa, secretName := release+"-webhook", release+"-webhook-cert"
-	port := freePort(t)
-	objs := charttest.Render(t, release, ns, "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
-		"--show-only", "templates/certificate.yaml", "--show-only", "templates/mutatingwebhookconfiguration.yaml",
-		"--show-only", "templates/webhook-config-policy.yaml",
-		"--set", "webhook.failurePolicy=Fail", "--set-json", `webhook.namespaceSelector={"matchLabels":{"kubernetes.io/metadata.name":"`+podNs+`"}}`)
-	for _, obj := range objs {
-		if obj.GetKind() != "MutatingWebhookConfiguration" {
-			continue
-		}
-		// The apiserver here cannot reach a Service: the admin points the
-		// configuration at the process, before the webhook runs.
-		hooks, _, _ := unstructured.NestedSlice(obj.Object, "webhooks")
-		for i := range hooks {
-			_ = unstructured.SetNestedMap(hooks[i].(map[string]any), map[string]any{"url": fmt.Sprintf("https://localhost:%d%s", port, webhook.Path)}, "clientConfig")
-		}
-		_ = unstructured.SetNestedSlice(obj.Object, hooks, "webhooks")
-	}
-	charttest.Create(t, env.Config, objs)
-	kubeconfig := serviceAccountKubeconfig(t, env, ns, sa, authorizationv1.ResourceAttributes{Namespace: ns, Verb: "list", Resource: "secrets", Name: secretName})
-
-	certDir := t.TempDir()
-	cmd, exited := runMain(t, fmt.Sprintf("webhook --kubeconfig %s --port %d --cert-dir %s --namespace %s --cert-secret %s --webhook-config %s --service %s --cert-dns-names localhost --metrics-addr 0 --health-addr 127.0.0.1:0 --image handoff:test",
-		kubeconfig, port, certDir, ns, secretName, release, sa))
-
-	// rotated waits until the configuration's caBundle is the Secret's
-	// ca.crt and not before, puts the Secret's files where the kubelet
-	// would (the server reads them there), and returns the CA.
-	rotated := func(before []byte) []byte {
-		var ca []byte
-		kubetest.WaitFor(t, 60*time.Second, "the rotator to write a new CA into its Secret and its configuration", func() bool {
-			select {
-			case err := <-exited:
-				t.Fatalf("the webhook exited: %v", err)
-			default:
-			}
-			c, err := env.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, release, metav1.GetOptions{})
-			if err != nil {
-				return false
-			}
-			s, err := env.Client.CoreV1().Secrets(ns).Get(ctx, secretName, metav1.GetOptions{})
-			if err != nil || len(s.Data["tls.crt"]) == 0 {
-				return false
-			}
-			ca = c.Webhooks[0].ClientConfig.CABundle
-			if len(ca) == 0 || bytes.Equal(ca, before) || !bytes.Equal(ca, s.Data["ca.crt"]) {
-				return false
-			}
-			for name, data := range s.Data {
-				if err := os.WriteFile(filepath.Join(certDir, name), data, 0o600); err != nil {
-					t.Fatal(err)
-				}
-			}
-			return true
-		})
-		return ca
-	}
+	w := startChartWebhook(t, env, "Fail")
+	ns, podNs, port, secretName, cmd, exited := w.ns, w.podNs, w.port, w.secretName, w.cmd, w.exited
+	rotated := func(before []byte) []byte { return w.rotated(t, before) }
 	injected := func(what string) {
 		var pod *corev1.Pod
 		kubetest.WaitFor(t, 60*time.Second, what, func() bool {
@@ -342,3 +286,82 @@ func freePort(t *testing.T) int {
 }
 
 func freeAddr(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", freePort(t)) }
+
+// chartWebhook is the real webhook process with certificate rotation, run
+// as its service account with a token of its own and only the rights the
+// chart gives it, its configuration pointed at the process (the apiserver
+// here cannot reach a Service) and selecting the namespace podNs.
+type chartWebhook struct {
+	env                            *kubetest.Env
+	release, ns, podNs, secretName string
+	port                           int
+	certDir                        string
+	cmd                            *exec.Cmd
+	exited                         <-chan error
+}
+
+// startChartWebhook installs the chart's webhook objects with
+// failurePolicy and starts the webhook process.
+func startChartWebhook(t *testing.T, env *kubetest.Env, failurePolicy string) *chartWebhook {
+	t.Helper()
+	w := &chartWebhook{env: env, ns: env.Namespace(t), podNs: env.Namespace(t), port: freePort(t), certDir: t.TempDir()}
+	w.release = "handoff-" + w.ns // the chart's full name: it contains "handoff"
+	sa := w.release + "-webhook"
+	w.secretName = w.release + "-webhook-cert"
+	objs := charttest.Render(t, w.release, w.ns, "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
+		"--show-only", "templates/certificate.yaml", "--show-only", "templates/mutatingwebhookconfiguration.yaml",
+		"--show-only", "templates/webhook-config-policy.yaml",
+		"--set", "webhook.failurePolicy="+failurePolicy, "--set-json", `webhook.namespaceSelector={"matchLabels":{"kubernetes.io/metadata.name":"`+w.podNs+`"}}`)
+	for _, obj := range objs {
+		if obj.GetKind() != "MutatingWebhookConfiguration" {
+			continue
+		}
+		// The apiserver here cannot reach a Service: the admin points the
+		// configuration at the process, before the webhook runs.
+		hooks, _, _ := unstructured.NestedSlice(obj.Object, "webhooks")
+		for i := range hooks {
+			_ = unstructured.SetNestedMap(hooks[i].(map[string]any), map[string]any{"url": fmt.Sprintf("https://localhost:%d%s", w.port, webhook.Path)}, "clientConfig")
+		}
+		_ = unstructured.SetNestedSlice(obj.Object, hooks, "webhooks")
+	}
+	charttest.Create(t, env.Config, objs)
+	kubeconfig := serviceAccountKubeconfig(t, env, w.ns, sa, authorizationv1.ResourceAttributes{Namespace: w.ns, Verb: "list", Resource: "secrets", Name: w.secretName})
+	w.cmd, w.exited = runMain(t, fmt.Sprintf("webhook --kubeconfig %s --port %d --cert-dir %s --namespace %s --cert-secret %s --webhook-config %s --service %s --cert-dns-names localhost --metrics-addr 0 --health-addr 127.0.0.1:0 --image handoff:test",
+		kubeconfig, w.port, w.certDir, w.ns, w.secretName, w.release, sa))
+	return w
+}
+
+// rotated waits until the configuration's caBundle is the Secret's ca.crt
+// and not before, puts the Secret's files where the kubelet would (the
+// server reads them there), and returns the CA.
+func (w *chartWebhook) rotated(t *testing.T, before []byte) []byte {
+	t.Helper()
+	ctx := context.Background()
+	var ca []byte
+	kubetest.WaitFor(t, 60*time.Second, "the rotator to write a new CA into its Secret and its configuration", func() bool {
+		select {
+		case err := <-w.exited:
+			t.Fatalf("the webhook exited: %v", err)
+		default:
+		}
+		c, err := w.env.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, w.release, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		s, err := w.env.Client.CoreV1().Secrets(w.ns).Get(ctx, w.secretName, metav1.GetOptions{})
+		if err != nil || len(s.Data["tls.crt"]) == 0 {
+			return false
+		}
+		ca = c.Webhooks[0].ClientConfig.CABundle
+		if len(ca) == 0 || bytes.Equal(ca, before) || !bytes.Equal(ca, s.Data["ca.crt"]) {
+			return false
+		}
+		for name, data := range s.Data {
+			if err := os.WriteFile(filepath.Join(w.certDir, name), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return true
+	})
+	return ca
+}

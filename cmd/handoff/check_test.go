@@ -1,0 +1,212 @@
+//go:build !sidecaronly
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/inject"
+	"github.com/handoff-dev/handoff/internal/kubetest"
+)
+
+// runCheck runs handoff check args... -o json and returns its report and
+// whether it failed.
+func runCheck(t *testing.T, args ...string) (checkReport, string, bool) {
+	t.Helper()
+	cmd := checkCommand()
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(append(args, "-o", "json"))
+	err := cmd.Execute()
+	var r checkReport
+	if derr := json.Unmarshal(out.Bytes(), &r); derr != nil {
+		t.Fatalf("handoff check %s: %v (exit %v)\n%s", strings.Join(args, " "), derr, err, out.String())
+	}
+	if (err != nil) == r.Success {
+		t.Errorf("handoff check: error %v with success %t; want an error exactly when a check failed", err, r.Success)
+	}
+	return r, out.String(), err != nil
+}
+
+// statuses maps each check ID to its status.
+func (r checkReport) statuses() map[string]string {
+	m := map[string]string{}
+	for _, c := range r.Categories {
+		for _, ch := range c.Checks {
+			m[ch.ID] = ch.Status
+		}
+	}
+	return m
+}
+
+// expectChecks fails the test unless each check in want has its status.
+func expectChecks(t *testing.T, what string, r checkReport, raw string, want map[string]string) {
+	t.Helper()
+	got := r.statuses()
+	for id, status := range want {
+		if got[id] != status {
+			t.Errorf("%s: check %s is %q, want %q\n%s", what, id, got[id], status, raw)
+		}
+	}
+}
+
+// On the real apiserver with the real webhook process installed with the
+// chart's objects (failurePolicy Ignore, as the chart's default), handoff
+// check passes; then each thing a test breaks is named by its check: a
+// workload's RoleBinding deleted (lease-rbac), a pod whose budget cannot
+// work (budgets), the webhook stopped, so that a labelled pod starts
+// without the sidecar (webhook-injects, pods-injected), and a caBundle that
+// is not a certificate (webhook-ca-bundle).
+func TestCheckPassesAHealthyInstallAndNamesEachBreak(t *testing.T) {
+	env := kubetest.Get(t)
+	ctx := context.Background()
+	w := startChartWebhook(t, env, "Ignore")
+	w.rotated(t, nil)
+	ns := w.podNs
+	kube := env.Client
+
+	// A workload: its service account, its Role for its Lease, and a pod
+	// injected through the webhook.
+	if _, err := kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "orders"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "orders-leases"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{"orders-leader"}, Verbs: []string{"get", "update"}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "orders-leases"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "orders-leases"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "orders", Namespace: ns}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	worker := func(name string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{inject.LabelInject: "true"}, Annotations: map[string]string{config.AnnotationPrefix + "leases": "orders-leader"}},
+			Spec:       corev1.PodSpec{ServiceAccountName: "orders", Containers: []corev1.Container{{Name: "worker", Image: "worker:1"}}},
+		}
+	}
+	kubetest.WaitFor(t, 60*time.Second, "a pod injected through the webhook", func() bool {
+		p, err := kube.CoreV1().Pods(ns).Create(ctx, worker("orders-0"), metav1.CreateOptions{})
+		if err == nil && p.Labels[inject.LabelInjected] != "true" {
+			_ = kube.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+			return false
+		}
+		return err == nil
+	})
+
+	args := []string{"--kubeconfig", env.Kubeconfig, "-n", ns}
+	r, raw, failed := runCheck(t, args...)
+	if failed {
+		t.Fatalf("handoff check on a healthy install failed:\n%s", raw)
+	}
+	expectChecks(t, "healthy", r, raw, map[string]string{
+		"api-reachable": checkOK, "kubernetes-version": checkOK, "webhook-config": checkOK, "webhook-ca-bundle": checkOK,
+		"webhook-ca-expiry": checkOK, "webhook-endpoints": checkOK, "webhook-injects": checkOK, "pods-injected": checkOK,
+		"lease-rbac": checkOK, "budgets": checkOK,
+	})
+	// The webhook runs as a process here, not as a pod: no webhook version to compare.
+	expectChecks(t, "healthy", r, raw, map[string]string{"sidecar-versions": checkSkipped})
+	// --pre skips the live checks.
+	pre, raw, _ := runCheck(t, append(args, "--pre")...)
+	expectChecks(t, "--pre", pre, raw, map[string]string{"api-reachable": checkOK, "install-rights": checkOK, "no-webhook-yet": checkWarning, "webhook-injects": ""})
+
+	// The workload's RoleBinding gone: its sidecars could not hold their Lease.
+	if err := kube.RbacV1().RoleBindings(ns).Delete(ctx, "orders-leases", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kubetest.WaitFor(t, 10*time.Second, "lease-rbac to fail", func() bool {
+		r, _, _ = runCheck(t, args...)
+		return r.statuses()["lease-rbac"] == checkFailed
+	})
+
+	// A pod whose renew deadline is not shorter than its lease duration,
+	// and whose grace period is all deadline-margin and handback-reserve.
+	bad := worker("orders-bad")
+	bad.Labels[inject.LabelInjected], bad.Annotations[inject.AnnotationStatus] = "true", inject.StatusInjected
+	bad.Spec.TerminationGracePeriodSeconds = ptr.To[int64](4)
+	bad.Spec.InitContainers = []corev1.Container{{Name: inject.SidecarName, Image: "handoff:test", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
+		Env: []corev1.EnvVar{{Name: "HANDOFF_LEASES", Value: "orders-leader"}, {Name: "HANDOFF_RENEW_DEADLINE", Value: "20s"}}}}
+	if _, err := kube.CoreV1().Pods(ns).Create(ctx, bad, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r, raw, _ = runCheck(t, args...)
+	expectChecks(t, "a bad budget", r, raw, map[string]string{"budgets": checkFailed})
+	for _, want := range []string{"orders-bad", "renew-deadline"} {
+		if !strings.Contains(raw, want) {
+			t.Errorf("the budgets check does not name %q:\n%s", want, raw)
+		}
+	}
+	if err := kube.CoreV1().Pods(ns).Delete(ctx, "orders-bad", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	bad.Name, bad.Spec.InitContainers[0].Env = "orders-short-grace", bad.Spec.InitContainers[0].Env[:1]
+	if _, err := kube.CoreV1().Pods(ns).Create(ctx, bad, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r, raw, _ = runCheck(t, args...)
+	expectChecks(t, "a grace period with no time to drain", r, raw, map[string]string{"budgets": checkFailed})
+	if !strings.Contains(raw, "terminationGracePeriodSeconds 4 leaves no time to drain") {
+		t.Errorf("the budgets check does not name the grace period:\n%s", raw)
+	}
+
+	// The webhook stopped: with failurePolicy Ignore a labelled pod starts
+	// without the sidecar, and only the checks say so.
+	terminate(t, w.cmd, w.exited, "webhook")
+	if _, err := kube.CoreV1().Pods(ns).Create(ctx, worker("orders-1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r, raw, _ = runCheck(t, args...)
+	expectChecks(t, "the webhook stopped", r, raw, map[string]string{"webhook-injects": checkFailed, "pods-injected": checkFailed})
+	if !strings.Contains(raw, ns+"/orders-1") {
+		t.Errorf("pods-injected does not name the pod that runs without the sidecar:\n%s", raw)
+	}
+
+	// A caBundle that is not a certificate (the rotator is stopped).
+	c, err := kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, w.release, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range c.Webhooks {
+		c.Webhooks[i].ClientConfig.CABundle = []byte("not a certificate")
+	}
+	if _, err := kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Update(ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r, raw, _ = runCheck(t, args...)
+	expectChecks(t, "a caBundle that is not a certificate", r, raw, map[string]string{"webhook-ca-bundle": checkFailed, "webhook-ca-expiry": checkSkipped})
+	if !strings.Contains(raw, checkHintBase+"webhook-ca-bundle") {
+		t.Errorf("a failed check gives no hint URL:\n%s", raw)
+	}
+}
+
+// Every check's hint URL is a heading of docs/checks.md.
+func TestCheckHintsAreDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/checks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, c := range healthChecks {
+		if seen[c.ID] {
+			t.Errorf("check ID %s is used twice", c.ID)
+		}
+		seen[c.ID] = true
+		if !strings.Contains(string(doc), "\n## "+c.ID+"\n") {
+			t.Errorf("docs/checks.md has no heading %q (the check's hint %s)", "## "+c.ID, checkHintBase+c.ID)
+		}
+	}
+}
