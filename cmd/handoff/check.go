@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -215,8 +214,9 @@ func writeChecks(w io.Writer, r checkReport, format string) error {
 
 func checkCommand() *cobra.Command {
 	var (
-		pre, all                                   bool
-		format, kubeconfig, kubeContext, namespace string
+		pre, all bool
+		format   string
+		kube     kubeFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "check",
@@ -228,22 +228,10 @@ func checkCommand() *cobra.Command {
 			if format != "" && format != "json" {
 				errs = append(errs, fmt.Errorf("--output %q: want json, or none for text", format))
 			}
-			if kubeconfig != "" {
-				if _, err := os.Stat(kubeconfig); err != nil {
-					errs = append(errs, fmt.Errorf("--kubeconfig: want a kubeconfig file: %w", err))
-				}
-			}
-			if err := errors.Join(errs...); err != nil {
+			if err := errors.Join(append(errs, kube.check())...); err != nil {
 				return err
 			}
-			rc, ns, err := kubeClientConfig(kubeconfig, kubeContext, checkTimeout)
-			if err != nil {
-				return err
-			}
-			if namespace != "" {
-				ns = namespace
-			}
-			client, err := kubernetes.NewForConfig(rc)
+			client, ns, err := kube.client(checkTimeout)
 			if err != nil {
 				return err
 			}
@@ -265,9 +253,7 @@ func checkCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.BoolVar(&pre, "pre", false, "check the cluster before installing handoff")
 	f.StringVarP(&format, "output", "o", "", "json (the shape above); text without it")
-	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty: KUBECONFIG, else ~/.kube/config, else in-cluster, as kubectl")
-	f.StringVar(&kubeContext, "context", "", "kubeconfig context; empty: the current one")
-	f.StringVarP(&namespace, "namespace", "n", "", "namespace of the workloads checked and of the dry-run pod; empty: the context's")
+	kube.add(f, "namespace of the workloads checked and of the dry-run pod; empty: the context's, else default")
 	f.BoolVarP(&all, "all-namespaces", "A", false, "check the injected pods of every namespace (the dry run stays in -n's)")
 	return cmd
 }

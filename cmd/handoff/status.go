@@ -11,7 +11,6 @@ import (
 	"io"
 	"maps"
 	"math"
-	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -207,9 +206,10 @@ const (
 
 func statusCommand() *cobra.Command {
 	var (
-		format, kubeconfig, kubeContext, namespace, selector string
-		timeout                                              time.Duration
-		watchFlag                                            bool
+		kube             kubeFlags
+		format, selector string
+		timeout          time.Duration
+		watchFlag        bool
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -227,22 +227,10 @@ func statusCommand() *cobra.Command {
 			if _, err := labels.Parse(selector); err != nil {
 				errs = append(errs, fmt.Errorf("--selector %q: want a label selector, like app=orders: %w", selector, err))
 			}
-			if kubeconfig != "" {
-				if _, err := os.Stat(kubeconfig); err != nil {
-					errs = append(errs, fmt.Errorf("--kubeconfig: want a kubeconfig file: %w", err))
-				}
-			}
-			if err := errors.Join(errs...); err != nil {
+			if err := errors.Join(append(errs, kube.check())...); err != nil {
 				return err
 			}
-			rc, ns, err := kubeClientConfig(kubeconfig, kubeContext, timeout)
-			if err != nil {
-				return err
-			}
-			if namespace != "" {
-				ns = namespace
-			}
-			client, err := kubernetes.NewForConfig(rc)
+			client, ns, err := kube.client(timeout)
 			if err != nil {
 				return err
 			}
@@ -263,9 +251,7 @@ func statusCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVarP(&format, "output", "o", "", "json, yaml (the shape above) or wide (more columns); text without it")
-	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty: KUBECONFIG, else ~/.kube/config, else in-cluster, as kubectl")
-	f.StringVar(&kubeContext, "context", "", "kubeconfig context; empty: the current one")
-	f.StringVarP(&namespace, "namespace", "n", "", "namespace; empty: the kubeconfig context's, else default")
+	kube.add(f, "namespace; empty: the kubeconfig context's, else default")
 	f.StringVarP(&selector, "selector", "l", "", "label selector of the workload's pods, like app=orders, besides handoff.dev/injected=true")
 	f.DurationVar(&timeout, "timeout", 10*time.Second, "how long the API server may take to answer each view, in all")
 	f.BoolVarP(&watchFlag, "watch", "w", false, "print the view again on every change, until interrupted")

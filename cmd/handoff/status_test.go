@@ -4,7 +4,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -112,16 +111,7 @@ func (f *statusFixture) event(t *testing.T, pod, reason, message string, at time
 
 func runStatus(t *testing.T, args ...string) string {
 	t.Helper()
-	cmd := statusCommand()
-	cmd.SilenceUsage = true
-	var out bytes.Buffer
-	cmd.SetOut(&out)
-	cmd.SetErr(&out)
-	cmd.SetArgs(args)
-	if err := cmd.Execute(); err != nil {
-		t.Fatalf("handoff status %s: %v\n%s", strings.Join(args, " "), err, out.String())
-	}
-	return out.String()
+	return runCobra(t, statusCommand(), args...)
 }
 
 func decodeStatus(t *testing.T, line string) statusReport {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
@@ -31,14 +32,20 @@ import (
 // test if the command fails.
 func runVersionCommand(t *testing.T, args ...string) string {
 	t.Helper()
-	cmd := versionCommand()
+	return runCobra(t, versionCommand(), args...)
+}
+
+// runCobra runs cmd with args in this process and returns what it wrote;
+// it fails the test if the command fails.
+func runCobra(t *testing.T, cmd *cobra.Command, args ...string) string {
+	t.Helper()
 	cmd.SilenceUsage = true
 	var out bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
 	cmd.SetArgs(args)
 	if err := cmd.Execute(); err != nil {
-		t.Fatalf("handoff version %s: %v\n%s", strings.Join(args, " "), err, out.String())
+		t.Fatalf("handoff %s %s: %v\n%s", cmd.Name(), strings.Join(args, " "), err, out.String())
 	}
 	return out.String()
 }
