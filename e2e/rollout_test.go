@@ -159,7 +159,7 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 		t.Fatalf("no pod of %s holds Lease %s before the restart", name, lease)
 	}
 	// An operator's view of it, as it happens (handoff status --watch).
-	var stopStatus func() []statusView
+	var stopStatus func() ([]statusView, string)
 	if handoff {
 		stopStatus = statusWatch(t, name)
 	}
@@ -172,8 +172,9 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 	stopLoad()
 	load.Wait()
 	if handoff {
-		assertStatusSawTheHandover(t, stopStatus(), lease, old)
-		logStatus(t, name)
+		views, draining := stopStatus()
+		assertStatusSawTheHandover(t, views, lease, old)
+		t.Logf("during the rollout, as a pod drained:\n%s\nafter it:\n%s", draining, statusText(t, name))
 	}
 
 	// Every message processed: the handed-back ones within their work, the

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,8 +23,10 @@ var handoffCLI = sync.OnceValues(func() (string, error) {
 		return "", err
 	}
 	bin := filepath.Join(dir, "handoff")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/handoff")
-	cmd.Dir, cmd.Stderr = "..", os.Stderr
+	// As ko builds the image's (.ko.yaml), so that the packages compiled
+	// for the release are reused.
+	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "./cmd/handoff")
+	cmd.Dir, cmd.Stderr, cmd.Env = "..", os.Stderr, append(os.Environ(), "CGO_ENABLED=0")
 	return bin, cmd.Run()
 })
 
@@ -34,18 +37,22 @@ type statusView struct {
 		State     string `json:"state"`
 		HolderPod string `json:"holderPod"`
 	} `json:"leases"`
-	Pods []struct {
-		Name         string `json:"name"`
-		Phase        string `json:"phase"`
-		LastHandover *struct {
-			Outcome string `json:"outcome"`
-		} `json:"lastHandover"`
-	} `json:"pods"`
+	Pods []statusPod `json:"pods"`
+}
+
+// statusPod is a pod of statusView.
+type statusPod struct {
+	Name         string `json:"name"`
+	Phase        string `json:"phase"`
+	LastHandover *struct {
+		Outcome string `json:"outcome"`
+	} `json:"lastHandover"`
 }
 
 // statusWatch runs `handoff status --watch -o json` on app's pods until
-// stop, which returns every view it printed.
-func statusWatch(t *testing.T, app string) (stop func() []statusView) {
+// stop, which returns every view it printed, and the text view (`handoff
+// status`) taken when a view first showed a pod ShuttingDown.
+func statusWatch(t *testing.T, app string) (stop func() ([]statusView, string)) {
 	t.Helper()
 	bin, err := handoffCLI()
 	if err != nil {
@@ -62,6 +69,7 @@ func statusWatch(t *testing.T, app string) (stop func() []statusView) {
 		t.Fatal(err)
 	}
 	var views []statusView
+	var draining string
 	read := make(chan struct{})
 	go func() {
 		defer close(read)
@@ -74,13 +82,16 @@ func statusWatch(t *testing.T, app string) (stop func() []statusView) {
 				continue
 			}
 			views = append(views, v)
+			if draining == "" && slices.ContainsFunc(v.Pods, func(p statusPod) bool { return p.Phase == "ShuttingDown" }) {
+				draining = statusText(t, app)
+			}
 		}
 	}()
-	return func() []statusView {
+	return func() ([]statusView, string) {
 		cancel()
 		<-read
 		_ = cmd.Wait()
-		return views
+		return views, draining
 	}
 }
 
@@ -113,17 +124,16 @@ func assertStatusSawTheHandover(t *testing.T, views []statusView, lease string, 
 	}
 }
 
-// logStatus logs `handoff status -o wide` of app's pods.
-func logStatus(t *testing.T, app string) {
-	t.Helper()
+// statusText returns `handoff status` of app's pods, as an operator reads
+// it.
+func statusText(t *testing.T, app string) string {
 	bin, err := handoffCLI()
 	if err != nil {
-		t.Fatal(err)
+		return err.Error()
 	}
 	out, err := exec.Command(bin, "status", "--kubeconfig", cluster.kubeconfig, "-n", namespace, "-l", "app="+app).CombinedOutput()
 	if err != nil {
 		t.Errorf("handoff status: %v\n%s", err, out)
-		return
 	}
-	t.Logf("handoff status -n %s -l app=%s:\n%s", namespace, app, out)
+	return fmt.Sprintf("$ handoff status -n %s -l app=%s\n%s", namespace, app, out)
 }
