@@ -31,13 +31,14 @@ type statusFixture struct {
 }
 
 // injectedPod creates an injected pod whose sidecar competes for the
-// role Lease orders-leader and the shards orders-{0..3}, as injection
+// role Lease orders-leader, the Leases orders-audit and orders-report, and
+// the shards orders-{0..3}, as injection
 // writes its environment; deleting marks it deleted (a finalizer keeps
 // it).
 func (f *statusFixture) injectedPod(t *testing.T, name string, ready, deleting bool) {
 	t.Helper()
 	ctx := context.Background()
-	env := []corev1.EnvVar{{Name: "HANDOFF_LEASES", Value: "orders-leader"}, {Name: "HANDOFF_ROLE_LEASES", Value: "orders-leader"}, {Name: "HANDOFF_SHARDS", Value: "orders-{0..3}"}}
+	env := []corev1.EnvVar{{Name: "HANDOFF_LEASES", Value: "orders-leader,orders-audit,orders-report"}, {Name: "HANDOFF_ROLE_LEASES", Value: "orders-leader"}, {Name: "HANDOFF_SHARDS", Value: "orders-{0..3}"}}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{inject.LabelInjected: "true", "app": "orders"},
 			Annotations: map[string]string{inject.AnnotationVersion: "v0.2.0"}, Finalizers: []string{"handoff.dev/test"}},
@@ -146,6 +147,7 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 	f.lease(t, "orders-1", "orders-b", 0, 2)
 	f.lease(t, "orders-2", "orders-old", 0, 3)
 	f.lease(t, "orders-3", "orders-gone_1234", time.Hour, 5) // its holder stopped renewing an hour ago
+	f.lease(t, "orders-audit", "", 0, 6)                     // released; orders-report never created
 	now := time.Now().Truncate(time.Second)
 	f.event(t, "orders-done", sidecar.ReasonDrainStarted, "Stopped claiming with 2 in flight (0 unstarted, handed back by the app at once); drain until ..., fallback return", now.Add(-3*time.Second))
 	f.event(t, "orders-done", sidecar.ReasonDrained, "Drained in 41ms", now.Add(-2*time.Second))
@@ -183,7 +185,9 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 		{"orders-1", "partition", leaseHeld, "orders-b", 2},
 		{"orders-2", "partition", leaseHeld, "orders-old", 3},
 		{"orders-3", "partition", leaseExpired, "", 5},
+		{"orders-audit", "partition", leaseFree, "", 6},
 		{"orders-leader", "role", leaseHeld, "orders-a", 4},
+		{"orders-report", "partition", leaseMissing, "", 0},
 	}
 	if !reflect.DeepEqual(leases, wantLeases) {
 		t.Errorf("leases:\n%+v\nwant\n%+v", leases, wantLeases)
