@@ -86,7 +86,8 @@ shape:
     "pods": [{"name": "...", "version": "v0.2.0", "phase": "Running", "ready": true,
               "deletionTimestamp": "<only while deleted>", "leases": ["orders-leader"],
               "lastHandover": {"outcome": "Drained", "steps": [{"reason": "DrainStarted",
-                                "time": "...", "message": "..."}]}}]
+                                "time": "...", "message": "..."}]}}],
+    "warnings": ["<what could not be read in full: more than 5000 Events about pods>"]
   }`
 
 // statusReport is what `handoff status` prints; with -o json exactly this
@@ -98,6 +99,8 @@ type statusReport struct {
 	Leases    []leaseView    `json:"leases"`
 	ShardSets []shardSetView `json:"shardSets"`
 	Pods      []podView      `json:"pods"`
+	// Warnings say what the view could not read in full.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Lease states, as leaseView.State.
@@ -202,6 +205,9 @@ const (
 	statusMaxPods   = 2000
 	statusMaxEvents = 5000
 	statusMaxLeases = 2000
+	// statusMaxNamespaceLeases bounds the Leases of the namespace read to
+	// find the pods' (in pages of listPage).
+	statusMaxNamespaceLeases = 20000
 )
 
 func statusCommand() *cobra.Command {
@@ -302,8 +308,9 @@ func (q statusQuery) readAt(ctx context.Context) (statusReport, [2]string, error
 		return statusReport{}, rvs, fmt.Errorf("the injected pods in namespace %s name %d Leases, more than %d: narrow it with --selector", q.namespace, len(names), statusMaxLeases)
 	}
 	leases := map[string]*coordinationv1.Lease{}
-	if len(names) > 0 {
-		list, err := q.client.CoordinationV1().Leases(q.namespace).List(ctx, metav1.ListOptions{})
+	opts := metav1.ListOptions{Limit: listPage}
+	for read := 0; len(names) > 0; {
+		list, err := q.client.CoordinationV1().Leases(q.namespace).List(ctx, opts)
 		if err != nil {
 			return statusReport{}, rvs, fmt.Errorf("listing the Leases in namespace %s: %w", q.namespace, err)
 		}
@@ -312,8 +319,18 @@ func (q statusQuery) readAt(ctx context.Context) (statusReport, [2]string, error
 				leases[l.Name] = l
 			}
 		}
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			break
+		}
+		if read += len(list.Items); read >= statusMaxNamespaceLeases {
+			return statusReport{}, rvs, fmt.Errorf("namespace %s has more than %d Leases: status reads them all to find its pods'", q.namespace, statusMaxNamespaceLeases)
+		}
 	}
-	return buildStatus(time.Now(), q.namespace, q.selector, pods.Items, events.Items, leases), rvs, nil
+	r := buildStatus(time.Now(), q.namespace, q.selector, pods.Items, events.Items, leases)
+	if events.Continue != "" {
+		r.Warnings = append(r.Warnings, fmt.Sprintf("namespace %s has more than %d Events about pods: only the first %d were read, so a last handover may lack steps", q.namespace, statusMaxEvents, statusMaxEvents))
+	}
+	return r, rvs, nil
 }
 
 // watch calls show with a view, then again each time a pod, an Event or a
@@ -667,7 +684,11 @@ func writeStatus(w io.Writer, r statusReport, format string) error {
 	}
 	wide := format == "wide"
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "Namespace %s, pods %s, at %s\n\n", r.Namespace, r.Selector, r.Time.Format(time.RFC3339))
+	fmt.Fprintf(tw, "Namespace %s, pods %s, at %s\n", r.Namespace, r.Selector, r.Time.Format(time.RFC3339))
+	for _, warning := range r.Warnings {
+		fmt.Fprintf(tw, "Warning: %s\n", warning)
+	}
+	fmt.Fprintln(tw)
 	if len(r.Leases) == 0 {
 		fmt.Fprintln(tw, "No Leases: no injected pod names one.")
 	} else {
