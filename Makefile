@@ -89,7 +89,7 @@ demo:
 	$(BUILD_PGWORKER)
 	$(GOBUILD) -o bin/demo ./examples/demo
 	@$(KUBE_OLDEST) bash hack/kube-assets.sh >/dev/null
-	bin/demo --handoff bin/handoff-sidecar --worker bin/pgworker $(DEMO_ARGS)
+	bin/demo --handoff bin/handoff-sidecar --worker bin/pgworker --svg bin/demo-timeline.svg $(DEMO_ARGS)
 
 # Every test: unit and integration, then end to end on a real kubelet. Each
 # suite runs to its end even when one before it failed; hack/test.sh times

@@ -39,6 +39,7 @@ const (
 
 type options struct {
 	handoff, worker, dir string
+	svg                  string
 	grace                time.Duration
 	rate                 int
 }
@@ -50,6 +51,7 @@ func main() {
 	// Under the temporary directory: PostgreSQL runs as the postgres user,
 	// which cannot enter a checkout under a private home directory.
 	flag.StringVar(&o.dir, "dir", filepath.Join(os.TempDir(), "handoff-demo"), "directory for logs and PostgreSQL data")
+	flag.StringVar(&o.svg, "svg", "", "where to write both timelines as an SVG picture; empty: timeline.svg in -dir")
 	flag.DurationVar(&o.grace, "grace", 6*time.Second, "terminationGracePeriodSeconds of the worker pods")
 	flag.IntVar(&o.rate, "rate", 5, "messages enqueued per second")
 	flag.Parse()
@@ -131,6 +133,14 @@ func run(o options) error {
 		return err
 	}
 	d.summary(with, without, rep)
+	svg := o.svg
+	if svg == "" {
+		svg = filepath.Join(o.dir, "timeline.svg")
+	}
+	if err := os.WriteFile(svg, timelineSVG(with, without), 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("timeline picture: %s\n", svg)
 	return rep.Err()
 }
 
