@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -67,8 +68,17 @@ func TestHandoverUnderConnectionFlood(t *testing.T) {
 	if got, want := metric(t, metrics, "go_gc_gomemlimit_bytes"), float64(injectedMemoryLimit/4*3); got != want {
 		t.Errorf("the sidecar's go_gc_gomemlimit_bytes = %v with %s=%d; want %v (3/4)", got, memlimit.EnvVar, injectedMemoryLimit, want)
 	}
-	// Which build runs: handoff_build_info, its labels sorted by name.
-	info := version.GetInfo()
+	// Which build runs: handoff_build_info, its labels sorted by name, as
+	// the binary's own version command reports it.
+	out, err := exec.Command(cmd.Path, "version", "-o", "json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var report versionReport
+	if err := json.Unmarshal(out, &report); err != nil {
+		t.Fatalf("handoff-sidecar version -o json: %v\n%s", err, out)
+	}
+	info := report.Client
 	if got, want := metricLine(t, metrics, version.BuildInfoName+"{"), fmt.Sprintf(`%s{commit=%q,component="sidecar",goversion=%q,version=%q} 1`, version.BuildInfoName, info.Commit, info.GoVersion, info.Version); got != want {
 		t.Errorf("the sidecar's /metrics: %q, want %q", got, want)
 	}
