@@ -455,7 +455,7 @@ func checkDryRun(ctx context.Context, e *checkEnv) (string, error) {
 	return "in namespace " + ns + ", version " + got.Annotations[inject.AnnotationVersion], nil
 }
 
-// listInjected lists the pods labelled for injection and not finished, in
+// listLabelled lists the pods labelled for injection and not finished, in
 // e.namespace.
 func listLabelled(ctx context.Context, e *checkEnv) ([]corev1.Pod, error) {
 	var out []corev1.Pod
