@@ -117,8 +117,9 @@ func TestDocsNameOnlyTestsThatExist(t *testing.T) {
 }
 
 // The supported Kubernetes versions read the same everywhere: the README's
-// "Supported Kubernetes: A to B", the chart's kubeVersion (>= A) and the
-// versions the Makefile tests on (KUBE_OLDEST is A, KUBE_NEWEST is B).
+// "Supported Kubernetes: A to B", the chart's kubeVersion (>= A), handoff
+// check's minimum (A) and the versions the Makefile tests on (KUBE_OLDEST
+// is A, KUBE_NEWEST is B).
 func TestSupportedKubernetesVersionsAgree(t *testing.T) {
 	read := func(path string) string {
 		b, err := os.ReadFile(filepath.Join(root, path))
@@ -139,8 +140,9 @@ func TestSupportedKubernetesVersionsAgree(t *testing.T) {
 	makefile := read("Makefile")
 	oldest := find("Makefile", makefile, regexp.MustCompile(`(?m)^KUBE_OLDEST := KUBE_VERSION=v(1\.\d+)\.`))
 	newest := find("Makefile", makefile, regexp.MustCompile(`(?m)^KUBE_NEWEST := KUBE_VERSION=v(1\.\d+)\.`))
-	if readme[0] != chart[0] || readme[0] != oldest[0] {
-		t.Errorf("oldest supported Kubernetes: README %s, Chart.yaml kubeVersion >=%s, Makefile KUBE_OLDEST %s; want one version", readme[0], chart[0], oldest[0])
+	check := find("cmd/handoff/check.go", read("cmd/handoff/check.go"), regexp.MustCompile(`(?m)^const minKubernetes = "(1\.\d+)\.0"`))
+	if readme[0] != chart[0] || readme[0] != oldest[0] || readme[0] != check[0] {
+		t.Errorf("oldest supported Kubernetes: README %s, Chart.yaml kubeVersion >=%s, Makefile KUBE_OLDEST %s, handoff check's minKubernetes %s; want one version", readme[0], chart[0], oldest[0], check[0])
 	}
 	if readme[1] != newest[0] {
 		t.Errorf("newest supported Kubernetes: README %s, Makefile KUBE_NEWEST %s; want one version", readme[1], newest[0])
