@@ -54,12 +54,8 @@ type statusPod struct {
 // status`) taken when a view first showed a pod ShuttingDown.
 func statusWatch(t *testing.T, app string) (stop func() ([]statusView, string)) {
 	t.Helper()
-	bin, err := handoffCLI()
-	if err != nil {
-		t.Fatalf("go build ./cmd/handoff: %v", err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin, "status", "--kubeconfig", cluster.kubeconfig, "-n", namespace, "-l", "app="+app, "--watch", "-o", "json")
+	cmd := exec.CommandContext(ctx, mustCLI(t), "status", "--kubeconfig", cluster.kubeconfig, "-n", namespace, "-l", "app="+app, "--watch", "-o", "json")
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -592,23 +592,11 @@ func checkBudgets(_ context.Context, e *checkEnv) (string, error) {
 	var errs []error
 	for i := range e.pods {
 		p := &e.pods[i]
-		values := map[string]string{"pod-name": p.Name, "pod-namespace": p.Namespace, "pod-uid": string(p.UID), "token-file": "/dev/null"}
-		for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
-			if c.Name != inject.SidecarName {
-				continue
-			}
-			for _, env := range c.Env {
-				name, ok := strings.CutPrefix(env.Name, config.EnvPrefix)
-				if !ok || env.ValueFrom != nil {
-					continue
-				}
-				name = strings.ReplaceAll(strings.ToLower(name), "_", "-")
-				if _, known := config.Lookup(name); known && name != "kubeconfig" && name != "token-file" {
-					values[name] = env.Value
-				}
-			}
-		}
-		s, err := config.Load(config.Map(values, "the sidecar's environment"))
+		// The pod's identity (downward API references in its environment)
+		// and a token file (never read here) first, then its sidecar's
+		// environment, as the sidecar loads it.
+		identity := map[string]string{"pod-name": p.Name, "pod-namespace": p.Namespace, "pod-uid": string(p.UID), "token-file": "/dev/null"}
+		s, err := config.Load(config.Map(identity, "the pod"), config.Environ(sidecarEnv(p)))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err))
 			continue

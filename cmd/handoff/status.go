@@ -432,24 +432,37 @@ type sidecarConfig struct {
 	shardLeases []string
 }
 
+// sidecarEnv looks up the environment of p's sidecar container (the first
+// container or init container named inject.SidecarName) by variable name:
+// its values as written, as injection writes them; a reference (valueFrom)
+// is not found.
+func sidecarEnv(p *corev1.Pod) func(name string) (string, bool) {
+	var env []corev1.EnvVar
+	for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
+		if c.Name == inject.SidecarName {
+			env = c.Env
+			break
+		}
+	}
+	return func(name string) (string, bool) {
+		for _, e := range env {
+			if e.Name == name && e.ValueFrom == nil {
+				return e.Value, true
+			}
+		}
+		return "", false
+	}
+}
+
 // podConfig reads the sidecar's Lease settings from its container's
-// environment, as injection writes them (values, not references), else
-// from the pod's handoff.dev/ annotations. A value that does not parse
-// counts as none: the sidecar itself refuses it.
+// environment (sidecarEnv), else from the pod's handoff.dev/ annotations. A
+// value that does not parse counts as none: the sidecar itself refuses it.
 func podConfig(p *corev1.Pod) sidecarConfig {
+	env := sidecarEnv(p)
 	get := func(name string) string {
 		d, _ := config.Lookup(name)
-		for _, cs := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
-			for _, c := range cs {
-				if c.Name != inject.SidecarName {
-					continue
-				}
-				for _, e := range c.Env {
-					if e.Name == d.Env() {
-						return e.Value
-					}
-				}
-			}
+		if v, ok := env(d.Env()); ok {
+			return v
 		}
 		return p.Annotations[d.AnnotationKey()]
 	}
