@@ -544,7 +544,10 @@ func checkLeaseRBAC(ctx context.Context, e *checkEnv) (string, error) {
 	}
 	var errs []error
 	checked := 0
-	for a, names := range leases {
+	// In order, so that the same cluster gives the same output.
+	accounts := slices.SortedFunc(maps.Keys(leases), func(x, y account) int { return cmp.Or(strings.Compare(x.ns, y.ns), strings.Compare(x.sa, y.sa)) })
+	for _, a := range accounts {
+		names := leases[a]
 		if len(names) == 0 {
 			continue
 		}
