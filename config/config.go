@@ -147,7 +147,17 @@ type Settings struct {
 	TokenFile string
 	// LogLevel is the least level logged: error, info or debug.
 	LogLevel LogLevel
+	// MetricsLinger is the longest the sidecar waits, after its sequence and
+	// SIGTERM, for one scrape of its metrics that reads the sequence's
+	// counts, from 0 (no wait) to MaxMetricsLinger. It waits only if its
+	// metrics have been scraped before, at most 1.5 scrape intervals, and
+	// never past the pod's grace period (sidecar.ScrapeWatch).
+	MetricsLinger time.Duration
 }
+
+// MaxMetricsLinger is the longest metrics-linger: two of the Prometheus
+// Operator's default scrape intervals (30 s) and then some.
+const MaxMetricsLinger = 2 * time.Minute
 
 // Identity returns the Lease holder identity: pod name and pod UID, so that
 // a replacement pod with the same name is never taken for the old holder.
@@ -272,6 +282,9 @@ var Table = []Setting{
 	{Name: "log-level", Default: string(LogLevelInfo), Form: "one of error, info, debug", Annotation: true,
 		Usage: "least level logged: error, info (every step, Lease change and Event), or debug (also each failed call to the app)",
 		set:   setLogLevel},
+	{Name: "metrics-linger", Default: "45s", Form: "a duration from 0s to 2m, like 45s", Annotation: true,
+		Usage: "longest wait at exit for one scrape that reads the shutdown's counts: only if the metrics were scraped before, at most 1.5 scrape intervals and within the grace period; 0s: none",
+		set:   duration(func(s *Settings) *time.Duration { return &s.MetricsLinger }, 0, MaxMetricsLinger)},
 }
 
 // Lookup returns the setting named name.

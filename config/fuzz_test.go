@@ -264,7 +264,7 @@ func render(s *config.Settings) map[string]string {
 		"grace-period": s.GracePeriod.String(), "deadline-margin": s.DeadlineMargin.String(), "handback-reserve": s.HandbackReserve.String(),
 		"fallback":     string(s.Fallback),
 		"control-addr": s.ControlAddr.String(), "metrics-addr": s.MetricsAddr, "app-url": s.AppURL.String(),
-		"kubeconfig": s.Kubeconfig, "token-file": s.TokenFile, "log-level": string(s.LogLevel),
+		"kubeconfig": s.Kubeconfig, "token-file": s.TokenFile, "log-level": string(s.LogLevel), "metrics-linger": s.MetricsLinger.String(),
 	}
 }
 

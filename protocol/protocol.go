@@ -120,6 +120,13 @@ const (
 	OutcomeAppGone   Outcome = "AppGone"   // the app did not answer: nothing to drain
 )
 
+// Outcomes returns every Outcome, in the order declared above: the label
+// values of handoff_shutdowns_total, which the sidecar exports at 0 from
+// its start so that a rate over a pod's only sequence sees it.
+func Outcomes() []Outcome {
+	return []Outcome{OutcomeDrained, OutcomeReturned, OutcomeCanceled, OutcomeAbandoned, OutcomeAppGone}
+}
+
 // StepName names a step of the shutdown sequence.
 type StepName string
 
@@ -134,6 +141,11 @@ const (
 	StepReleased      StepName = "lease-released"     // a Lease this pod led was released (or not: see detail)
 	StepDone          StepName = "done"               // the report is final
 )
+
+// Steps returns every StepName, in the order they are recorded.
+func Steps() []StepName {
+	return []StepName{StepTriggered, StepStopClaiming, StepDrained, StepDrainDeadline, StepClaimsHandled, StepRevoked, StepReleased, StepDone}
+}
 
 // Trigger names what started a shutdown sequence.
 type Trigger string

@@ -205,6 +205,7 @@ func New(o Options) (*Coordinator, error) {
 		c.peers = newPeerWatch(o.Pods, s.PodNamespace, s.ShardPeers)
 		c.shardWake = make(chan struct{}, 1)
 	}
+	c.metrics.exportLeases(s)
 	c.base, c.endBase = context.WithCancel(context.Background())
 	r, err := c.newRound()
 	if err != nil {

@@ -4,6 +4,18 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/protocol"
+)
+
+// Results of a Lease's release at shutdown, the label result of
+// handoff_lease_releases_total.
+const (
+	ReleaseReleased  = "released"   // released: a successor may take it at once
+	ReleaseWithheld  = "withheld"   // left to expire: the app did not confirm its leader work stopped
+	ReleaseFailed    = "failed"     // not released: the successor waits for the lease duration
+	ReleaseNotLeader = "not_leader" // this pod did not hold it
 )
 
 // Metrics are the sidecar's Prometheus metrics, all prefixed handoff_.
@@ -96,9 +108,39 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.ShardsShed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "handoff_shards_shed_total", Help: "Shards this pod held and released while running, because they were assigned to another pod.",
 	})
+	// Counters that alerts read exist at 0 from the start: a rate over a
+	// series that appears already at 1 (a pod's only sequence) sees no
+	// increase.
+	for _, o := range protocol.Outcomes() {
+		m.Shutdowns.WithLabelValues(string(o))
+	}
+	for _, step := range protocol.Steps() {
+		m.StepSeconds.WithLabelValues(string(step))
+	}
 	reg.MustRegister(m.ShardShare, m.ShardsShed, m.Leader, m.Acquisitions, m.Releases, m.Shutdowns, m.StepSeconds, m.ClaimsReturned, m.ClaimsLeft, m.ClaimsUnstarted, m.AppRequestSeconds,
 		m.Coordinating, m.Rearms, m.LeasesConfigured, m.LeaseCapacity, m.LeaseClientRateLimit)
 	return m
+}
+
+// exportLeases exports, before any election runs, each Lease of s (the
+// Leases and every shard of the shard set) as not held
+// (handoff_lease_leader 0) and with no failed release
+// (handoff_lease_releases_total{result="failed"} 0): a Lease no running pod
+// holds shows as 0 on every candidate, not as no series, and an alert sees
+// a pod's first failed release.
+func (m *Metrics) exportLeases(s *config.Settings) {
+	for _, name := range s.Leases {
+		kind := protocol.LeaseKindPartition
+		if s.IsRole(name) {
+			kind = protocol.LeaseKindRole
+		}
+		m.Leader.WithLabelValues(name, string(kind)).Set(0)
+		m.Releases.WithLabelValues(name, ReleaseFailed)
+	}
+	for _, name := range s.Shards {
+		m.Leader.WithLabelValues(name, string(protocol.LeaseKindPartition)).Set(0)
+		m.Releases.WithLabelValues(name, ReleaseFailed)
+	}
 }
 
 // appResult records a call to the app that took took and ended with err.

@@ -557,20 +557,20 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 		r.ReleasedAt = clk.Now()
 		l.releasedAt.Store(r.ReleasedAt)
 	}
-	result := "released"
+	result := ReleaseReleased
 	switch {
 	case !leader:
-		result = "not_leader"
+		result = ReleaseNotLeader
 	case r.Released:
 		c.event(corev1.EventTypeNormal, ReasonLeaseReleased, "Lease %s (%s) released at %s, %s after the shutdown started",
 			name, l.kind, r.ReleasedAt.Format(time.RFC3339Nano), r.ReleasedAt.Sub(q.rep.Started).Round(time.Millisecond))
 	case withheld:
-		result = "withheld"
+		result = ReleaseWithheld
 		c.event(corev1.EventTypeWarning, ReasonReleaseWithheld, "Lease %s not released: %s", name, r.Detail)
 	default:
 		// A release that did not happen is a failure of the sequence: the
 		// report carries it, so the hook exits non-zero.
-		result = "failed"
+		result = ReleaseFailed
 		if err := l.elector.ReleaseErr(); err != nil && r.Detail == "" {
 			r.Detail = err.Error()
 		}

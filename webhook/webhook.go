@@ -60,6 +60,11 @@ func NewInjector(o inject.Options, reg prometheus.Registerer, log logr.Logger) *
 		Name: "handoff_webhook_refusals_total",
 		Help: "Causes of refused pods, by reason code (inject.Reason); a pod refused for several causes counts in each.",
 	}, []string{"reason"})
+	// Every outcome exists at 0 from the start, so that an alert's rate
+	// sees the first refusal or error.
+	for _, o := range []string{OutcomeInjected, OutcomeSkipped, OutcomeAlready, OutcomeRefused, OutcomeError} {
+		admissions.WithLabelValues(o)
+	}
 	reg.MustRegister(admissions, refusals)
 	scheme := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(scheme) // the built-in types always register

@@ -34,7 +34,7 @@ func serveProbesUncapped() {
 	t := probeTimeouts
 	t.readHeader, t.read = time.Minute, time.Minute
 	t.conns = connlimit.Limits{Total: 1 << 20, PerAddr: 1 << 20}
-	srv, err := listen("127.0.0.1:0", sidecar.ProbesHandler(reg, nil), logr.Discard(), t)
+	srv, err := listen("127.0.0.1:0", sidecar.ProbesHandler(reg, nil, nil), logr.Discard(), t)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -135,6 +135,7 @@ func TestHandoverUnderConnectionFlood(t *testing.T) {
 // run directory; its metrics and probe port on loopback TCP) on the test's
 // apiserver, leading its Lease "work", with a worker Agent as its app.
 type sidecarProcess struct {
+	ns, pod string // the pod's namespace and name
 	metrics string
 	control protocol.Endpoint
 	token   string
@@ -183,7 +184,7 @@ func startSidecarProcess(t *testing.T, env *kubetest.Env) *sidecarProcess {
 		return err == nil && ptr.Deref(l.Spec.HolderIdentity, "") == identity && probe(metrics) == nil
 	})
 	kubetest.WaitFor(t, 10*time.Second, "the worker to be told it leads", func() bool { _, ok := agent.Leader("work"); return ok })
-	return &sidecarProcess{metrics: metrics, control: control, token: token, agent: agent, cmd: cmd, exited: exited, pid: pid}
+	return &sidecarProcess{ns: ns, pod: "worker-0", metrics: metrics, control: control, token: token, agent: agent, cmd: cmd, exited: exited, pid: pid}
 }
 
 // sidecarBuild builds bin/handoff-sidecar, as the image has it

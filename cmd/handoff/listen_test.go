@@ -20,7 +20,7 @@ import (
 // kubelet's) is still answered; a header over maxHeaderBytes (and the 4 KiB
 // net/http reads past it) is answered 431.
 func TestProbePortCapsConnectionsPerAddress(t *testing.T) {
-	srv, err := listen("127.0.0.1:0", sidecar.ProbesHandler(prometheus.NewRegistry(), nil), logr.Discard(), probeTimeouts)
+	srv, err := listen("127.0.0.1:0", sidecar.ProbesHandler(prometheus.NewRegistry(), nil, nil), logr.Discard(), probeTimeouts)
 	if err != nil {
 		t.Fatal(err)
 	}

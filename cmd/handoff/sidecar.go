@@ -134,7 +134,8 @@ func runSidecar(s *config.Settings) error {
 	if err != nil {
 		return fmt.Errorf("control-addr: %w", err)
 	}
-	probes, err := listen(s.MetricsAddr, sidecar.ProbesHandler(reg, c.Ready), log, probeTimeouts)
+	scrapes := sidecar.NewScrapeWatch(clock.RealClock{})
+	probes, err := listen(s.MetricsAddr, sidecar.ProbesHandler(reg, c.Ready, scrapes), log, probeTimeouts)
 	if err != nil {
 		return fmt.Errorf("metrics-addr: %w", err)
 	}
@@ -153,7 +154,7 @@ func runSidecar(s *config.Settings) error {
 	// A second signal ends the wait at once; the Leases then expire.
 	sctx, cancel := context.WithCancel(context.Background())
 	go func() { <-sig; cancel() }()
-	_, err = c.Signal(sctx)
+	rep, err := c.Signal(sctx)
 	switch {
 	case err != nil && !errors.Is(err, sidecar.ErrSidecarRestart):
 		// The app was not told to stop leading: the Leases must expire, not
@@ -163,6 +164,9 @@ func runSidecar(s *config.Settings) error {
 	case !flush.Wait(clock.RealClock{}, eventFlush):
 		// Broadcaster.Shutdown cancels the writes under way.
 		log.Info("exiting with Events not yet written", "waited", eventFlush.String())
+	}
+	if err == nil && rep != nil {
+		lingerForScrape(log, scrapes, s.MetricsLinger, killAt(rep, s.DeadlineMargin), sctx.Done())
 	}
 	cancel()
 	stop()
@@ -174,6 +178,28 @@ func runSidecar(s *config.Settings) error {
 	}
 	log.Info("exiting", "sinceSignal", time.Since(signalled).String(), "serversShutdown", time.Since(joined).String())
 	return nil
+}
+
+// scrapeLingerMargin is the time kept, after a linger for a scrape, for the
+// servers' shutdown (a second each, at most) before the kubelet's kill.
+const scrapeLingerMargin = 2 * time.Second
+
+// killAt is when the kubelet kills the pod's containers: the sequence's
+// deadline plus the deadline margin the sequence kept before it.
+func killAt(rep *protocol.Report, margin time.Duration) time.Time {
+	return rep.Deadline.Add(margin)
+}
+
+// lingerForScrape waits, after the sequence, for one scrape of the
+// metrics that reads its counts (sidecar.ScrapeWatch.Linger), for up to
+// limit and never within scrapeLingerMargin of kill; stop ends it (a second
+// signal).
+func lingerForScrape(log logr.Logger, scrapes *sidecar.ScrapeWatch, limit time.Duration, kill time.Time, stop <-chan struct{}) {
+	limit = min(limit, time.Until(kill)-scrapeLingerMargin)
+	result, waited := scrapes.Linger(limit, stop)
+	if result != sidecar.LingerNeverScraped {
+		log.Info("waited for a scrape of the shutdown's metrics", "result", string(result), "waited", waited.String(), "limit", limit.String())
+	}
 }
 
 // setMemoryLimit gives the Go runtime its soft memory limit from the

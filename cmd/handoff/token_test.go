@@ -111,7 +111,7 @@ func TestSidecarRefusesToStartWithoutAToken(t *testing.T) {
 // headers (ReadHeaderTimeout), and dripping a body after the headers
 // (ReadTimeout; net/http reads an unread body to reuse the connection).
 func TestSlowClientOnTheProbePortIsCutOff(t *testing.T) {
-	srv, err := listen("127.0.0.1:0", sidecar.ProbesHandler(prometheus.NewRegistry(), nil), logr.Discard(), probeTimeouts)
+	srv, err := listen("127.0.0.1:0", sidecar.ProbesHandler(prometheus.NewRegistry(), nil, nil), logr.Discard(), probeTimeouts)
 	if err != nil {
 		t.Fatal(err)
 	}
