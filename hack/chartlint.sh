@@ -32,9 +32,10 @@ for v in "${VERSIONS[@]}"; do
   "$helm" lint --strict --quiet charts/handoff --kube-version "$kv"
   "$helm" lint --strict --quiet charts/handoff --kube-version "$kv" -f deploy/testdata/every-knob.yaml
   # The monitoring kit (Prometheus Operator kinds: no schema here for
-  # kubeconform; helm-unittest checks their fields).
+  # kubeconform; helm-unittest and charts/monitoring_test.go check them).
   "$helm" lint --strict --quiet charts/handoff --kube-version "$kv" --set monitoring.podMonitor.enabled=true \
-    --set monitoring.serviceMonitor.enabled=true --set 'monitoring.podMonitor.namespaces={shop}' --set monitoring.labels.release=prometheus
+    --set monitoring.serviceMonitor.enabled=true --set 'monitoring.podMonitor.namespaces={shop}' --set monitoring.labels.release=prometheus \
+    --set monitoring.prometheusRule.enabled=true --set monitoring.prometheusRule.labels.team=platform --set monitoring.dashboard.enabled=true
   "$helm" lint --strict --quiet charts/handoff-workload --kube-version "$kv" "${workload[@]}"
   "$helm" lint --strict --quiet deploy/testdata/umbrella --kube-version "$kv"
 

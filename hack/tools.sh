@@ -13,7 +13,8 @@ set -euo pipefail
 # `go install` produces (the last element of the package path). A tool whose
 # own go.mod has replace directives, which `go install` refuses, lists them
 # after a "|" (old version => new version, separated by ";"); it is built in a
-# wrapper module that repeats them.
+# wrapper module that repeats them. Words after the package are flags of
+# its `go install` (build tags).
 TOOLS='
 golangci-lint=github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 helm=helm.sh/helm/v3/cmd/helm@v3.22.0
@@ -24,6 +25,8 @@ ko=github.com/google/ko@v0.19.1
 crane=github.com/google/go-containerregistry/cmd/crane@v0.22.1
 cosign=github.com/sigstore/cosign/v2/cmd/cosign@v2.6.5
 actionlint=github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
+prometheus=github.com/prometheus/prometheus/cmd/prometheus@v0.316.0 -tags=remove_all_sd,enable_kubernetes_sd
+promtool=github.com/prometheus/prometheus/cmd/promtool@v0.316.0 -tags=remove_all_sd,enable_kubernetes_sd
 '
 
 CACHE=${HANDOFF_CACHE:-$HOME/.cache/handoff}
@@ -40,19 +43,25 @@ while IFS= read -r line; do
   pkg=${rest%%|*}
   replaces=""
   [[ "$rest" == *"|"* ]] && replaces=${rest#*|}
+  flags=()
+  if [[ "$pkg" == *" "* ]]; then
+    read -ra flags <<<"${pkg#* }"
+    pkg=${pkg%% *}
+  fi
   version=${pkg##*@}
   # A stamp beside the binary records the version installed and the Go that
   # built it, so a bumped pin or toolchain reinstalls (an analyser built with
   # an older Go cannot read packages written for a newer one) and an
   # unchanged one costs nothing.
   stamp="$BIN/.$name.version"
-  if [[ -x "$BIN/$name" && -f "$stamp" && "$(<"$stamp")" == "$version $goversion" ]]; then
+  want="$version $goversion${flags[*]:+ ${flags[*]}}"
+  if [[ -x "$BIN/$name" && -f "$stamp" && "$(<"$stamp")" == "$want" ]]; then
     continue
   fi
   log "installing $name $version"
   if [[ -z "$replaces" ]]; then
     # GOFLAGS is reset: a caller's -mod=vendor would make `go install m@v` fail.
-    GOBIN="$BIN" GOFLAGS=-mod=mod go install "$pkg" >&2
+    GOBIN="$BIN" GOFLAGS=-mod=mod go install "${flags[@]}" "$pkg" >&2
   else
     work="$CACHE/build/$name-$version"
     rm -rf "$work" && mkdir -p "$work"
@@ -65,7 +74,7 @@ while IFS= read -r line; do
       CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -o "$BIN/$name" "${pkg%@*}" >&2
     )
   fi
-  echo "$version $goversion" >"$stamp"
+  echo "$want" >"$stamp"
 done <<<"$TOOLS"
 
 # helm-unittest runs as a helm plugin: HELM_PLUGINS=$BIN/helm-plugins.

@@ -59,27 +59,44 @@ func Root(t testing.TB) string {
 // Chart is the chart's directory.
 func Chart(t testing.TB) string { return filepath.Join(Root(t), "charts", "handoff") }
 
-// Helm runs the pinned helm with args (its plugins found) and returns its
-// standard output; an error fails t, with helm's output.
-func Helm(t testing.TB, args ...string) []byte {
+// Tool returns the path of the pinned tool name (helm, promtool, ...)
+// that hack/tools.sh installs, installing it if missing. Without it the
+// test is skipped, unless CI is set: then it fails.
+func Tool(t testing.TB, name string) string {
 	t.Helper()
 	out, err := exec.Command("bash", filepath.Join(Root(t), "hack", "tools.sh")).Output()
 	if err != nil {
 		if os.Getenv("CI") == "" {
-			t.Skipf("no helm to render the chart with: hack/tools.sh: %v; in CI (CI set) this test fails instead", err)
+			t.Skipf("no %s: hack/tools.sh: %v; in CI (CI set) this test fails instead", name, err)
 		}
 		t.Fatalf("hack/tools.sh: %v", err)
 	}
-	bin := strings.TrimSpace(string(out))
-	cmd := exec.Command(filepath.Join(bin, "helm"), args...)
-	cmd.Env = append(os.Environ(), "HELM_PLUGINS="+filepath.Join(bin, "helm-plugins"))
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.Output()
+	return filepath.Join(strings.TrimSpace(string(out)), name)
+}
+
+// Helm runs the pinned helm with args (its plugins found) and returns its
+// standard output; an error fails t, with helm's output.
+func Helm(t testing.TB, args ...string) []byte {
+	t.Helper()
+	stdout, stderr, err := HelmResult(t, args...)
 	if err != nil {
-		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, stdout, stderr.Bytes())
+		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, stdout, stderr)
 	}
 	return stdout
+}
+
+// HelmResult runs the pinned helm with args and returns its standard
+// output, its standard error and how it exited, for a test that expects
+// it to fail.
+func HelmResult(t testing.TB, args ...string) (stdout, stderr []byte, err error) {
+	t.Helper()
+	helm := Tool(t, "helm")
+	cmd := exec.Command(helm, args...)
+	cmd.Env = append(os.Environ(), "HELM_PLUGINS="+filepath.Join(filepath.Dir(helm), "helm-plugins"))
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	stdout, err = cmd.Output()
+	return stdout, errb.Bytes(), err
 }
 
 // Render renders the chart as release in namespace for KubeVersion, with
