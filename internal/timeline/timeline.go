@@ -54,14 +54,16 @@ const (
 	groupGap   = 26
 	top        = 40
 	axisSpace  = 40
-	captionH   = 16 // a caption line, at font-size 12
-	captionMax = 110
+	captionH   = 15  // a caption line, at font-size 11
+	captionMax = 120 // characters in a caption line
 )
 
 // SVG draws the picture as a standalone SVG document, width 760: the
 // groups in order, each bar from +0 to its duration on one linear axis in
 // whole seconds, at least 2 s long, and at least 2 pixels wide so that a
-// bar of a few ms still shows. Durations are labelled as Format gives them.
+// bar of a few ms still shows. A bar's label, its duration as Format gives
+// it, is after the bar's end, or inside it (white) where it would run off
+// the picture after it.
 func (p Picture) SVG() []byte {
 	var longest time.Duration
 	for _, g := range p.Groups {
@@ -112,9 +114,9 @@ func (p Picture) SVG() []byte {
 				w := max(x(took)-labelW, 2)
 				fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/>`+"\n", labelW, by, w, barH, esc(color))
 				// The label after the bar, or inside its end if it would
-				// not fit after it.
+				// run off the picture after it and fits inside.
 				tx = x(took) + 6
-				if tx > width-200 {
+				if est := textW(label); tx+est > width-4 && w-12 >= est {
 					tx, anchor, fill = x(took)-6, "end", "white"
 				}
 			}
@@ -129,7 +131,7 @@ func (p Picture) SVG() []byte {
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" fill="#444">%s</text>`+"\n", x(t), y+20, fmt.Sprintf("%d s", int(t.Seconds())))
 	}
 	for i, line := range caption {
-		fmt.Fprintf(&b, `<text x="10" y="%d" font-size="12" fill="#444">%s</text>`+"\n", y+axisSpace+i*captionH, esc(line))
+		fmt.Fprintf(&b, `<text x="10" y="%d" font-size="11" fill="#444">%s</text>`+"\n", y+axisSpace+i*captionH, esc(line))
 	}
 	b.WriteString("</svg>\n")
 	return b.Bytes()
@@ -143,6 +145,10 @@ func Format(d time.Duration) string {
 	}
 	return fmt.Sprintf("+%.1f s", d.Seconds())
 }
+
+// textW is about how wide s is drawn at font-size 13 (sans-serif, 6.8
+// pixels a character on average, and some to spare).
+func textW(s string) float64 { return 7.2 * float64(len([]rune(s))) }
 
 // esc is s escaped as XML text or attribute value.
 func esc(s string) string {

@@ -64,6 +64,13 @@ func TestSVG(t *testing.T) {
 			t.Errorf("no %q in\n%s", want, svg)
 		}
 	}
+	// Labels after their bars, but the longest's inside its end.
+	for label, anchor := range map[string]string{"Lease held by a successor +31 ms": "start", "pod gone +4000 ms": "start",
+		"Lease held by a successor +15.2 s": "end", "no unfinished claims left behind": "start"} {
+		if !strings.Contains(svg, `text-anchor="`+anchor+`" fill="`+map[string]string{"start": "#222", "end": "white"}[anchor]+`">`+label+"<") {
+			t.Errorf("label %q not anchored at its %s (%s)\n%s", label, anchor, map[string]string{"start": "after the bar", "end": "inside the bar's end"}[anchor], svg)
+		}
+	}
 	if strings.Contains(svg, "claimed again +0 ms") {
 		t.Errorf("the bar with None is labelled as a duration:\n%s", svg)
 	}
@@ -104,10 +111,10 @@ func TestSVGCaption(t *testing.T) {
 	p.Caption = strings.Repeat("word ", 40) + "\nsecond & paragraph"
 	captioned := string(p.SVG())
 	wellFormed(t, captioned)
-	if strings.Contains(plain, `font-size="12"`) {
+	if strings.Contains(plain, `font-size="11"`) {
 		t.Errorf("caption lines without a caption:\n%s", plain)
 	}
-	lines := regexp.MustCompile(`<text x="10" y="\d+" font-size="12" fill="#444">([^<]*)</text>`).FindAllStringSubmatch(captioned, -1)
+	lines := regexp.MustCompile(`<text x="10" y="\d+" font-size="11" fill="#444">([^<]*)</text>`).FindAllStringSubmatch(captioned, -1)
 	if len(lines) != 3 || lines[2][1] != "second &amp; paragraph" {
 		t.Fatalf("caption lines %q, want 200 characters wrapped in 2 and a paragraph of its own", lines)
 	}
