@@ -40,7 +40,9 @@ const (
 // for longer than the retry period nor held by a pod that is gone, the
 // pods' own leader runs never overlap, and claims left at the drain
 // deadline are handed back. The figures of both rollouts are logged, and
-// written to $HANDOFF_E2E_FIGURES if set (e2e/rollout-figures.sh).
+// written to $HANDOFF_E2E_FIGURES if set, and drawn as an SVG picture
+// (rolloutPicture) to $HANDOFF_E2E_FIGURES_SVG if set (both paths of
+// files, from e2e/rollout-figures.sh).
 func TestRolloutRestart(t *testing.T) {
 	var with, without *rolloutRun
 	t.Run("handoff", func(t *testing.T) {
@@ -57,6 +59,12 @@ func TestRolloutRestart(t *testing.T) {
 	t.Log("\n" + figures)
 	if path := os.Getenv("HANDOFF_E2E_FIGURES"); path != "" {
 		if err := os.WriteFile(path, []byte(figures), 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+	if path := os.Getenv("HANDOFF_E2E_FIGURES_SVG"); path != "" {
+		svg := rolloutPicture(rolloutWorkload(), with.replaced, without.replaced).SVG()
+		if err := os.WriteFile(path, svg, 0o644); err != nil {
 			t.Error(err)
 		}
 	}
@@ -81,31 +89,6 @@ type rolloutRun struct {
 	// backlog is a pod deleted while it held claimed batches it had not
 	// started (deleteBackloggedPod).
 	backlog *replacedPod
-}
-
-// replacedPod is what happened to one pod the rollout replaced. Times are
-// from its termination start: its deletionTimestamp seen set, which is
-// when the kubelet runs the preStop hook (about 0.1 s later) or, with no
-// hook, sends SIGTERM.
-type replacedPod struct {
-	name        string
-	terminating time.Time
-	gone        time.Duration
-	leader      bool          // held the Lease at termination start
-	successor   string        // who held the Lease next
-	held        time.Duration // until the successor was seen holding the Lease
-	free        time.Duration // the Lease seen free before the successor (handoff releases it)
-	unfinished  int           // claims neither applied nor duplicate by this pod
-	returned    int           // of which handed back by the pod (at stop-claiming or the drain deadline)
-	handedBack  int           // of which handed back unstarted, at stop-claiming (queue.OutcomeHandedBack)
-	// handedClaimed is until the last of handedBack was claimed by
-	// another pod.
-	handedClaimed time.Duration
-	drainBy       time.Time     // the sidecar's drain deadline (from its DrainStarted Event)
-	returnedAt    time.Duration // last hand-back at the drain deadline, from termination start
-	claimed       time.Duration // until the last unfinished claim was claimed again by another pod
-	lost          int           // messages it claimed that were neither applied nor pending
-	duplicates    int           // deliveries of messages it claimed that found them applied already
 }
 
 // restartUnderLoad deploys 3 workers named name, restarts them under load
@@ -413,8 +396,7 @@ func podNames(t *testing.T, app string) []string {
 // and in summary, with a legend.
 func rolloutFigures(with, without *rolloutRun) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "kubectl rollout restart of 3 replicas; grace period %ds; visibility timeout %s; load %d messages/s, 1 in %d takes %s\n",
-		rolloutGrace, rolloutVisibility, loadRate, slowEvery, slowWork)
+	b.WriteString(rolloutWorkload() + "\n")
 	fmt.Fprintf(&b, `Times are from each pod's termination start (its deletionTimestamp seen; for the pods the test deletes itself, the idle and
 backlogged ones, its delete request sent); the kubelet runs the preStop hook about 0.1 s later.
   pod gone                 until the Pod object was deleted
@@ -511,6 +493,12 @@ back at stop-claiming) was claimed by another pod; the baseline has no such hand
 	fmt.Fprintf(tw, "idle pods gone, each\t%s\t%s\n", shorts(with.idleSamples), shorts(without.idleSamples))
 	_ = tw.Flush()
 	return b.String()
+}
+
+// rolloutWorkload is the rollout's workload in a line, the figures' first.
+func rolloutWorkload() string {
+	return fmt.Sprintf("kubectl rollout restart of 3 replicas; grace period %ds; visibility timeout %s; load %d messages/s, 1 in %d takes %s",
+		rolloutGrace, rolloutVisibility, loadRate, slowEvery, slowWork)
 }
 
 func (r *rolloutRun) kind() string {
