@@ -144,7 +144,8 @@ e2e-newest: tools
 	$(KUBE_NEWEST) bash hack/kube-assets.sh kubectl kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
 	$(KUBE_NEWEST) go test -race -tags e2e -count=1 -v -timeout 30m ./e2e/
 
-# The rollout figures, handoff beside the baseline, from one e2e run.
+# The rollout figures, handoff beside the baseline, from one e2e run:
+# printed, and drawn as a picture in bin/rollout-figures.svg.
 rollout-figures: e2e-assets
 	bash e2e/rollout-figures.sh
 
