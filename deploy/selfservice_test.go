@@ -53,8 +53,8 @@ func TestSelfServiceSidecar(t *testing.T) {
 	rendered := helm(t, "template", "handoff", "../charts/handoff", "--namespace", "handoff", "--kube-version", charttest.KubeVersion,
 		"--show-only", "templates/sidecar-self-service.yaml", "--show-only", "templates/sidecar-pod-policy.yaml")
 	created := charttest.Create(t, env.Config, charttest.Decode(t, rendered))
-	if n, p := len(created["ClusterRole"]), len(created["ValidatingAdmissionPolicy"]); n != 2 || p != 3 {
-		t.Fatalf("self-service renders %d ClusterRoles and %d admission policies; want 2 and 3 (lease grants, pod-bound Leases and Events)", n, p)
+	if n, p := len(created["ClusterRole"]), len(created["ValidatingAdmissionPolicy"]); n != 2 || p != 4 {
+		t.Fatalf("self-service renders %d ClusterRoles and %d admission policies; want 2 and 4 (lease grants, pod-bound Leases, Events and pod status)", n, p)
 	}
 
 	team, other := env.Namespace(t), env.Namespace(t)

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -21,6 +22,7 @@ import (
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/leaderelection"
 	"github.com/handoff-dev/handoff/prestop"
+	"github.com/handoff-dev/handoff/protocol"
 )
 
 // TestSidecarTokenActsOnlyForItsOwnPod applies everything the chart gives
@@ -43,7 +45,7 @@ func TestSidecarTokenActsOnlyForItsOwnPod(t *testing.T) {
 	const sa, lease, sharded = "orders", "orders-leader", "batch"
 	rendered := renderSidecar(t, `[{"namespace":"`+ns+`","serviceAccount":"`+sa+`","leases":["`+lease+`"]},`+
 		`{"namespace":"`+ns+`","serviceAccount":"`+sharded+`","leases":[],"shards":{"prefix":"batch-","count":2}}]`)
-	applyAll(t, env.Config, rendered, 2, 3)
+	applyAll(t, env.Config, rendered, 2, 4)
 
 	podA, podB := env.Pod(t, ns, "orders-a", 30), env.Pod(t, ns, "orders-b", 30)
 	idA, idB := podA.Name+"_"+string(podA.UID), podB.Name+"_"+string(podB.UID)
@@ -138,6 +140,44 @@ func TestSidecarTokenActsOnlyForItsOwnPod(t *testing.T) {
 		if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
 			t.Errorf("an Event of its own changed to be about pod B: %v; want Forbidden", err)
 		}
+	})
+
+	t.Run("writes its phase on its own pod, and nothing else of any pod's status", func(t *testing.T) {
+		cond := func(phase, status string) []byte {
+			return []byte(`{"status":{"conditions":[{"type":"` + protocol.PodConditionCoordinating + `","status":"` + status + `","reason":"` + phase + `","message":"test"}]}}`)
+		}
+		patch := func(c kubernetes.Interface, pod string, body []byte) error {
+			_, err := c.CoreV1().Pods(ns).Patch(ctx, pod, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
+			return err
+		}
+		kubetest.WaitFor(t, 15*time.Second, "the pod status policy to take effect", func() bool {
+			return apierrors.IsForbidden(patch(asA, podB.Name, cond("Running", "True")))
+		})
+		for _, phase := range []string{"Running", "ShuttingDown", "Done"} {
+			status := map[bool]string{true: "True", false: "False"}[phase == "Running"]
+			if err := patch(asA, podA.Name, cond(phase, status)); err != nil {
+				t.Fatalf("pod A writing its phase %s: %v", phase, err)
+			}
+		}
+		got, err := admin.CoreV1().Pods(ns).Get(ctx, podA.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var phase string
+		for _, c := range got.Status.Conditions {
+			if c.Type == protocol.PodConditionCoordinating {
+				phase = c.Reason + "/" + string(c.Status)
+			}
+		}
+		if phase != "Done/False" {
+			t.Errorf("pod A's condition %s: %q, want Done/False", protocol.PodConditionCoordinating, phase)
+		}
+		refused(t, "pod B's condition", patch(asA, podB.Name, cond("Done", "False")), "may write the status of its own pod alone, not of pod orders-b")
+		refused(t, "its own Ready condition", patch(asA, podA.Name, []byte(`{"status":{"conditions":[{"type":"Ready","status":"True"}]}}`)),
+			"may change only the condition "+protocol.PodConditionCoordinating+" of pod orders-a, not its other conditions")
+		refused(t, "its own phase", patch(asA, podA.Name, []byte(`{"status":{"phase":"Succeeded"}}`)), "not its phase, IPs or container statuses")
+		refused(t, "its own pod IP", patch(asA, podA.Name, []byte(`{"status":{"podIP":"10.0.0.9","podIPs":[{"ip":"10.0.0.9"}]}}`)), "not its phase, IPs or container statuses")
+		refused(t, "a token bound to no pod", patch(unbound, podA.Name, cond("Running", "True")), "writes only with the token of one of its pods")
 	})
 
 	t.Run("is refused every write with a token bound to no pod", func(t *testing.T) {

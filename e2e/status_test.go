@@ -44,6 +44,7 @@ type statusView struct {
 type statusPod struct {
 	Name         string `json:"name"`
 	Phase        string `json:"phase"`
+	PhaseFrom    string `json:"phaseFrom"`
 	LastHandover *struct {
 		Outcome string `json:"outcome"`
 	} `json:"lastHandover"`
@@ -97,6 +98,9 @@ func statusWatch(t *testing.T, app string) (stop func() ([]statusView, string)) 
 func assertStatusSawTheHandover(t *testing.T, views []statusView, lease string, old []string) {
 	t.Helper()
 	heldByOld, movedAfter, drainSeen := false, false, false
+	// The phases the old pods' sidecars wrote on their pods, in the order
+	// seen.
+	var written []string
 	for _, v := range views {
 		for _, l := range v.Leases {
 			if l.Name != lease || l.State != "Held" {
@@ -112,11 +116,20 @@ func assertStatusSawTheHandover(t *testing.T, views []statusView, lease string, 
 			if slices.Contains(old, p.Name) && p.LastHandover != nil && (p.Phase == "ShuttingDown" || p.Phase == "Done") {
 				drainSeen = true
 			}
+			if slices.Contains(old, p.Name) && p.PhaseFrom == "sidecar" && !slices.Contains(written, p.Phase) {
+				written = append(written, p.Phase)
+			}
 		}
 	}
 	if !heldByOld || !movedAfter || !drainSeen {
 		t.Errorf("handoff status --watch, %d views: Lease %s held by an old pod %t, then by a new pod %t; an old pod's handover seen %t; want all",
 			len(views), lease, heldByOld, movedAfter, drainSeen)
+	}
+	// The sidecars wrote their phases on their pods, and status read them:
+	// Running before the rollout, ShuttingDown (or, if a view came late,
+	// Done) after its start.
+	if !slices.Contains(written, "Running") || (!slices.Contains(written, "ShuttingDown") && !slices.Contains(written, "Done")) {
+		t.Errorf("handoff status --watch: the old pods' phases as their sidecars wrote them: %v; want Running, then ShuttingDown or Done", written)
 	}
 }
 

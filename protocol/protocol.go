@@ -260,6 +260,13 @@ const (
 	PhaseDone Phase = "Done"
 )
 
+// PodConditionCoordinating is the condition the sidecar writes on its own
+// pod's status: True while its phase is Running (a preStop would hand
+// over), else False; its reason is the Phase, its message what the phase
+// means now, and its lastTransitionTime when the sidecar entered it.
+// `handoff status` reads the phase from it.
+const PodConditionCoordinating = "handoff.dev/Coordinating"
+
 // Status is the sidecar's state. Report is the last sequence's.
 type Status struct {
 	Identity string        `json:"identity"`

@@ -83,6 +83,7 @@ type Coordinator struct {
 	app      *AppClient
 	leaseAPI coordinationv1client.LeasesGetter
 	pods     *prestop.PodWatch // nil when the pod is unknown
+	phases   *phasePublisher   // writes the phase on the pod; nil when the pod is unknown
 	events   record.EventRecorder
 	pod      *corev1.ObjectReference
 	metrics  *Metrics
@@ -197,6 +198,7 @@ func New(o Options) (*Coordinator, error) {
 	}
 	if o.Pods != nil && s.PodName != "" {
 		c.pods = prestop.NewPodWatch(o.Pods, s.PodNamespace, s.PodName)
+		c.phases = newPhasePublisher(o.Pods.Pods(s.PodNamespace), s.PodName, c.clock, c.log)
 	}
 	if len(s.Shards) > 0 {
 		if o.Pods == nil {
@@ -287,6 +289,9 @@ func (c *Coordinator) Start(ctx context.Context) {
 			c.pods.OnDeletion(c.onDeletion)
 			go c.pods.Run(c.base)
 		}
+		if c.phases != nil {
+			go c.phases.run(c.base)
+		}
 		if c.peers != nil {
 			go c.peers.informer.RunWithContext(c.base)
 		}
@@ -336,7 +341,7 @@ func (c *Coordinator) arm(r *round) bool {
 	}
 	r.armed = true
 	if c.cur == r {
-		c.phase = PhaseRunning
+		c.setPhase(PhaseRunning, "its elections run: a preStop hands the pod's Leases over")
 	}
 	for _, l := range r.leases {
 		c.runLease(l)
@@ -379,6 +384,25 @@ func (c *Coordinator) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.cur.done
+}
+
+// setPhase enters phase, which message explains, and has it written on
+// the pod (phasePublisher); c.mu is held.
+func (c *Coordinator) setPhase(phase protocol.Phase, message string) {
+	c.phase = phase
+	if c.phases != nil {
+		c.phases.set(phase, message)
+	}
+}
+
+// WaitPhaseWritten waits up to d for the current phase to be written on
+// the pod's status (protocol.PodConditionCoordinating), and reports whether
+// it was; true at once when the pod is unknown.
+func (c *Coordinator) WaitPhaseWritten(d time.Duration) bool {
+	if c.phases == nil {
+		return true
+	}
+	return c.phases.wait(d)
 }
 
 // Ready is nil when the coordinator can coordinate: its elections run and a

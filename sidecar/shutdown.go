@@ -85,7 +85,7 @@ func (c *Coordinator) shutdownAt(ctx context.Context, trigger protocol.Trigger, 
 		r.signalled = true
 	}
 	if !isClosed(r.shutdown) {
-		c.phase = PhaseShuttingDown
+		c.setPhase(PhaseShuttingDown, fmt.Sprintf("shutdown sequence under way (trigger %s): stop claiming, drain, hand the Leases over", trigger))
 		close(r.shutdown)
 		if !r.armed {
 			// No election ever ran in this round: nothing to wait for.
@@ -261,7 +261,7 @@ func (c *Coordinator) endRound(r *round, rep *protocol.Report, leavingAtTrigger 
 	c.mu.Lock()
 	rearm := !leaving && !r.signalled && c.base.Err() == nil
 	r.report, c.last = rep, rep
-	c.phase = PhaseDone
+	c.setPhase(PhaseDone, fmt.Sprintf("last shutdown sequence over (outcome %s): the pod is leaving", rep.Outcome))
 	var next *round
 	if rearm {
 		var err error
@@ -269,7 +269,8 @@ func (c *Coordinator) endRound(r *round, rep *protocol.Report, leavingAtTrigger 
 			panic(err)
 		}
 		next.drained = instance // the process being killed: not a new one
-		c.cur, c.phase = next, PhaseRearming
+		c.cur = next
+		c.setPhase(PhaseRearming, fmt.Sprintf("shutdown sequence over (outcome %s) in a pod that stays: elections wait for a new worker process", rep.Outcome))
 	}
 	c.mu.Unlock()
 	close(r.done)

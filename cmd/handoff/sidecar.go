@@ -36,8 +36,9 @@ import (
 )
 
 // eventFlush bounds the wait, after the sequence ends, for its last Events
-// to be written before the sidecar exits; the wait ends as soon as they are
-// (sidecar.EventFlush).
+// to be written before the sidecar exits, and then for its last phase to be
+// written on the pod; each wait ends as soon as they are
+// (sidecar.EventFlush, Coordinator.WaitPhaseWritten).
 const eventFlush = time.Second
 
 var sidecarCmd = command{
@@ -164,6 +165,9 @@ func runSidecar(s *config.Settings) error {
 	case !flush.Wait(clock.RealClock{}, eventFlush):
 		// Broadcaster.Shutdown cancels the writes under way.
 		log.Info("exiting with Events not yet written", "waited", eventFlush.String())
+	}
+	if !c.WaitPhaseWritten(eventFlush) {
+		log.Info("exiting with the pod's condition "+protocol.PodConditionCoordinating+" not yet written", "waited", eventFlush.String())
 	}
 	if err == nil && rep != nil {
 		lingerForScrape(log, scrapes, s.MetricsLinger, killAt(rep, s.DeadlineMargin), sctx.Done())

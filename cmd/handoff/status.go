@@ -50,12 +50,18 @@ its last handover, read from the pod's Events.
   Shards   per shard set: the peers up (injected pods of the set not being
            deleted), the fair share ceil(N/M) each aims at, the shards each
            pod holds, and the shards held by none.
-  Pods     PHASE is the sidecar's as the API shows it: Running (the pod is
-           not being deleted), ShuttingDown (deletion requested, and the pod
-           still holds a Lease or its drain has not ended: no Drained or
-           DrainDeadlineExceeded Event yet), Done (deletion requested, every
-           Lease released, the drain over), or the pod's phase while it is
-           Pending. LAST HANDOVER is the outcome of the pod's last shutdown
+  Pods     PHASE is the sidecar's, as it writes it on its pod (the condition
+           handoff.dev/Coordinating, within a request of each change):
+           Running (a preStop would hand over), ShuttingDown (a sequence is
+           under way), Rearming (a sequence is over in a pod that stays: a
+           worker restart), Done (the last sequence is over, the pod is
+           leaving); or the pod's phase while it is Pending. Where the
+           sidecar wrote none (an older sidecar), or still says Running on a
+           pod being deleted, it is inferred: Running (not being deleted),
+           ShuttingDown (deletion requested, and the pod still holds a Lease
+           or its drain has not ended: no Drained or DrainDeadlineExceeded
+           Event yet), Done (deletion requested, every Lease released, the
+           drain over). -o json says which (phaseFrom: sidecar, inferred). LAST HANDOVER is the outcome of the pod's last shutdown
            sequence and its steps, from its Events (DrainStarted, Drained,
            DrainDeadlineExceeded, LeaseReleased, ...): they carry the step
            times in milliseconds in their messages; an Event's own time has
@@ -83,7 +89,7 @@ shape:
     "shardSets": [{"shards": "orders-{0..3}", "leases": ["orders-0", ...], "peers": 2,
                    "fairShare": 2, "owners": [{"pod": "...", "shards": ["orders-0"]}],
                    "unowned": ["orders-3"]}],
-    "pods": [{"name": "...", "version": "v0.2.0", "phase": "Running", "ready": true,
+    "pods": [{"name": "...", "version": "v0.2.0", "phase": "Running", "phaseFrom": "sidecar", "ready": true,
               "deletionTimestamp": "<only while deleted>", "leases": ["orders-leader"],
               "lastHandover": {"outcome": "Drained", "steps": [{"reason": "DrainStarted",
                                 "time": "...", "message": "..."}]}}],
@@ -153,16 +159,40 @@ type shardOwner struct {
 const (
 	phaseRunning      = string(protocol.PhaseRunning)
 	phaseShuttingDown = string(protocol.PhaseShuttingDown)
+	phaseRearming     = string(protocol.PhaseRearming)
 	phaseDone         = string(protocol.PhaseDone)
 )
+
+// Where podView.Phase comes from.
+const (
+	phaseFromSidecar = "sidecar"  // the pod's condition handoff.dev/Coordinating, which the sidecar writes
+	phaseInferred    = "inferred" // the pod's deletion, its Leases and its Events (a sidecar that writes no condition)
+)
+
+// sidecarPhase is the phase the pod's sidecar wrote on its status (the
+// condition protocol.PodConditionCoordinating's reason), if it wrote one
+// this view knows.
+func sidecarPhase(p *corev1.Pod) (string, bool) {
+	for _, c := range p.Status.Conditions {
+		if c.Type == protocol.PodConditionCoordinating {
+			switch c.Reason {
+			case phaseRunning, phaseShuttingDown, phaseRearming, phaseDone:
+				return c.Reason, true
+			}
+		}
+	}
+	return "", false
+}
 
 // podView is one injected pod.
 type podView struct {
 	Name    string `json:"name"`
 	Version string `json:"version"`
-	// Phase is Running, ShuttingDown, Done, or the pod's phase while it is
-	// Pending (statusLong).
+	// Phase is Running, ShuttingDown, Rearming, Done, or the pod's phase
+	// while it is Pending (statusLong); PhaseFrom says whether the sidecar
+	// wrote it (sidecar) or the view inferred it (inferred).
 	Phase             string     `json:"phase"`
+	PhaseFrom         string     `json:"phaseFrom"`
 	Ready             bool       `json:"ready"`
 	DeletionTimestamp *time.Time `json:"deletionTimestamp,omitempty"`
 	// Leases are the Leases the pod holds now (State Held), shards among
@@ -597,6 +627,7 @@ func buildStatus(now time.Time, ns, selector string, pods []corev1.Pod, events [
 			}
 		}
 		v.LastHandover = lastHandover(byPod[string(p.UID)])
+		v.PhaseFrom = phaseInferred
 		switch {
 		case p.DeletionTimestamp != nil:
 			t := p.DeletionTimestamp.UTC()
@@ -607,6 +638,12 @@ func buildStatus(now time.Time, ns, selector string, pods []corev1.Pod, events [
 			}
 		case p.Status.Phase == corev1.PodPending:
 			v.Phase = string(corev1.PodPending)
+		}
+		if phase, ok := sidecarPhase(p); ok && p.Status.Phase != corev1.PodPending &&
+			(p.DeletionTimestamp == nil || phase != phaseRunning) {
+			// The sidecar's own word, but for Running on a pod being
+			// deleted: its sequence has begun and not been written yet.
+			v.Phase, v.PhaseFrom = phase, phaseFromSidecar
 		}
 		r.Pods = append(r.Pods, v)
 	}

@@ -15,10 +15,12 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/inject"
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
 )
 
@@ -69,6 +71,17 @@ func (f *statusFixture) injectedPod(t *testing.T, name string, ready, deleting b
 		}
 	}
 	f.pods[name] = p
+}
+
+// phase writes phase on pod name's status as its sidecar does (the
+// condition protocol.PodConditionCoordinating).
+func (f *statusFixture) phase(t *testing.T, name string, phase protocol.Phase) {
+	t.Helper()
+	status := map[bool]string{true: "True", false: "False"}[phase == protocol.PhaseRunning]
+	patch := `{"status":{"conditions":[{"type":"` + protocol.PodConditionCoordinating + `","status":"` + status + `","reason":"` + string(phase) + `","message":"test"}]}}`
+	if _, err := f.env.Client.CoreV1().Pods(f.ns).Patch(context.Background(), name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // lease writes Lease name held by pod holder ("" for a released one, or
@@ -140,6 +153,12 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 	f.injectedPod(t, "orders-old", false, true)      // deleted, draining: holds orders-2
 	f.injectedPod(t, "orders-done", false, true)     // deleted, released everything
 	f.injectedPod(t, "orders-draining", false, true) // deleted, holds nothing, drains
+	f.injectedPod(t, "orders-rearming", true, false) // its worker restarted: its sidecar says Rearming
+	// The phases the sidecars wrote: taken as they are, but Running on a
+	// pod being deleted (its sequence not written yet), which is inferred.
+	f.phase(t, "orders-rearming", protocol.PhaseRearming)
+	f.phase(t, "orders-done", protocol.PhaseDone)
+	f.phase(t, "orders-old", protocol.PhaseRunning)
 	createPod(t, env, f.ns, "not-injected", "w", map[string]string{"app": "orders"}, nil, "")
 
 	f.lease(t, "orders-leader", "orders-a", time.Second, 4)
@@ -193,21 +212,21 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 		t.Errorf("leases:\n%+v\nwant\n%+v", leases, wantLeases)
 	}
 	wantShards := []shardSetView{{Shards: "orders-{0..3}", Leases: []string{"orders-0", "orders-1", "orders-2", "orders-3"},
-		Peers: 2, FairShare: 2, Owners: []shardOwner{{"orders-a", []string{"orders-0"}}, {"orders-b", []string{"orders-1"}}, {"orders-old", []string{"orders-2"}}},
+		Peers: 3, FairShare: 2, Owners: []shardOwner{{"orders-a", []string{"orders-0"}}, {"orders-b", []string{"orders-1"}}, {"orders-old", []string{"orders-2"}}},
 		Unowned: []string{"orders-3"}}}
 	if !reflect.DeepEqual(r.ShardSets, wantShards) {
 		t.Errorf("shard sets:\n%+v\nwant\n%+v", r.ShardSets, wantShards)
 	}
 	type pod struct {
-		name, phase string
-		ready       bool
-		leases      string
-		outcome     string
-		steps       int
+		name, phase, from string
+		ready             bool
+		leases            string
+		outcome           string
+		steps             int
 	}
 	var pods []pod
 	for _, p := range r.Pods {
-		v := pod{p.Name, p.Phase, p.Ready, strings.Join(p.Leases, ","), "", 0}
+		v := pod{p.Name, p.Phase, p.PhaseFrom, p.Ready, strings.Join(p.Leases, ","), "", 0}
 		if h := p.LastHandover; h != nil {
 			v.outcome, v.steps = h.Outcome, len(h.Steps)
 		}
@@ -220,11 +239,12 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 		pods = append(pods, v)
 	}
 	wantPods := []pod{
-		{"orders-a", phaseRunning, true, "orders-0,orders-leader", "Abandoned", 2},
-		{"orders-b", phaseRunning, true, "orders-1", "", 0},
-		{"orders-done", phaseDone, false, "", "Drained", 3},
-		{"orders-draining", phaseShuttingDown, false, "", "InProgress", 2},
-		{"orders-old", phaseShuttingDown, false, "orders-2", "InProgress", 1},
+		{"orders-a", phaseRunning, phaseInferred, true, "orders-0,orders-leader", "Abandoned", 2},
+		{"orders-b", phaseRunning, phaseInferred, true, "orders-1", "", 0},
+		{"orders-done", phaseDone, phaseFromSidecar, false, "", "Drained", 3},
+		{"orders-draining", phaseShuttingDown, phaseInferred, false, "", "InProgress", 2},
+		{"orders-old", phaseShuttingDown, phaseInferred, false, "orders-2", "InProgress", 1},
+		{"orders-rearming", phaseRearming, phaseFromSidecar, true, "", "", 0},
 	}
 	if !reflect.DeepEqual(pods, wantPods) {
 		t.Errorf("pods:\n%+v\nwant\n%+v", pods, wantPods)
@@ -236,7 +256,7 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 	for _, want := range []string{
 		"orders-leader  role       Held     orders-a",
 		"orders-3       partition  Expired  (not an injected pod)",
-		"Shards orders-{0..3}: 4 shards, 2 peers up, fair share 2",
+		"Shards orders-{0..3}: 4 shards, 3 peers up, fair share 2",
 		"(held by none)  orders-3",
 		"orders-old       v0.2.0   ShuttingDown  false  orders-2",
 		"orders-old, last handover (InProgress):",
