@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
+	"github.com/handoff-dev/handoff/internal/kubetest"
 )
 
 // A worker whose work cannot finish before its pod must be gone: the
@@ -113,6 +114,16 @@ func deadlineHandsBack(t *testing.T, name, layout string, podGrace int64, delete
 	}
 	if h := rec.holderAt(time.Now()); podOf(h) == victim {
 		t.Errorf("Lease %s-leader still names %s after its pod is gone", name, h)
+	}
+	// A real Prometheus scraping the sidecars read the victim's deadline
+	// (its sidecar stayed for that scrape), and the chart's alert fires.
+	if prom != "" {
+		sel := fmt.Sprintf(`namespace=%q,pod=%q,step="drain-deadline"`, namespace, victim)
+		kubetest.WaitFor(t, 10*promInterval, "Prometheus to read "+victim+"'s drain-deadline step", func() bool {
+			v, ok := promValue(t, fmt.Sprintf(`max_over_time(handoff_shutdown_step_seconds_count{%s}[5m])`, sel))
+			return ok && v == 1
+		})
+		waitAlertFiring(t, "HandoffDrainDeadlineExceeded", 10*promInterval)
 	}
 
 	// The survivor finishes the returned work, each message once.

@@ -198,6 +198,9 @@ func run(m *testing.M, c *cleanups) int {
 	if err == nil {
 		err = s.chart()
 	}
+	if err == nil {
+		err = s.startPrometheus()
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1

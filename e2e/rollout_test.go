@@ -143,8 +143,10 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 	}
 	// An operator's view of it, as it happens (handoff status --watch).
 	var stopStatus func() ([]statusView, string)
+	var alerts *alertsBefore
 	if handoff {
 		stopStatus = statusWatch(t, name)
+		alerts = promBefore(t)
 	}
 	restart := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"e2e/restartedAt":%q}}}}}`, time.Now().Format(time.RFC3339Nano))
 	if _, err := cluster.kube.AppsV1().Deployments(namespace).Patch(ctx, name, types.StrategicMergePatchType, []byte(restart), metav1.PatchOptions{}); err != nil {
@@ -158,6 +160,15 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 		views, draining := stopStatus()
 		assertStatusSawTheHandover(t, views, lease, old)
 		t.Logf("during the rollout, as a pod drained:\n%s\nafter it:\n%s", draining, statusText(t, name))
+		// A real Prometheus scraped the sidecars through the rollout: it
+		// read every old pod's shutdown, the chart's alerts fired only for
+		// drains that reached their deadline, and the dashboard shows it.
+		since := time.Now()
+		for _, pod := range old {
+			waitGone(t, pod, since, time.Duration(rolloutGrace+15)*time.Second)
+		}
+		checkRolloutSeen(t, alerts, old)
+		checkDashboard(t)
 	}
 
 	// Every message processed: the handed-back ones within their work, the

@@ -103,6 +103,7 @@ func TestShardRollout(t *testing.T) {
 	steady := costOf(leaseRequests(t)-steadyFrom, rec.writes()-steadyWrites, time.Since(steadyAt), background)
 
 	old := podNames(t, name)
+	alerts := promBefore(t)
 	rolloutFrom, rolloutAt, rolloutWrites := leaseRequests(t), time.Now(), rec.writes()
 	rec.start(rolloutAt)
 	restart := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"e2e/restartedAt":%q}}}}}`, rolloutAt.Format(time.RFC3339Nano))
@@ -128,6 +129,11 @@ func TestShardRollout(t *testing.T) {
 		}
 	}
 	rec.mu.Unlock()
+	// A clean rollout: a real Prometheus read each old pod's shutdown and
+	// no alert fired (no drain here reaches its deadline).
+	if deadline := checkRolloutSeen(t, alerts, old); len(deadline) > 0 {
+		t.Errorf("pods %v reached their drain deadline in the shard rollout, whose work is short", deadline)
+	}
 	rec.checkHolders(t, name, end)
 	run.moves, run.longestFree, run.freeShard = rec.movesAndGaps(t, rolloutAt, end)
 	run.mostHeld, run.mostHeldPod, run.worstExcess = rec.mostHeld, rec.mostHeldPod, rec.worst

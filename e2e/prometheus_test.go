@@ -1,0 +1,364 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/handoff-dev/handoff/internal/kubetest"
+)
+
+// promPort is the e2e Prometheus's, on loopback, below Linux's ephemeral
+// range as pgPort is.
+const promPort = "25490"
+
+// promInterval is the e2e Prometheus's scrape and evaluation interval:
+// short, so that a test waits seconds, not minutes, for a sample or an
+// alert (the sidecar's linger for one scrape is 1.5 of it).
+const promInterval = time.Second
+
+// prom is the e2e Prometheus's base URL; empty when none runs (a cluster
+// given by HANDOFF_E2E_KUBECONFIG, whose pods this machine may not reach).
+var prom string
+
+// promConfig is the e2e Prometheus's configuration: the pods' sidecars
+// found and labelled as the chart's PodMonitor has the Prometheus Operator
+// do it (the label handoff.dev/injected, the port handoff-metrics; the
+// labels namespace, pod, container), and the chart's alert rules as
+// files/alerts.yaml has them (the PrometheusRule the chart renders is that
+// file: TestPrometheusRuleIsTheTestedRuleFile).
+const promConfig = `global:
+  scrape_interval: %[1]s
+  scrape_timeout: %[1]s
+  evaluation_interval: %[1]s
+rule_files: [%[2]q]
+scrape_configs:
+  - job_name: handoff-sidecars
+    kubernetes_sd_configs:
+      - role: pod
+        kubeconfig_file: %[3]q
+        namespaces: {names: [%[4]q]}
+    relabel_configs:
+      - {source_labels: [__meta_kubernetes_pod_label_handoff_dev_injected], regex: "true", action: keep}
+      - {source_labels: [__meta_kubernetes_pod_container_port_name], regex: handoff-metrics, action: keep}
+      - {source_labels: [__meta_kubernetes_pod_phase], regex: (Failed|Succeeded), action: drop}
+      - {source_labels: [__meta_kubernetes_namespace], target_label: namespace}
+      - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
+      - {source_labels: [__meta_kubernetes_pod_container_name], target_label: container}
+`
+
+// startPrometheus starts a real Prometheus (hack/tools.sh builds it from
+// the Go module proxy) that scrapes the e2e namespace's sidecars and
+// evaluates the chart's alert rules, on our own cluster only. It is killed
+// with this process (Pdeathsig) should the cleanups not run.
+func (s *setup) startPrometheus() error {
+	if os.Getenv("HANDOFF_E2E_KUBECONFIG") != "" {
+		fmt.Fprintln(os.Stderr, "e2e: no Prometheus on a cluster given by HANDOFF_E2E_KUBECONFIG (its pods may not be reachable from here): the alert checks are skipped")
+		return nil
+	}
+	tools, err := s.sh(nil, "bash", "hack/tools.sh")
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(s.dir, "prometheus")
+	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o755); err != nil {
+		return err
+	}
+	rules := filepath.Join(s.root, "charts", "handoff", "files", "alerts.yaml")
+	config := fmt.Sprintf(promConfig, promInterval, rules, s.kubeconfig, namespace)
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o644); err != nil {
+		return err
+	}
+	logFile, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(filepath.Join(tools, "prometheus"), "--config.file="+filepath.Join(dir, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address=127.0.0.1:"+promPort, "--log.level=warn")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = logFile.Close()
+		return fmt.Errorf("prometheus: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); _ = logFile.Close(); close(exited) }()
+	s.c.add(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	base := "http://127.0.0.1:" + promPort
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get(base + "/-/ready")
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				prom = base
+				fmt.Fprintf(os.Stderr, "e2e: Prometheus at %s, scraping the sidecars of namespace %s every %s (log: %s)\n", base, namespace, promInterval, logFile.Name())
+				return nil
+			}
+		}
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(logFile.Name())
+			return fmt.Errorf("prometheus exited at start:\n%s", log)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("prometheus not ready within 60s at %s (log: %s)", base, logFile.Name())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// promSample is one series of an instant query's vector.
+type promSample struct {
+	Metric map[string]string
+	Value  float64
+}
+
+// promQuery runs expr as an instant query now and returns its vector; a
+// query Prometheus refuses fails t.
+func promQuery(t *testing.T, expr string) []promSample {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, prom+"/api/v1/query?"+url.Values{"query": {expr}}.Encode(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("Prometheus query %s: %v", expr, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var body struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			ResultType string `json:"resultType"`
+			Result     []struct {
+				Metric map[string]string `json:"metric"`
+				Value  [2]any            `json:"value"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatalf("Prometheus query %s: %s: %v", expr, resp.Status, err)
+	}
+	if body.Status != "success" {
+		t.Fatalf("Prometheus query %s: %s", expr, body.Error)
+	}
+	if body.Data.ResultType != "vector" {
+		t.Fatalf("Prometheus query %s: a %s, want a vector", expr, body.Data.ResultType)
+	}
+	out := make([]promSample, 0, len(body.Data.Result))
+	for _, r := range body.Data.Result {
+		s, _ := r.Value[1].(string)
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			t.Fatalf("Prometheus query %s: value %v: %v", expr, r.Value[1], err)
+		}
+		out = append(out, promSample{Metric: r.Metric, Value: v})
+	}
+	return out
+}
+
+// promValue is the value of expr's one series, or ok false when it has none.
+func promValue(t *testing.T, expr string) (v float64, ok bool) {
+	t.Helper()
+	r := promQuery(t, expr)
+	switch len(r) {
+	case 0:
+		return 0, false
+	case 1:
+		return r[0].Value, true
+	}
+	t.Fatalf("Prometheus query %s: %d series, want one", expr, len(r))
+	return 0, false
+}
+
+// firingAlerts is the set of alerts firing now, or at any evaluation of
+// the last window if window is above 0, in the e2e namespace, each as its
+// name and labels.
+func firingAlerts(t *testing.T, window time.Duration) map[string]bool {
+	t.Helper()
+	expr := fmt.Sprintf(`ALERTS{alertstate="firing",namespace=%q}`, namespace)
+	if window > 0 {
+		expr = fmt.Sprintf("max_over_time(%s[%dms])", expr, window.Milliseconds())
+	}
+	out := map[string]bool{}
+	for _, s := range promQuery(t, expr) {
+		var labels []string
+		for k, v := range s.Metric {
+			if k != "alertname" && k != "alertstate" && k != "__name__" {
+				labels = append(labels, k+"="+v)
+			}
+		}
+		sort.Strings(labels)
+		out[s.Metric["alertname"]+"{"+strings.Join(labels, ",")+"}"] = true
+	}
+	return out
+}
+
+// alertsBefore is what a rollout's check compares with: the alerts
+// firing when it began, and when.
+type alertsBefore struct {
+	at     time.Time
+	firing map[string]bool
+}
+
+// promBefore records the alerts firing now, before a rollout; nil without
+// a Prometheus.
+func promBefore(t *testing.T) *alertsBefore {
+	t.Helper()
+	if prom == "" {
+		return nil
+	}
+	return &alertsBefore{at: time.Now(), firing: firingAlerts(t, 0)}
+}
+
+// checkRolloutSeen checks, on the e2e Prometheus, a rollout that began at
+// before.at and replaced the pods old (gone by now):
+//
+//   - it read each old pod's one shutdown (its sidecar stayed for that
+//     scrape): handoff_shutdowns_total summed over outcomes went to 1;
+//   - a drain-deadline step for exactly the pods whose Events say their
+//     drain reached its deadline (DrainDeadlineExceeded);
+//   - no alert began firing since, but HandoffDrainDeadlineExceeded, and
+//     that one only if a pod reached its deadline.
+//
+// It returns the names of the pods that reached their deadline.
+func checkRolloutSeen(t *testing.T, before *alertsBefore, old []string) []string {
+	t.Helper()
+	if before == nil {
+		t.Log("no Prometheus (a cluster given by HANDOFF_E2E_KUBECONFIG): the alert checks are skipped")
+		return nil
+	}
+	window := time.Since(before.at) + 10*time.Second
+	var deadline []string
+	for _, pod := range old {
+		es, _ := podEvents(t, pod)
+		hit := slices.ContainsFunc(es, func(e corev1.Event) bool { return e.Reason == "DrainDeadlineExceeded" })
+		if hit {
+			deadline = append(deadline, pod)
+		}
+		sel := fmt.Sprintf(`namespace=%q,pod=%q`, namespace, pod)
+		var seen float64
+		kubetest.WaitFor(t, 10*promInterval, "Prometheus to have read pod "+pod+"'s shutdown", func() bool {
+			seen, _ = promValue(t, fmt.Sprintf(`sum(max_over_time(handoff_shutdowns_total{%s}[%dms]))`, sel, window.Milliseconds()))
+			return seen == 1
+		})
+		steps, ok := promValue(t, fmt.Sprintf(`max_over_time(handoff_shutdown_step_seconds_count{%s,step="drain-deadline"}[%dms])`, sel, window.Milliseconds()))
+		if want := map[bool]float64{true: 1, false: 0}[hit]; !ok || steps != want {
+			t.Errorf("Prometheus read %v drain-deadline steps of pod %s (series seen: %v); its Events say %v", steps, pod, ok, want)
+		}
+	}
+	var fired []string
+	for a := range firingAlerts(t, window) {
+		if !before.firing[a] {
+			fired = append(fired, a)
+		}
+	}
+	sort.Strings(fired)
+	for _, a := range fired {
+		if !strings.HasPrefix(a, "HandoffDrainDeadlineExceeded{") || len(deadline) == 0 {
+			t.Errorf("alert %s began firing during the rollout (pods that reached their drain deadline: %v)", a, deadline)
+		}
+	}
+	t.Logf("Prometheus read the shutdown of each of the %d replaced pods; drain deadlines reached: %v; alerts that began firing: %v", len(old), deadline, fired)
+	return deadline
+}
+
+// waitAlertFiring waits up to timeout for alert name to fire in the e2e
+// namespace, and fails t if it does not.
+func waitAlertFiring(t *testing.T, name string, timeout time.Duration) {
+	t.Helper()
+	kubetest.WaitFor(t, timeout, "alert "+name+" to fire", func() bool {
+		for a := range firingAlerts(t, 0) {
+			if strings.HasPrefix(a, name+"{") {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// dashboardPanels is files/dashboard.json's panels: title and queries.
+func dashboardPanels(t *testing.T) map[string][]string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "charts", "handoff", "files", "dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for _, p := range d.Panels {
+		for _, q := range p.Targets {
+			out[p.Title] = append(out[p.Title], q.Expr)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// checkDashboard runs every query of the chart's dashboard on the e2e
+// Prometheus, for the e2e namespace, as Grafana would: each must be
+// accepted, and each must return data but those of metrics the e2e
+// Prometheus does not scrape (the webhook's, the API server's).
+func checkDashboard(t *testing.T) {
+	t.Helper()
+	if prom == "" {
+		return
+	}
+	vars := strings.NewReplacer("$namespace", namespace, "$__rate_interval", "1m")
+	panels := dashboardPanels(t)
+	if panels == nil {
+		t.Fatal("the dashboard has no panel")
+	}
+	for title, exprs := range panels {
+		for _, e := range exprs {
+			q := vars.Replace(e)
+			got := promQuery(t, q)
+			unscraped := strings.Contains(q, "handoff_webhook_") || strings.Contains(q, "apiserver_")
+			if len(got) == 0 && !unscraped {
+				t.Errorf("dashboard panel %q: %s returns nothing from the sidecars' metrics", title, q)
+			}
+		}
+	}
+	t.Logf("the dashboard's %d panels' queries ran on the e2e Prometheus", len(panels))
+}
