@@ -73,6 +73,16 @@ func deadlineHandsBack(t *testing.T, name, layout string, podGrace int64, delete
 		t.Fatal(err)
 	}
 	victim, claims := waitHolderClaims(t, rec, name)
+	if prom != "" {
+		// Prometheus alerts on a pod's deadline only if it read the pod
+		// before (a series that first appears at 1 shows no increase), as
+		// it has any pod that lived a scrape interval; here the holder
+		// claims within a second of its start.
+		kubetest.WaitFor(t, 20*promInterval, "Prometheus to scrape "+victim+" before its deletion", func() bool {
+			v, ok := promValue(t, fmt.Sprintf(`up{namespace=%q,pod=%q}`, namespace, victim))
+			return ok && v == 1
+		})
+	}
 
 	deleted := time.Now()
 	if err := cluster.kube.CoreV1().Pods(namespace).Delete(ctx, victim, metav1.DeleteOptions{GracePeriodSeconds: deleteGrace}); err != nil {
