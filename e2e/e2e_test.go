@@ -182,6 +182,11 @@ func TestMain(m *testing.M) {
 func run(m *testing.M, c *cleanups) int {
 	flag.Parse()
 	c.stopOnInterrupt()
+	c.add(func() {
+		if dir := cliDir.Load(); dir != nil {
+			_ = os.RemoveAll(*dir)
+		}
+	})
 	s, err := newSetup(c)
 	if err == nil {
 		err = s.startRegistry()

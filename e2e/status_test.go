@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -22,6 +23,7 @@ var handoffCLI = sync.OnceValues(func() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	cliDir.Store(&dir)
 	bin := filepath.Join(dir, "handoff")
 	// As ko builds the image's (.ko.yaml), so that the packages compiled
 	// for the release are reused.
@@ -29,6 +31,10 @@ var handoffCLI = sync.OnceValues(func() (string, error) {
 	cmd.Dir, cmd.Stderr, cmd.Env = "..", os.Stderr, append(os.Environ(), "CGO_ENABLED=0")
 	return bin, cmd.Run()
 })
+
+// cliDir is the directory handoffCLI built the CLI in, removed at the end
+// of the run (run); nil until it is built.
+var cliDir atomic.Pointer[string]
 
 // statusView is the part of `handoff status -o json` the tests read.
 type statusView struct {
