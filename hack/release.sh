@@ -12,7 +12,10 @@
 #   chart     charts/handoff and charts/handoff-workload packaged at
 #             VERSION (version and appVersion), pushed as OCI artifacts to
 #             REGISTRY/charts/NAME, signed and verified.
-#   binaries  handoff for linux and darwin on amd64 and arm64, their
+#   binaries  handoff for linux and darwin on amd64 and arm64, each also
+#             as a krew archive (kubectl-handoff-OS-ARCH.tar.gz) with the
+#             krew plugin manifest handoff.yaml (hack/krew.sh; its URLs at
+#             KREW_URL_BASE, default the GitHub release of VERSION), their
 #             SHA-256 checksums (sha256sum -c reads them) and the
 #             checksums' cosign signature.
 #
@@ -238,7 +241,10 @@ binaries() {
       log "built $out"
     done
   done
-  (cd "$DIST/bin" && sha256sum handoff-* >checksums.txt)
+  # kubectl handoff through krew: an archive per platform and the plugin
+  # manifest naming them at the GitHub release (hack/krew.sh).
+  bash hack/krew.sh "$DIST/bin" "$VERSION" "${KREW_URL_BASE:-}"
+  (cd "$DIST/bin" && sha256sum handoff-* kubectl-handoff-* >checksums.txt)
   local sig=$DIST/bin/checksums.txt.sig
   if [ "$SIGN" = key ]; then
     cosign sign-blob --yes "${sign_flags[@]}" --output-signature "$sig" "$DIST/bin/checksums.txt" >&2

@@ -27,6 +27,8 @@ cosign=github.com/sigstore/cosign/v2/cmd/cosign@v2.6.5
 actionlint=github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
 prometheus=github.com/prometheus/prometheus/cmd/prometheus@v0.316.0 -tags=remove_all_sd,enable_kubernetes_sd
 promtool=github.com/prometheus/prometheus/cmd/promtool@v0.316.0 -tags=remove_all_sd,enable_kubernetes_sd
+krew=sigs.k8s.io/krew/cmd/krew@v0.4.3
+validate-krew-manifest=sigs.k8s.io/krew/cmd/validate-krew-manifest@v0.4.3
 '
 
 CACHE=${HANDOFF_CACHE:-$HOME/.cache/handoff}
