@@ -3,6 +3,8 @@ package deploy_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -159,25 +161,42 @@ func TestSidecarTokenActsOnlyForItsOwnPod(t *testing.T) {
 				t.Fatalf("pod A writing its phase %s: %v", phase, err)
 			}
 		}
-		got, err := admin.CoreV1().Pods(ns).Get(ctx, podA.Name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var phase string
-		for _, c := range got.Status.Conditions {
-			if c.Type == protocol.PodConditionCoordinating {
-				phase = c.Reason + "/" + string(c.Status)
-			}
-		}
-		if phase != "Done/False" {
+		if phase := coordinatingOf(t, admin, ns, podA.Name); phase != "Done/False" {
 			t.Errorf("pod A's condition %s: %q, want Done/False", protocol.PodConditionCoordinating, phase)
 		}
 		refused(t, "pod B's condition", patch(asA, podB.Name, cond("Done", "False")), "may write the status of its own pod alone, not of pod orders-b")
 		refused(t, "its own Ready condition", patch(asA, podA.Name, []byte(`{"status":{"conditions":[{"type":"Ready","status":"True"}]}}`)),
 			"may change only the condition "+protocol.PodConditionCoordinating+" of pod orders-a, not its other conditions")
-		refused(t, "its own phase", patch(asA, podA.Name, []byte(`{"status":{"phase":"Succeeded"}}`)), "not its phase, IPs or container statuses")
-		refused(t, "its own pod IP", patch(asA, podA.Name, []byte(`{"status":{"podIP":"10.0.0.9","podIPs":[{"ip":"10.0.0.9"}]}}`)), "not its phase, IPs or container statuses")
+		refused(t, "its own phase", patch(asA, podA.Name, []byte(`{"status":{"phase":"Succeeded"}}`)), "not the rest of its status")
+		refused(t, "its own pod IP", patch(asA, podA.Name, []byte(`{"status":{"podIP":"10.0.0.9","podIPs":[{"ip":"10.0.0.9"}]}}`)), "not the rest of its status")
 		refused(t, "a token bound to no pod", patch(unbound, podA.Name, cond("Running", "True")), "writes only with the token of one of its pods")
+		// A status write carries the pod's metadata too: labels (a
+		// Service's or a controller's selector), annotations, finalizers.
+		const metadata = "may not change the labels, annotations, finalizers or owners of pod orders-a"
+		refused(t, "its labels, by a strategic merge patch", patch(asA, podA.Name, []byte(`{"metadata":{"labels":{"app":"payments"}}}`)), metadata)
+		_, err := asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.JSONPatchType, []byte(`[{"op":"add","path":"/metadata/labels","value":{"evil":"1"}}]`), metav1.PatchOptions{}, "status")
+		refused(t, "its labels, by a JSON patch", err, metadata)
+		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.MergePatchType, []byte(`{"metadata":{"annotations":{"controller.kubernetes.io/pod-deletion-cost":"2147483647"}}}`), metav1.PatchOptions{}, "status")
+		refused(t, "its pod-deletion-cost annotation", err, metadata)
+		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.MergePatchType, []byte(`{"metadata":{"finalizers":["example.com/never"]}}`), metav1.PatchOptions{}, "status")
+		refused(t, "a finalizer", err, metadata)
+		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.ApplyPatchType, []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"orders-a","labels":{"app":"payments"}}}`),
+			metav1.PatchOptions{FieldManager: "evil", Force: ptr.To(true)}, "status")
+		refused(t, "its labels, by server-side apply", err, metadata)
+		// The rest of the status.
+		const rest = "not the rest of its status"
+		refused(t, "its start time", patch(asA, podA.Name, []byte(`{"status":{"startTime":"2001-01-01T00:00:00Z"}}`)), rest)
+		refused(t, "its reason", patch(asA, podA.Name, []byte(`{"status":{"reason":"NodeLost","message":"gone"}}`)), rest)
+		refused(t, "its resize status", patch(asA, podA.Name, []byte(`{"status":{"resize":"Infeasible"}}`)), rest)
+		// The condition itself.
+		const own = "may write the condition " + protocol.PodConditionCoordinating + " only with reason Running (status True)"
+		refused(t, "an unknown phase", patch(asA, podA.Name, cond("Hacked", "False")), own)
+		refused(t, "Done with status True", patch(asA, podA.Name, cond("Done", "True")), own)
+		big := []byte(`{"status":{"conditions":[{"type":"` + protocol.PodConditionCoordinating + `","status":"False","reason":"Done","message":"` + strings.Repeat("x", 1025) + `"}]}}`)
+		refused(t, "a message of 1025 bytes", patch(asA, podA.Name, big), own)
+		if got := coordinatingOf(t, admin, ns, podA.Name); got != "Done/False" {
+			t.Errorf("after the refused writes, pod A's condition is %q, want Done/False as written last", got)
+		}
 	})
 
 	t.Run("is refused every write with a token bound to no pod", func(t *testing.T) {
@@ -301,4 +320,41 @@ func TestSidecarTokenActsOnlyForItsOwnPod(t *testing.T) {
 			t.Errorf("list the shard's peers: %v", err)
 		}
 	})
+}
+
+// coordinatingOf is pod name's condition protocol.PodConditionCoordinating
+// as reason/status, or "" without one.
+func coordinatingOf(t *testing.T, c kubernetes.Interface, ns, name string) string {
+	t.Helper()
+	p, err := c.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == protocol.PodConditionCoordinating {
+			return cond.Reason + "/" + string(cond.Status)
+		}
+	}
+	return ""
+}
+
+// The status policy compares every field of PodStatus but its conditions:
+// a field k8s.io/api adds must be added to it (or a status write could
+// change it).
+func TestPodStatusPolicyNamesEveryField(t *testing.T) {
+	raw, err := os.ReadFile("../charts/handoff/templates/sidecar-pod-policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := string(raw)
+	st := reflect.TypeFor[corev1.PodStatus]()
+	for i := range st.NumField() {
+		name, _, _ := strings.Cut(st.Field(i).Tag.Get("json"), ",")
+		if name == "conditions" {
+			continue
+		}
+		if want := "object.status.?" + name + " == oldObject.status.?" + name; !strings.Contains(policy, want) {
+			t.Errorf("the pod status policy does not compare status.%s: no %q", name, want)
+		}
+	}
 }
