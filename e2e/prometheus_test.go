@@ -40,7 +40,7 @@ var prom string
 // promConfig is the e2e Prometheus's configuration: the pods' sidecars
 // found and labelled as the chart's PodMonitor has the Prometheus Operator
 // do it (the label handoff.dev/injected, the port handoff-metrics; the
-// labels namespace, pod, container), and the chart's alert rules as
+// labels namespace, pod, container, and the PodMonitor's pod_uid), and the chart's alert rules as
 // files/alerts.yaml has them (the PrometheusRule the chart renders is that
 // file: TestPrometheusRuleIsTheTestedRuleFile).
 const promConfig = `global:
@@ -61,6 +61,7 @@ scrape_configs:
       - {source_labels: [__meta_kubernetes_namespace], target_label: namespace}
       - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
       - {source_labels: [__meta_kubernetes_pod_container_name], target_label: container}
+      - {source_labels: [__meta_kubernetes_pod_uid], target_label: pod_uid}
 `
 
 // startPrometheus starts a real Prometheus (hack/tools.sh builds it from
