@@ -149,9 +149,10 @@ type Settings struct {
 	LogLevel LogLevel
 	// MetricsLinger is the longest the sidecar waits, after its sequence and
 	// SIGTERM, for one scrape of its metrics that reads the sequence's
-	// counts, from 0 (no wait) to MaxMetricsLinger. It waits only if its
-	// metrics have been scraped before, at most 1.5 scrape intervals, and
-	// never past the pod's grace period (sidecar.ScrapeWatch).
+	// counts, from 0 (no wait) to MaxMetricsLinger. It waits only for a
+	// scraper (an address seen scraping twice), at most 1.5 of its interval
+	// after its last scrape, never past the pod's grace period, and not in
+	// a StatefulSet's pod (sidecar.ScrapeWatch).
 	MetricsLinger time.Duration
 }
 
@@ -283,7 +284,7 @@ var Table = []Setting{
 		Usage: "least level logged: error, info (every step, Lease change and Event), or debug (also each failed call to the app)",
 		set:   setLogLevel},
 	{Name: "metrics-linger", Default: "45s", Form: "a duration from 0s to 2m, like 45s", Annotation: true,
-		Usage: "longest wait at exit for one scrape that reads the shutdown's counts: only if the metrics were scraped before, at most 1.5 scrape intervals and within the grace period; 0s: none",
+		Usage: "longest wait at exit for one scrape that reads the shutdown's counts: only if a scraper (an address seen scraping twice) comes, until 1.5 of its interval after its last scrape, within the grace period, and not in a StatefulSet's pods; 0s: none",
 		set:   duration(func(s *Settings) *time.Duration { return &s.MetricsLinger }, 0, MaxMetricsLinger)},
 }
 

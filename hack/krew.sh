@@ -11,15 +11,19 @@
 #   VERSION   the release version, a semver with a leading v (v0.2.0)
 #   URL_BASE  where the archives are downloaded from; default the GitHub
 #             release, https://github.com/handoff-dev/handoff/releases/download/VERSION
-# hack/release.sh binaries runs it; test: TestKrewManifestInstalls.
+# hack/release.sh binaries runs it; test: TestKrewInstallsTheKubectlPlugin
+# (e2e).
 set -euo pipefail
 
 die() { echo "krew: $*" >&2; exit 2; }
 [ $# -ge 2 ] && [ $# -le 3 ] || die "usage: hack/krew.sh BINDIR VERSION [URL_BASE]"
 BINDIR=$1 VERSION=$2
 URL_BASE=${3:-https://github.com/handoff-dev/handoff/releases/download/$VERSION}
-[[ "$VERSION" =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$ ]] ||
-  die "VERSION \"$VERSION\": want a semver with a leading v, like v0.2.0"
+[[ "$VERSION" =~ ^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$ ]] ||
+  die "VERSION \"$VERSION\": want a semver with a leading v and no leading zeros, like v0.2.0"
+URL_BASE=${URL_BASE%/}
+[[ "$URL_BASE" =~ ^https?://[^[:space:]\#?]+$ ]] ||
+  die "URL_BASE \"$URL_BASE\": want an http or https URL with no spaces, query or fragment, like https://github.com/handoff-dev/handoff/releases/download/$VERSION"
 [ -d "$BINDIR" ] || die "BINDIR $BINDIR: not a directory"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 

@@ -244,7 +244,7 @@ binaries() {
   # kubectl handoff through krew: an archive per platform and the plugin
   # manifest naming them at the GitHub release (hack/krew.sh).
   bash hack/krew.sh "$DIST/bin" "$VERSION" "${KREW_URL_BASE:-}"
-  (cd "$DIST/bin" && sha256sum handoff-* kubectl-handoff-* >checksums.txt)
+  (cd "$DIST/bin" && sha256sum handoff-* kubectl-handoff-* handoff.yaml >checksums.txt)
   local sig=$DIST/bin/checksums.txt.sig
   if [ "$SIGN" = key ]; then
     cosign sign-blob --yes "${sign_flags[@]}" --output-signature "$sig" "$DIST/bin/checksums.txt" >&2

@@ -24,6 +24,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -393,6 +394,24 @@ func (c *Coordinator) setPhase(phase protocol.Phase, message string) {
 	if c.phases != nil {
 		c.phases.set(phase, message)
 	}
+}
+
+// ControllerKind is the kind of the pod's controller (its owner reference
+// marked controller, like ReplicaSet or StatefulSet), from the watch of the
+// pod (a GET bounded by podReadTimeout if the watch has not seen it); ""
+// when it has none or the pod cannot be read.
+func (c *Coordinator) ControllerKind() string {
+	if c.pods == nil {
+		return ""
+	}
+	p, _, err := c.pods.Pod(context.Background(), podReadTimeout)
+	if err != nil || p == nil {
+		return ""
+	}
+	if ref := metav1.GetControllerOf(p); ref != nil {
+		return ref.Kind
+	}
+	return ""
 }
 
 // WaitPhaseWritten waits up to d for the current phase to be written on

@@ -11,11 +11,20 @@ import (
 	"github.com/handoff-dev/handoff/sidecar"
 )
 
-// scrape sends one request through w's handler, as a scraper would.
-func scrape(w *sidecar.ScrapeWatch) {
+// scrape sends one request through w's handler, as a scraper would, from
+// the address from.
+func scrape(w *sidecar.ScrapeWatch, from string) {
 	h := w.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	r := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	r.RemoteAddr = from + ":40000"
+	h.ServeHTTP(httptest.NewRecorder(), r)
 }
+
+// The addresses of two scrapers.
+const (
+	promA = "10.0.0.1"
+	promB = "10.0.0.2"
+)
 
 type lingered struct {
 	result sidecar.LingerResult
@@ -26,8 +35,9 @@ type lingered struct {
 func linger(t *testing.T, clk *clocktesting.FakeClock, w *sidecar.ScrapeWatch, limit time.Duration, stop chan struct{}) <-chan lingered {
 	t.Helper()
 	out := make(chan lingered, 1)
+	since := clk.Now()
 	go func() {
-		r, d := w.Linger(limit, stop)
+		r, d := w.Linger(since, limit, stop)
 		out <- lingered{r, d}
 	}()
 	deadline := time.Now().Add(5 * time.Second)
@@ -50,45 +60,80 @@ func TestLingerWaitsForTheNextScrapeOnlyIfScraped(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	w := sidecar.NewScrapeWatch(clk)
 
-	// Never scraped: nothing scrapes this sidecar, so it does not wait.
-	if r, d := w.Linger(time.Minute, nil); r != sidecar.LingerNeverScraped || d != 0 {
-		t.Fatalf("never scraped: Linger = %s after %s, want %s at once", r, d, sidecar.LingerNeverScraped)
+	// Never scraped, or once (a person's curl): no scraper, no wait.
+	if r, d := w.Linger(clk.Now(), time.Minute, nil); r != sidecar.LingerNoScraper || d != 0 {
+		t.Fatalf("never scraped: Linger = %s after %s, want %s at once", r, d, sidecar.LingerNoScraper)
+	}
+	scrape(w, "10.9.9.9")
+	if r, d := w.Linger(clk.Now(), time.Minute, nil); r != sidecar.LingerNoScraper || d != 0 {
+		t.Fatalf("one request: Linger = %s after %s, want %s at once", r, d, sidecar.LingerNoScraper)
 	}
 
 	// Scraped every 10 s; the sequence ends 2 s after the last scrape. The
 	// next scrape, 8 s later, ends the wait.
-	scrape(w)
+	scrape(w, promA)
 	clk.Step(10 * time.Second)
-	scrape(w)
+	scrape(w, promA)
 	clk.Step(2 * time.Second)
 	out := linger(t, clk, w, time.Minute, nil)
 	clk.Step(8 * time.Second)
-	scrape(w)
+	scrape(w, promA)
 	if l := <-out; l.result != sidecar.LingerScraped || l.waited != 8*time.Second {
 		t.Errorf("scraped 8s into the wait: Linger = %s after %s, want %s after 8s", l.result, l.waited, sidecar.LingerScraped)
+	}
+
+	// A scrape after the sequence ended, before the call: read already.
+	since := clk.Now()
+	clk.Step(time.Second)
+	scrape(w, promA)
+	if r, d := w.Linger(since, time.Minute, nil); r != sidecar.LingerRead || d != 0 {
+		t.Errorf("scraped after the sequence: Linger = %s after %s, want %s at once", r, d, sidecar.LingerRead)
+	}
+}
+
+// An HA pair of Prometheus servers, each every 30 s, 3 s apart: the wait
+// is for either one's next visit, not over 1.5 times the 3 s between them.
+func TestLingerWaitsForAnHAPair(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	w := sidecar.NewScrapeWatch(clk)
+	scrape(w, promA) // +0
+	clk.Step(3 * time.Second)
+	scrape(w, promB) // +3
+	clk.Step(27 * time.Second)
+	scrape(w, promA) // +30
+	clk.Step(3 * time.Second)
+	scrape(w, promB) // +33
+	clk.Step(2 * time.Second)
+	out := linger(t, clk, w, time.Minute, nil) // +35
+	clk.Step(20 * time.Second)
+	select {
+	case l := <-out:
+		t.Fatalf("Linger = %s after %s, before either scraper's next visit (A at +60)", l.result, l.waited)
+	default:
+	}
+	clk.Step(5 * time.Second)
+	scrape(w, promA) // +60
+	if l := <-out; l.result != sidecar.LingerScraped || l.waited != 25*time.Second {
+		t.Errorf("Linger = %s after %s, want %s after 25s (A's visit at +60)", l.result, l.waited, sidecar.LingerScraped)
 	}
 }
 
 func TestLingerIsBounded(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		interval time.Duration // between the two scrapes before; 0: one scrape only
-		limit    time.Duration
-		want     time.Duration
+		name  string
+		limit time.Duration
+		want  time.Duration
 	}{
 		// 1.5 intervals from the last scrape (at +0; Linger at +2s): 15s - 2s.
-		{"a scraper that stopped coming", 10 * time.Second, time.Minute, 13 * time.Second},
-		{"the limit first", 10 * time.Second, 5 * time.Second, 5 * time.Second},
-		{"one scrape: no interval known, the limit", 0, 30 * time.Second, 30 * time.Second},
+		{"a scraper that stopped coming", time.Minute, 13 * time.Second},
+		{"the limit first", 5 * time.Second, 5 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 			w := sidecar.NewScrapeWatch(clk)
-			scrape(w)
-			if tc.interval > 0 {
-				clk.Step(tc.interval)
-				scrape(w)
-			}
+			scrape(w, promA)
+			clk.Step(10 * time.Second)
+			scrape(w, promA)
 			clk.Step(2 * time.Second)
 			out := linger(t, clk, w, tc.limit, nil)
 			clk.Step(tc.want - time.Millisecond)
@@ -107,14 +152,15 @@ func TestLingerIsBounded(t *testing.T) {
 	t.Run("a scraper overdue already, or no time left", func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 		w := sidecar.NewScrapeWatch(clk)
-		scrape(w)
+		scrape(w, promA)
 		clk.Step(10 * time.Second)
-		scrape(w)
-		if r, d := w.Linger(0, nil); r != sidecar.LingerTimedOut || d != 0 {
+		scrape(w, promA)
+		clk.Step(time.Second)
+		if r, d := w.Linger(clk.Now(), 0, nil); r != sidecar.LingerTimedOut || d != 0 {
 			t.Errorf("limit 0: Linger = %s after %s, want %s at once", r, d, sidecar.LingerTimedOut)
 		}
 		clk.Step(time.Minute)
-		if r, d := w.Linger(time.Minute, nil); r != sidecar.LingerTimedOut || d != 0 {
+		if r, d := w.Linger(clk.Now(), time.Minute, nil); r != sidecar.LingerTimedOut || d != 0 {
 			t.Errorf("a minute after a 10s scraper's last visit: Linger = %s after %s, want %s at once", r, d, sidecar.LingerTimedOut)
 		}
 	})
@@ -122,7 +168,9 @@ func TestLingerIsBounded(t *testing.T) {
 	t.Run("stop", func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 		w := sidecar.NewScrapeWatch(clk)
-		scrape(w)
+		scrape(w, promA)
+		clk.Step(10 * time.Second)
+		scrape(w, promA)
 		stop := make(chan struct{})
 		out := linger(t, clk, w, time.Minute, stop)
 		clk.Step(time.Second)

@@ -170,7 +170,12 @@ func runSidecar(s *config.Settings) error {
 		log.Info("exiting with the pod's condition "+protocol.PodConditionCoordinating+" not yet written", "waited", eventFlush.String())
 	}
 	if err == nil && rep != nil {
-		lingerForScrape(log, scrapes, s.MetricsLinger, killAt(rep, s.DeadlineMargin), sctx.Done())
+		if kind := c.ControllerKind(); kind == "StatefulSet" {
+			// Its replacement, of the same name, waits for this pod to be gone.
+			log.Info("no wait for a scrape of the shutdown's metrics: the pod's StatefulSet replaces it only once it is gone")
+		} else {
+			lingerForScrape(log, scrapes, rep.Finished, s.MetricsLinger, killAt(rep, s.DeadlineMargin), sctx.Done())
+		}
 	}
 	cancel()
 	stop()
@@ -194,14 +199,14 @@ func killAt(rep *protocol.Report, margin time.Duration) time.Time {
 	return rep.Deadline.Add(margin)
 }
 
-// lingerForScrape waits, after the sequence, for one scrape of the
-// metrics that reads its counts (sidecar.ScrapeWatch.Linger), for up to
-// limit and never within scrapeLingerMargin of kill; stop ends it (a second
-// signal).
-func lingerForScrape(log logr.Logger, scrapes *sidecar.ScrapeWatch, limit time.Duration, kill time.Time, stop <-chan struct{}) {
+// lingerForScrape waits, after the sequence that ended at finished, for one
+// scrape of the metrics that reads its counts (sidecar.ScrapeWatch.Linger),
+// for up to limit and never within scrapeLingerMargin of kill; stop ends it
+// (a second signal).
+func lingerForScrape(log logr.Logger, scrapes *sidecar.ScrapeWatch, finished time.Time, limit time.Duration, kill time.Time, stop <-chan struct{}) {
 	limit = min(limit, time.Until(kill)-scrapeLingerMargin)
-	result, waited := scrapes.Linger(limit, stop)
-	if result != sidecar.LingerNeverScraped {
+	result, waited := scrapes.Linger(finished, limit, stop)
+	if result != sidecar.LingerNoScraper {
 		log.Info("waited for a scrape of the shutdown's metrics", "result", string(result), "waited", waited.String(), "limit", limit.String())
 	}
 }
