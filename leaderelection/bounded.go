@@ -6,6 +6,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 )
 
@@ -19,8 +20,8 @@ func RequestTimeout(renewDeadline time.Duration) time.Duration {
 	return max(time.Second, renewDeadline/2)
 }
 
-// boundedLeases is a Leases client whose Get, Create and Update each end
-// after timeout; List and Watch are not bounded.
+// boundedLeases is a Leases client whose Get, Create, Update and Patch each
+// end after timeout; List and Watch are not bounded.
 type boundedLeases struct {
 	coordinationv1client.LeasesGetter
 	timeout time.Duration
@@ -51,4 +52,10 @@ func (b boundedLeaseClient) Update(ctx context.Context, l *coordinationv1.Lease,
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	return b.LeaseInterface.Update(ctx, l, opts)
+}
+
+func (b boundedLeaseClient) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*coordinationv1.Lease, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	return b.LeaseInterface.Patch(ctx, name, pt, data, opts, subresources...)
 }

@@ -2,11 +2,13 @@ package leaderelection
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/utils/ptr"
 )
@@ -19,8 +21,9 @@ import (
 // previous term left held (its release withheld) once the process that
 // led under that term is known to be gone. It reports whether it wrote the
 // release; a Lease held by another identity, or missing, is left alone.
-// Each request is bounded by timeout; a conflict is read again, up to 3
-// times; it returns the API's error otherwise.
+// Each request is bounded by timeout; a Lease whose holder changed between
+// the read and the write is read again, up to 3 times; it returns the API's
+// error otherwise. Needs get and patch on the Lease.
 func ReleaseLeftover(ctx context.Context, leases coordinationv1client.LeasesGetter, namespace, name, identity string, timeout time.Duration) (bool, error) {
 	freed, _, err := ReleaseLeftoverRead(ctx, leases, namespace, name, identity, timeout)
 	return freed, err
@@ -30,6 +33,15 @@ func ReleaseLeftover(ctx context.Context, leases coordinationv1client.LeasesGett
 // the Lease free (it exists and names no holder), and so wrote nothing: a
 // release of this identity written before, whose answer was lost, leaves
 // it so.
+//
+// The release is a JSON patch that tests the holder identity and writes
+// the release record, not an update of the object as read: a patch does not
+// meet a conflict when another client (a controller adding a label or an
+// annotation) writes the Lease between the read and the write, which an
+// update would, at every attempt while that client writes. The test keeps
+// what the update's resource version kept: a Lease another identity took
+// meanwhile is not freed (the patch fails and the Lease is read again, up
+// to 3 times).
 func ReleaseLeftoverRead(ctx context.Context, leases coordinationv1client.LeasesGetter, namespace, name, identity string, timeout time.Duration) (freed, free bool, err error) {
 	client := boundedLeases{LeasesGetter: leases, timeout: timeout}.Leases(namespace)
 	for range 3 {
@@ -43,17 +55,40 @@ func ReleaseLeftoverRead(ctx context.Context, leases coordinationv1client.Leases
 		if h := ptr.Deref(l.Spec.HolderIdentity, ""); h != identity {
 			return false, h == "", nil
 		}
-		now := metav1.NewMicroTime(time.Now())
-		l.Spec.HolderIdentity = ptr.To("")
-		l.Spec.LeaseDurationSeconds = ptr.To[int32](1)
-		l.Spec.RenewTime, l.Spec.AcquireTime = &now, &now
-		_, err = client.Update(ctx, l, metav1.UpdateOptions{})
-		if err == nil {
-			return true, false, nil
+		patch, err := releasePatch(identity, metav1.NewMicroTime(time.Now()))
+		if err != nil {
+			return false, false, err
 		}
-		if !apierrors.IsConflict(err) {
+		_, err = client.Patch(ctx, name, types.JSONPatchType, patch, metav1.PatchOptions{})
+		switch {
+		case err == nil:
+			return true, false, nil
+		case apierrors.IsInvalid(err) || apierrors.IsConflict(err):
+			// The holder moved since the read (the test failed): read again.
+		case apierrors.IsNotFound(err):
+			return false, false, nil
+		default:
 			return false, false, fmt.Errorf("lease %s/%s: %w", namespace, name, err)
 		}
 	}
-	return false, false, fmt.Errorf("lease %s/%s: not released: written by another client at each of 3 attempts", namespace, name)
+	return false, false, fmt.Errorf("lease %s/%s: not released: its holder changed between the read and the release at each of 3 attempts", namespace, name)
+}
+
+// releasePatch is the JSON patch that releases a Lease held by identity:
+// a test of spec.holderIdentity, then client-go's release record (no
+// holder, lease duration 1 s, renew and acquire time now; the transition
+// count, the fencing token, unchanged).
+func releasePatch(identity string, now metav1.MicroTime) ([]byte, error) {
+	type op struct {
+		Op    string `json:"op"`
+		Path  string `json:"path"`
+		Value any    `json:"value"`
+	}
+	return json.Marshal([]op{
+		{"test", "/spec/holderIdentity", identity},
+		{"add", "/spec/holderIdentity", ""},
+		{"add", "/spec/leaseDurationSeconds", 1},
+		{"add", "/spec/renewTime", now},
+		{"add", "/spec/acquireTime", now},
+	})
 }

@@ -2,6 +2,7 @@ package leaderelection_test
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -88,4 +89,80 @@ func TestReleaseLeftoverNeverFreesAnotherPodsLease(t *testing.T) {
 			t.Errorf("Lease %s freed", name)
 		}
 	}
+}
+
+// annotatedAfterRead is a Leases client after each of whose Gets another
+// client writes an annotation on the Lease, before the caller can write:
+// an update of the Lease as read then always meets a conflict.
+type annotatedAfterRead struct {
+	coordinationv1client.LeasesGetter
+	writes atomic.Int64
+	t      *testing.T
+}
+
+func (w *annotatedAfterRead) Leases(ns string) coordinationv1client.LeaseInterface {
+	return annotatedClient{LeaseInterface: w.LeasesGetter.Leases(ns), w: w}
+}
+
+type annotatedClient struct {
+	coordinationv1client.LeaseInterface
+	w *annotatedAfterRead
+}
+
+func (c annotatedClient) Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error) {
+	l, err := c.LeaseInterface.Get(ctx, name, opts)
+	if err == nil {
+		o := l.DeepCopy()
+		if o.Annotations == nil {
+			o.Annotations = map[string]string{}
+		}
+		o.Annotations["example.com/touched"] = strconv.FormatInt(c.w.writes.Add(1), 10)
+		if _, err := c.Update(ctx, o, metav1.UpdateOptions{}); err != nil {
+			c.w.t.Errorf("the other client's write: %v", err)
+		}
+	}
+	return l, err
+}
+
+// Another client annotates the Lease between each read of the leftover
+// release and its write: the release still frees it (a JSON patch that
+// tests the holder, not an update of the object as read, which met a
+// conflict at each of its attempts), keeping the fencing token and the
+// other client's annotation.
+func TestReleaseLeftoverThroughAnotherWriter(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	leases := env.Client.CoordinationV1()
+	const me = "pod-a_uid-a"
+	now := metav1.NewMicroTime(time.Now())
+	if _, err := leases.Leases(ns).Create(context.Background(), &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "busy"},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptrTo(me), LeaseDurationSeconds: ptrTo[int32](15),
+			RenewTime: &now, AcquireTime: &now, LeaseTransitions: ptrTo[int32](4)},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w := &annotatedAfterRead{LeasesGetter: leases, t: t}
+	freed, err := leaderelection.ReleaseLeftover(context.Background(), w, ns, "busy", me, time.Second)
+	if !freed || err != nil {
+		t.Fatalf("ReleaseLeftover with the Lease annotated after each read (%d times): freed %t, %v; want freed", w.writes.Load(), freed, err)
+	}
+	l, err := leases.Leases(ns).Get(context.Background(), "busy", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := ptrDeref(l.Spec.HolderIdentity); h != "" || ptrDeref(l.Spec.LeaseTransitions) != 4 || ptrDeref(l.Spec.LeaseDurationSeconds) != 1 {
+		t.Errorf("after the release: holder %q, transitions %d, lease duration %d; want no holder, 4 (the fencing token kept), 1", h, ptrDeref(l.Spec.LeaseTransitions), ptrDeref(l.Spec.LeaseDurationSeconds))
+	}
+	if l.Annotations["example.com/touched"] == "" {
+		t.Error("the other client's annotation is gone")
+	}
+}
+
+func ptrDeref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }

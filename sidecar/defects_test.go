@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
@@ -257,6 +258,15 @@ func (h hangingLease) Update(ctx context.Context, l *coordinationv1.Lease, o met
 		return nil, ctx.Err()
 	}
 	return h.LeaseInterface.Update(ctx, l, o)
+}
+
+// Patch hangs as Update does: the leftover release's write.
+func (h hangingLease) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, o metav1.PatchOptions, sub ...string) (*coordinationv1.Lease, error) {
+	if h.hang.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return h.LeaseInterface.Patch(ctx, name, pt, data, o, sub...)
 }
 
 // When the holder's Lease writes hang past its renew deadline, the app is

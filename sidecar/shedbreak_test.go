@@ -38,11 +38,13 @@ func (r refuseReleases) RoundTrip(req *http.Request) (*http.Response, error) {
 	if leases == "" {
 		leases = "/leases/s-"
 	}
-	if r.refuse.Load() && req.Method == http.MethodPut && strings.Contains(req.URL.Path, leases) && req.Body != nil {
+	if r.refuse.Load() && (req.Method == http.MethodPut || req.Method == http.MethodPatch) && strings.Contains(req.URL.Path, leases) && req.Body != nil {
 		body, _ := io.ReadAll(req.Body)
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		var l coordinationv1.Lease
-		release := json.Unmarshal(body, &l) == nil && (l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "")
+		release := req.Method == http.MethodPut && json.Unmarshal(body, &l) == nil && (l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "")
+		// The leftover release: a JSON patch that empties the holder.
+		release = release || (req.Method == http.MethodPatch && bytes.Contains(body, []byte(`"path":"/spec/holderIdentity","value":""`)))
 		if release && r.once != nil {
 			_, again := r.once.LoadOrStore(req.URL.Path, true)
 			release = !again
