@@ -109,14 +109,26 @@ func (q *QueueApp) Stop(ctx context.Context) error {
 		return nil
 	}
 	stop()
-	select {
-	case err := <-done:
-		if err != nil && !errors.Is(err, context.Canceled) {
-			return fmt.Errorf("Run: %w", err)
+	// A handler that read the release channel only after the finish above
+	// (its goroutine late to run on a loaded machine: the claim counts as
+	// started before the handler runs) would wait for a Finish that never
+	// comes, and Run with it: release such work until Run returns.
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err != nil && !errors.Is(err, context.Canceled) {
+				return fmt.Errorf("Run: %w", err)
+			}
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+			q.mu.Lock()
+			q.finishLocked()
+			q.mu.Unlock()
 		}
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 
