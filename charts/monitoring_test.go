@@ -17,41 +17,9 @@ import (
 	"github.com/handoff-dev/handoff/internal/charttest"
 )
 
-// ruleFile is a Prometheus rule file.
-type ruleFile struct {
-	Groups []ruleGroup `json:"groups"`
-}
-
-type ruleGroup struct {
-	Name  string `json:"name"`
-	Rules []rule `json:"rules"`
-}
-
-type rule struct {
-	Alert       string            `json:"alert,omitempty"`
-	Record      string            `json:"record,omitempty"`
-	Expr        string            `json:"expr"`
-	For         string            `json:"for,omitempty"`
-	Labels      map[string]string `json:"labels,omitempty"`
-	Annotations map[string]string `json:"annotations,omitempty"`
-}
-
-func readRules(t *testing.T) ruleFile {
-	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(charttest.Chart(t), "files", "alerts.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f ruleFile
-	if err := yaml.UnmarshalStrict(raw, &f); err != nil {
-		t.Fatalf("files/alerts.yaml: %v", err)
-	}
-	return f
-}
-
 // renderedRules renders the chart's PrometheusRule with args and returns
 // its spec as a rule file.
-func renderedRules(t *testing.T, args ...string) ruleFile {
+func renderedRules(t *testing.T, args ...string) charttest.RuleFile {
 	t.Helper()
 	objs := charttest.Render(t, "handoff", "handoff", append([]string{"--set", "monitoring.prometheusRule.enabled=true", "--show-only", "templates/prometheusrule.yaml"}, args...)...)
 	if len(objs) != 1 || objs[0].GetKind() != "PrometheusRule" {
@@ -61,7 +29,7 @@ func renderedRules(t *testing.T, args ...string) ruleFile {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var f ruleFile
+	var f charttest.RuleFile
 	if err := yaml.UnmarshalStrict(spec, &f); err != nil {
 		t.Fatalf("the PrometheusRule's spec: %v", err)
 	}
@@ -72,7 +40,7 @@ func renderedRules(t *testing.T, args ...string) ruleFile {
 // and it passes files/alerts_test.yaml's unit tests (promtool test rules):
 // what promtool tests is what a cluster gets.
 func TestPrometheusRuleIsTheTestedRuleFile(t *testing.T) {
-	file, got := readRules(t), renderedRules(t)
+	file, got := charttest.Alerts(t), renderedRules(t)
 	if !reflect.DeepEqual(got, file) {
 		t.Errorf("the rendered PrometheusRule's groups differ from files/alerts.yaml:\n got %+v\nwant %+v", got, file)
 	}
@@ -125,7 +93,7 @@ func TestPrometheusRuleIsTheTestedRuleFile(t *testing.T) {
 func TestPrometheusRuleKnobs(t *testing.T) {
 	got := renderedRules(t, "--set", "monitoring.prometheusRule.labels.team=platform",
 		"--set", "monitoring.prometheusRule.disabled={HandoffSidecarRestarted}", "--set", "monitoring.prometheusRule.for.HandoffShardsUnowned=5m")
-	seen := map[string]rule{}
+	seen := map[string]charttest.Rule{}
 	for _, g := range got.Groups {
 		for _, r := range g.Rules {
 			seen[r.Alert] = r
@@ -164,26 +132,10 @@ func TestPrometheusRuleKnobs(t *testing.T) {
 	}
 }
 
-// dashboard is the part of a Grafana dashboard's JSON the test reads.
-type dashboard struct {
-	Title  string `json:"title"`
-	UID    string `json:"uid"`
-	Panels []struct {
-		Title   string `json:"title"`
-		Targets []struct {
-			Expr string `json:"expr"`
-		} `json:"targets"`
-	} `json:"panels"`
-}
-
 // dashboardQueries returns each query of files/dashboard.json by panel
 // title, with Grafana's variables replaced as Grafana would for "All".
-func dashboardQueries(t *testing.T, raw []byte) map[string][]string {
+func dashboardQueries(t *testing.T, d charttest.Dashboard) map[string][]string {
 	t.Helper()
-	var d dashboard
-	if err := json.Unmarshal(raw, &d); err != nil {
-		t.Fatalf("files/dashboard.json: %v", err)
-	}
 	if d.Title == "" || d.UID == "" || len(d.Panels) == 0 {
 		t.Fatalf("files/dashboard.json: title %q, uid %q, %d panels; want all three", d.Title, d.UID, len(d.Panels))
 	}
@@ -208,19 +160,16 @@ func TestDashboardQueriesParse(t *testing.T) {
 	if len(objs) != 1 || objs[0].GetKind() != "ConfigMap" || objs[0].GetLabels()["grafana_dashboard"] != "1" {
 		t.Fatalf("rendered %d objects, want one ConfigMap labelled grafana_dashboard: \"1\"", len(objs))
 	}
-	raw, err := os.ReadFile(filepath.Join(charttest.Chart(t), "files", "dashboard.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw, d := charttest.DashboardFile(t)
 	data, _ := objs[0].Object["data"].(map[string]any)
 	if got, _ := data["handoff-handovers.json"].(string); got != strings.TrimRight(string(raw), "\n") {
 		t.Errorf("the ConfigMap's handoff-handovers.json is not files/dashboard.json")
 	}
-	var rules ruleFile
-	g := ruleGroup{Name: "dashboard"}
-	for title, exprs := range dashboardQueries(t, raw) {
+	var rules charttest.RuleFile
+	g := charttest.RuleGroup{Name: "dashboard"}
+	for title, exprs := range dashboardQueries(t, d) {
 		for _, e := range exprs {
-			g.Rules = append(g.Rules, rule{Record: "dashboard:query", Expr: e, Labels: map[string]string{"panel": title}})
+			g.Rules = append(g.Rules, charttest.Rule{Record: "dashboard:query", Expr: e, Labels: map[string]string{"panel": title}})
 		}
 	}
 	rules.Groups = append(rules.Groups, g)

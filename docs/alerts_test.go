@@ -1,7 +1,6 @@
 package docs_test
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -9,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"sigs.k8s.io/yaml"
+	"github.com/handoff-dev/handoff/internal/charttest"
 )
 
 // targetLabels are the labels a scrape adds to every series (the
@@ -29,41 +28,12 @@ var externalMetrics = map[string][]string{
 func monitoringQueries(t *testing.T) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	raw, err := os.ReadFile(filepath.Join(root, "charts", "handoff", "files", "alerts.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rules struct {
-		Groups []struct {
-			Rules []struct {
-				Alert string `json:"alert"`
-				Expr  string `json:"expr"`
-			} `json:"rules"`
-		} `json:"groups"`
-	}
-	if err := yaml.Unmarshal(raw, &rules); err != nil {
-		t.Fatal(err)
-	}
-	for _, g := range rules.Groups {
+	for _, g := range charttest.Alerts(t).Groups {
 		for _, r := range g.Rules {
 			out["alert "+r.Alert] = r.Expr
 		}
 	}
-	raw, err = os.ReadFile(filepath.Join(root, "charts", "handoff", "files", "dashboard.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(raw, &d); err != nil {
-		t.Fatal(err)
-	}
+	_, d := charttest.DashboardFile(t)
 	for _, p := range d.Panels {
 		for i, q := range p.Targets {
 			out["dashboard panel "+p.Title+" #"+string(rune('A'+i))] = q.Expr
@@ -115,21 +85,7 @@ func TestAlertsAndDashboardReadExportedMetrics(t *testing.T) {
 // Every alert's runbook_url is a section of docs/runbooks.md, and every
 // section of it is an alert's.
 func TestEveryAlertHasARunbook(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join(root, "charts", "handoff", "files", "alerts.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rules struct {
-		Groups []struct {
-			Rules []struct {
-				Alert       string            `json:"alert"`
-				Annotations map[string]string `json:"annotations"`
-			} `json:"rules"`
-		} `json:"groups"`
-	}
-	if err := yaml.Unmarshal(raw, &rules); err != nil {
-		t.Fatal(err)
-	}
+	rules := charttest.Alerts(t)
 	page, err := os.ReadFile(filepath.Join(root, "docs", "runbooks.md"))
 	if err != nil {
 		t.Fatal(err)

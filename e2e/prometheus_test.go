@@ -21,6 +21,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/handoff-dev/handoff/internal/charttest"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 )
 
@@ -307,24 +308,10 @@ func waitAlertFiring(t *testing.T, name string, timeout time.Duration) {
 	})
 }
 
-// dashboardPanels is files/dashboard.json's panels: title and queries.
+// dashboardPanels is the chart's dashboard's panels: title and queries.
 func dashboardPanels(t *testing.T) map[string][]string {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join("..", "charts", "handoff", "files", "dashboard.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(raw, &d); err != nil {
-		t.Fatal(err)
-	}
+	_, d := charttest.DashboardFile(t)
 	out := map[string][]string{}
 	for _, p := range d.Panels {
 		for _, q := range p.Targets {
