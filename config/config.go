@@ -154,6 +154,13 @@ type Settings struct {
 	// after its last scrape, never past the pod's grace period, and not in
 	// a StatefulSet's pod (sidecar.ScrapeWatch).
 	MetricsLinger time.Duration
+	// DeletionCost says the sidecar keeps its pod's pod-deletion-cost
+	// annotation (corev1.PodDeletionCost) current while the pod runs, so
+	// that a scale-in deletes idle pods first and Lease holders and pods
+	// with long work in progress last (sidecar.DeletionCost ranks them).
+	// Off by default: each change is a write of the pod, read by every
+	// watcher of pods (docs/performance.md gives the rate).
+	DeletionCost bool
 }
 
 // MaxMetricsLinger is the longest metrics-linger: two of the Prometheus
@@ -286,6 +293,9 @@ var Table = []Setting{
 	{Name: "metrics-linger", Default: "45s", Form: "a duration from 0s to 2m, like 45s", Annotation: true,
 		Usage: "longest wait at exit for one scrape that reads the shutdown's counts: only if a scraper (an address seen scraping twice) comes, until 1.5 of its interval after its last scrape, within the grace period, and not in a StatefulSet's pods; 0s: none",
 		set:   duration(func(s *Settings) *time.Duration { return &s.MetricsLinger }, 0, MaxMetricsLinger)},
+	{Name: "deletion-cost", Default: "false", Form: "true or false", Annotation: true,
+		Usage: "keep the pod's controller.kubernetes.io/pod-deletion-cost current, so that a ReplicaSet scaling in deletes idle pods first and pods holding role Leases, partitions or long work in progress last (docs/scale-in.md); each change is a write of the pod, at most 3 at once and 1 per 10s",
+		set:   setBool(func(s *Settings) *bool { return &s.DeletionCost })},
 }
 
 // Lookup returns the setting named name.
@@ -454,6 +464,21 @@ var durationSyntax = regexp.MustCompile(`^[-+]?(0|((\d+(\.\d*)?|\.\d+)(ns|us|µs
 
 // duration parses a duration from minimum to maximum, both included; one
 // too long for a time.Duration is above the maximum, not "not a duration".
+// setBool sets a bool setting: "true" or "false", exactly.
+func setBool(field func(*Settings) *bool) func(*Settings, string) error {
+	return func(s *Settings, v string) error {
+		switch v {
+		case "true":
+			*field(s) = true
+		case "false":
+			*field(s) = false
+		default:
+			return errors.New("not true or false")
+		}
+		return nil
+	}
+}
+
 func duration(field func(*Settings) *time.Duration, minimum, maximum time.Duration) func(*Settings, string) error {
 	return func(s *Settings, v string) error {
 		d, err := time.ParseDuration(v)

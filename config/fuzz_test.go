@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -265,6 +266,7 @@ func render(s *config.Settings) map[string]string {
 		"fallback":     string(s.Fallback),
 		"control-addr": s.ControlAddr.String(), "metrics-addr": s.MetricsAddr, "app-url": s.AppURL.String(),
 		"kubeconfig": s.Kubeconfig, "token-file": s.TokenFile, "log-level": string(s.LogLevel), "metrics-linger": s.MetricsLinger.String(),
+		"deletion-cost": strconv.FormatBool(s.DeletionCost),
 	}
 }
 

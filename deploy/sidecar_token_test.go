@@ -172,12 +172,16 @@ func TestSidecarTokenActsOnlyForItsOwnPod(t *testing.T) {
 		refused(t, "a token bound to no pod", patch(unbound, podA.Name, cond("Running", "True")), "writes only with the token of one of its pods")
 		// A status write carries the pod's metadata too: labels (a
 		// Service's or a controller's selector), annotations, finalizers.
-		const metadata = "may not change the labels, annotations, finalizers or owners of pod orders-a"
+		const metadata = "may not change the labels, annotations, finalizers or owners of pod orders-a (of its annotations, only controller.kubernetes.io/pod-deletion-cost)"
 		refused(t, "its labels, by a strategic merge patch", patch(asA, podA.Name, []byte(`{"metadata":{"labels":{"app":"payments"}}}`)), metadata)
 		_, err := asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.JSONPatchType, []byte(`[{"op":"add","path":"/metadata/labels","value":{"evil":"1"}}]`), metav1.PatchOptions{}, "status")
 		refused(t, "its labels, by a JSON patch", err, metadata)
-		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.MergePatchType, []byte(`{"metadata":{"annotations":{"controller.kubernetes.io/pod-deletion-cost":"2147483647"}}}`), metav1.PatchOptions{}, "status")
-		refused(t, "its pod-deletion-cost annotation", err, metadata)
+		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.MergePatchType, []byte(`{"metadata":{"annotations":{"cluster-autoscaler.kubernetes.io/safe-to-evict":"false"}}}`), metav1.PatchOptions{}, "status")
+		refused(t, "another annotation", err, metadata)
+		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.MergePatchType, []byte(`{"metadata":{"annotations":{"controller.kubernetes.io/pod-deletion-cost":"0","`+protocol.DeletionCostOptIn+`":"true"}}}`), metav1.PatchOptions{}, "status")
+		refused(t, "opting its pod in to the deletion cost", err, metadata)
+		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.MergePatchType, []byte(`{"metadata":{"annotations":{"controller.kubernetes.io/pod-deletion-cost":"10"}}}`), metav1.PatchOptions{}, "status")
+		refused(t, "its pod-deletion-cost annotation, its pod not opted in", err, "may set the annotation controller.kubernetes.io/pod-deletion-cost only on a pod annotated handoff.dev/deletion-cost: \"true\"")
 		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.MergePatchType, []byte(`{"metadata":{"finalizers":["example.com/never"]}}`), metav1.PatchOptions{}, "status")
 		refused(t, "a finalizer", err, metadata)
 		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.ApplyPatchType, []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"orders-a","labels":{"app":"payments"}}}`),
@@ -196,6 +200,50 @@ func TestSidecarTokenActsOnlyForItsOwnPod(t *testing.T) {
 		refused(t, "a message of 1025 bytes", patch(asA, podA.Name, big), own)
 		if got := coordinatingOf(t, admin, ns, podA.Name); got != "Done/False" {
 			t.Errorf("after the refused writes, pod A's condition is %q, want Done/False as written last", got)
+		}
+	})
+
+	t.Run("keeps the pod-deletion-cost of its own pod, opted in, and no other annotation", func(t *testing.T) {
+		// pod B opts in; its own token may then set the cost, as the
+		// sidecar's write does (a merge patch of pods/status with its UID).
+		p, err := admin.CoreV1().Pods(ns).Get(ctx, podB.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Annotations = map[string]string{protocol.DeletionCostOptIn: "true", "team": "orders"}
+		if _, err := admin.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		cost := func(as kubernetes.Interface, annotations string) error {
+			_, err := as.CoreV1().Pods(ns).Patch(ctx, podB.Name, types.MergePatchType,
+				[]byte(`{"metadata":{"uid":"`+string(podB.UID)+`","annotations":{`+annotations+`}}}`), metav1.PatchOptions{}, "status")
+			return err
+		}
+		for _, v := range []string{"10010", "0", "999999"} {
+			if err := cost(asB, `"controller.kubernetes.io/pod-deletion-cost":"`+v+`"`); err != nil {
+				t.Fatalf("pod B setting its own deletion cost to %s: %v", v, err)
+			}
+		}
+		const form = "only to a whole number from 0 to 999999"
+		refused(t, "a cost of 1000000", cost(asB, `"controller.kubernetes.io/pod-deletion-cost":"1000000"`), form)
+		refused(t, "a negative cost", cost(asB, `"controller.kubernetes.io/pod-deletion-cost":"-5"`), form)
+		// Not an int32 at all: the API server's own validation refuses it.
+		for _, v := range []string{"1e3", "010", "x"} {
+			if err := cost(asB, `"controller.kubernetes.io/pod-deletion-cost":"`+v+`"`); !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
+				t.Errorf("a cost of %q: %v; want refused", v, err)
+			}
+		}
+		refused(t, "the cost removed", cost(asB, `"controller.kubernetes.io/pod-deletion-cost":null`), "(it may not remove it)")
+		refused(t, "the cost with another annotation", cost(asB, `"controller.kubernetes.io/pod-deletion-cost":"5","team":"payments"`),
+			"(of its annotations, only controller.kubernetes.io/pod-deletion-cost)")
+		refused(t, "opting out", cost(asB, `"`+protocol.DeletionCostOptIn+`":"false"`), "(of its annotations, only controller.kubernetes.io/pod-deletion-cost)")
+		refused(t, "pod A setting pod B's cost", cost(asA, `"controller.kubernetes.io/pod-deletion-cost":"0"`), "may write the status of its own pod alone, not of pod orders-b")
+		p, err = admin.CoreV1().Pods(ns).Get(ctx, podB.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Annotations[corev1.PodDeletionCost]; got != "999999" || p.Annotations["team"] != "orders" || p.Annotations[protocol.DeletionCostOptIn] != "true" {
+			t.Errorf("after the refused writes, pod B's annotations are %v, want the cost 999999 as written last and the rest unchanged", p.Annotations)
 		}
 	})
 

@@ -57,6 +57,12 @@ type DrainStatus struct {
 	// claim. Stop-claiming ends them, so after it this only goes down.
 	// Apps that do not count waits send 0 (or leave it out).
 	Receiving int `json:"receiving"`
+	// RunningMillis is how long the oldest claim in progress (of InFlight -
+	// Unstarted) has been in progress, in milliseconds on the app's clock;
+	// 0 with none. The sidecar reads it while the pod runs to rank the pod
+	// for scale-in (setting deletion-cost: the longer the work, the dearer
+	// the pod). Apps that do not time their claims send 0 (or leave it out).
+	RunningMillis int64 `json:"runningMillis,omitempty"`
 	// Drained is InFlight == 0 and Receiving == 0.
 	Drained bool `json:"drained"`
 	// Instance names this app process: any string, the same for every
@@ -266,6 +272,12 @@ const (
 // means now, and its lastTransitionTime when the sidecar entered it.
 // `handoff status` reads the phase from it.
 const PodConditionCoordinating = "handoff.dev/Coordinating"
+
+// DeletionCostOptIn is the pod annotation by which a pod opts in to the
+// sidecar keeping its pod-deletion-cost (corev1.PodDeletionCost): the
+// setting deletion-cost's annotation, "true" to opt in. The chart's
+// admission policy lets a sidecar write the cost only on a pod that has it.
+const DeletionCostOptIn = "handoff.dev/deletion-cost"
 
 // Status is the sidecar's state. Report is the last sequence's.
 type Status struct {

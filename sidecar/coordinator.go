@@ -201,6 +201,9 @@ func New(o Options) (*Coordinator, error) {
 		c.pods = prestop.NewPodWatch(o.Pods, s.PodNamespace, s.PodName)
 		c.phases = newPhasePublisher(o.Pods.Pods(s.PodNamespace), s.PodName, c.clock, c.log)
 	}
+	if s.DeletionCost && c.pods == nil {
+		return nil, errors.New("sidecar: setting deletion-cost needs the pod (setting pod-name) and the Pods client, to write the pod's deletion cost")
+	}
 	if len(s.Shards) > 0 {
 		if o.Pods == nil {
 			return nil, errors.New("sidecar: a shard set needs the Pods client, to watch its peers (setting shard-peers)")
@@ -292,6 +295,9 @@ func (c *Coordinator) Start(ctx context.Context) {
 		}
 		if c.phases != nil {
 			go c.phases.run(c.base)
+		}
+		if c.s.DeletionCost {
+			go c.keepDeletionCost(c.base)
 		}
 		if c.peers != nil {
 			go c.peers.informer.RunWithContext(c.base)

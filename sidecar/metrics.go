@@ -50,6 +50,12 @@ type Metrics struct {
 	// ShardsShed is handoff_shards_shed_total: shards this pod held and
 	// released while running, as they were assigned to another pod.
 	ShardsShed prometheus.Counter
+	// DeletionCost is handoff_deletion_cost: the pod-deletion-cost this
+	// sidecar last wrote on its pod (setting deletion-cost; DeletionCost).
+	DeletionCost prometheus.Gauge
+	// DeletionCostWrites is handoff_deletion_cost_writes_total{result}:
+	// writes of the pod's deletion cost, written or failed.
+	DeletionCostWrites *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics with reg.
@@ -108,6 +114,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.ShardsShed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "handoff_shards_shed_total", Help: "Shards this pod held and released while running, because they were assigned to another pod.",
 	})
+	m.DeletionCost = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "handoff_deletion_cost", Help: "The pod-deletion-cost this sidecar last wrote on its pod (setting deletion-cost): 0 idle, 1 claims held unstarted, 10 to 50 work in progress by its age, plus 100 per partition Lease and 10000 per role Lease held.",
+	})
+	m.DeletionCostWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "handoff_deletion_cost_writes_total", Help: "Writes of the pod's pod-deletion-cost annotation (setting deletion-cost), by result (written, failed).",
+	}, []string{"result"})
 	// Counters that alerts read exist at 0 from the start: a rate over a
 	// series that appears already at 1 (a pod's only sequence) sees no
 	// increase.
@@ -118,7 +130,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.StepSeconds.WithLabelValues(string(step))
 	}
 	reg.MustRegister(m.ShardShare, m.ShardsShed, m.Leader, m.Acquisitions, m.Releases, m.Shutdowns, m.StepSeconds, m.ClaimsReturned, m.ClaimsLeft, m.ClaimsUnstarted, m.AppRequestSeconds,
-		m.Coordinating, m.Rearms, m.LeasesConfigured, m.LeaseCapacity, m.LeaseClientRateLimit)
+		m.Coordinating, m.Rearms, m.LeasesConfigured, m.LeaseCapacity, m.LeaseClientRateLimit, m.DeletionCost, m.DeletionCostWrites)
 	return m
 }
 

@@ -464,8 +464,18 @@ func (a *Agent) drainStatusLocked() protocol.DrainStatus {
 		stopping = true
 	default:
 	}
+	var oldest time.Time
+	for c := range a.claims {
+		if c.state == claimStarted && (oldest.IsZero() || c.started.Before(oldest)) {
+			oldest = c.started
+		}
+	}
+	running := int64(0)
+	if !oldest.IsZero() {
+		running = max(a.clock.Since(oldest).Milliseconds(), 0)
+	}
 	return protocol.DrainStatus{Stopping: stopping, InFlight: a.held, Unstarted: a.unstarted, Receiving: len(a.receives),
-		Drained: a.held == 0 && len(a.receives) == 0, Instance: a.instance}
+		RunningMillis: running, Drained: a.held == 0 && len(a.receives) == 0, Instance: a.instance}
 }
 
 // changedLocked wakes WaitDrained; a.mu must be held.

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"time"
 )
 
 // Receive is one wait for messages, begun by Agent.Receive and ended by End.
@@ -92,6 +93,9 @@ type Claim struct {
 	stop   func() bool // stops the cancel fallback's AfterFunc
 	state  claimState  // guarded by a.mu
 	taken  bool        // taken at stop-claiming to hand back; guarded by a.mu
+	// started is when the claim was started (Hold, Begin, Start), on the
+	// Agent's clock, for DrainStatus.RunningMillis; guarded by a.mu.
+	started time.Time
 }
 
 // claimState is where a claim is: unstarted, started, taken by the Agent
@@ -108,6 +112,9 @@ const (
 // holdLocked counts one more claim in state st; a.mu must be held.
 func (a *Agent) holdLocked(parent context.Context, st claimState, v any) *Claim {
 	c := &Claim{a: a, value: v, state: st}
+	if st == claimStarted {
+		c.started = a.clock.Now()
+	}
 	c.ctx, c.cancel = context.WithCancelCause(parent)
 	c.stop = context.AfterFunc(a.work, func() { c.cancel(context.Cause(a.work)) })
 	a.held++
@@ -162,6 +169,7 @@ func (c *Claim) Start() error {
 	switch c.state {
 	case claimUnstarted:
 		c.state = claimStarted
+		c.started = a.clock.Now()
 		a.unstarted--
 		a.changedLocked()
 	case claimDone:

@@ -128,3 +128,48 @@ func TestUnstartedAfterStopClaimingAndFailedHandBack(t *testing.T) {
 		t.Fatalf("drain after the fallback = %+v, %v: want drained", st, err)
 	}
 }
+
+// The drain status times the work in progress: runningMillis is the age of
+// the oldest claim started (Hold, Begin, or Start of one held unstarted),
+// on the Agent's clock; an unstarted claim does not count until started,
+// and a claim done no longer counts.
+func TestDrainStatusTimesTheOldestWorkInProgress(t *testing.T) {
+	a, fake, app := newFake(t)
+	running := func() int64 {
+		t.Helper()
+		st, err := app.Drain(context.Background(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.RunningMillis
+	}
+	if got := running(); got != 0 {
+		t.Fatalf("runningMillis with no claim = %d, want 0", got)
+	}
+	r, err := a.Receive(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := r.HoldUnstarted("later")
+	first := r.Hold()
+	r.End()
+	fake.Step(1500 * time.Millisecond)
+	if got := running(); got != 1500 {
+		t.Fatalf("runningMillis 1.5s after Hold = %d, want 1500", got)
+	}
+	if err := later.Start(); err != nil {
+		t.Fatal(err)
+	}
+	fake.Step(time.Second)
+	if got := running(); got != 2500 {
+		t.Fatalf("runningMillis with the first claim 2.5s old = %d, want 2500 (the oldest)", got)
+	}
+	first.Done()
+	if got := running(); got != 1000 {
+		t.Fatalf("runningMillis once the oldest is done = %d, want 1000 (the claim started 1s ago)", got)
+	}
+	later.Done()
+	if got := running(); got != 0 {
+		t.Fatalf("runningMillis with every claim done = %d, want 0", got)
+	}
+}
