@@ -16,7 +16,9 @@
 //     they are worked on (a batch, a prefetch): at stop-claiming those not
 //     started are handed back at once through Options.HandBack, and Start
 //     refuses them (ErrHandedBack); only started work drains.
-//   - ReturnClaims, called at the drain deadline to hand back what is left.
+//   - ReturnClaims, called at the drain deadline to hand back what is left,
+//     and again after each claim that ends after it (one that waited for
+//     its message past the deadline, then gave it up).
 //   - Leader and BeginLeading for leader-only work, with the fencing token to
 //     pass to the systems the leader writes to. Leadership ends on the
 //     worker's own clock even if the sidecar is gone.
@@ -104,8 +106,15 @@ type Options struct {
 	// ReturnClaims hands back every claim the worker holds and has not
 	// finished (for a queue with a visibility timeout: make them visible
 	// now), and says how many it handed back. It is called at the drain
-	// deadline, after in-flight work was canceled when the sidecar's fallback
-	// is "cancel". It must be safe to call more than once. Nil: nothing is
+	// deadline (Return), after in-flight work was canceled when the
+	// sidecar's fallback is "cancel", and again after each claim the app
+	// ends (Claim.Done) from then on, whether it was held at the deadline
+	// or after it: a wait inside Begin, or a queue call on the ctx given to
+	// Receive, may claim a message after the first call, and the worker
+	// may give it up without finishing it. Those later calls run in a
+	// goroutine of the Agent's, under a 10 s bound (ctx); claims ending
+	// while one runs are covered by one more call after it. Calls never
+	// overlap. It must be safe to call more than once. Nil: nothing is
 	// handed back and the claims wait for their visibility timeout.
 	ReturnClaims func(ctx context.Context) (returned int, err error)
 	// HandBack hands back claims held unstarted (Receive.HoldUnstarted):
@@ -118,10 +127,11 @@ type Options struct {
 	// a time, under a 10 s bound (ctx). It returns nil once every one is
 	// handed back; the Agent then ends the claims (Claim.Done is not the
 	// app's to call). On an error they stay held, counted unstarted, until
-	// the drain deadline's Return, which ends them after ReturnClaims.
-	// Claims started before (Claim.Start, Hold, Begin) are not passed: they
-	// drain. Nil: unstarted claims are not handed back at stop-claiming;
-	// they stay held until started or done, like the others.
+	// the drain deadline's Return, which ends them after ReturnClaims (or,
+	// failed after Return, after ReturnClaims runs again). Claims started
+	// before (Claim.Start, Hold, Begin) are not passed: they drain. Nil:
+	// unstarted claims are not handed back at stop-claiming; they stay
+	// held until started or done, like the others.
 	HandBack func(ctx context.Context, unstarted []*Claim) error
 	// Logger receives the Agent's logs; the zero value discards them.
 	Logger logr.Logger
@@ -181,6 +191,15 @@ type Agent struct {
 	toHandBack  []*Claim
 	handingBack bool
 	failed      []*Claim
+	// returned says Return has called (or is calling) ReturnClaims: from
+	// then on each claim the app ends asks for one more call
+	// (returnAgain), which returnAgainLoop makes while returningAgain.
+	returned       bool
+	returnAgain    bool
+	returningAgain bool
+	// returnTurn is held (a value sent) by whoever calls ReturnClaims, so
+	// that calls never overlap; apart from mu, which no call runs under.
+	returnTurn chan struct{}
 	// receives are the receives begun and not ended; StopClaiming cancels
 	// their contexts.
 	receives map[*Receive]struct{}
@@ -241,6 +260,7 @@ func New(opts Options) (*Agent, error) {
 		receives:   map[*Receive]struct{}{},
 		claims:     map[*Claim]struct{}{},
 		changed:    make(chan struct{}),
+		returnTurn: make(chan struct{}, 1),
 		work:       work,
 		cancelWork: cancel,
 		leases:     map[string]*term{},
@@ -390,6 +410,9 @@ func (a *Agent) handBackLoop() {
 			a.log.Error(err, "hand back unstarted claims failed; left to the drain deadline's fallback", "claims", len(claims))
 			a.mu.Lock()
 			a.failed = append(a.failed, claims...)
+			if a.returned { // the fallback has run: ReturnClaims again, then end them
+				a.returnAgainLocked()
+			}
 			a.mu.Unlock()
 			continue
 		}
@@ -420,33 +443,123 @@ func (a *Agent) WaitDrained(ctx context.Context) error {
 	}
 }
 
-// Return hands back unfinished claims through Options.ReturnClaims. With
-// cancel it first cancels the context of every held claim (cause
-// ErrCanceled) and waits up to cancelWait (and until ctx ends) for the
-// worker to be drained, so that ReturnClaims still has time when the work
-// ignores cancellation. ReturnClaims runs even if claims are still held.
+// Return hands back unfinished claims through Options.ReturnClaims. It
+// first stops claiming (StopClaiming), should stop-claiming never have
+// reached the app: nothing is claimed after the hand-back. With cancel it
+// then cancels the context of every held claim (cause ErrCanceled) and
+// waits up to cancelWait (and until ctx ends) for the worker to be
+// drained, so that ReturnClaims still has time when the work ignores
+// cancellation. ReturnClaims runs even if claims are still held, once
+// any call of it under way has returned (should ctx end first, Return
+// returns ctx's cause and the Agent makes one more call after that one).
+// From then on each claim the app ends (Claim.Done), held now or later,
+// makes the Agent call ReturnClaims again (see Options.ReturnClaims): a
+// message claimed after this call and given up is handed back too. The
+// count returned is this call's alone; the later calls' are logged.
 func (a *Agent) Return(ctx context.Context, cancel bool, cancelWait time.Duration) (int, error) {
+	a.stopClaiming()
 	if cancel {
 		a.cancelWork(ErrCanceled)
 		wctx, stop := context.WithTimeout(ctx, cancelWait)
 		_ = a.WaitDrained(wctx) // not drained in time: hand back what is left
 		stop()
 	}
-	n, err := 0, error(nil)
+	if !a.takeReturnTurn(ctx) {
+		// Another call runs (this Return is a repeat) and outlived ctx:
+		// one more call after it stands in for this one.
+		a.mu.Lock()
+		a.returnAgainLocked()
+		a.mu.Unlock()
+		return 0, fmt.Errorf("worker: return: waiting for the hand-back under way: %w", context.Cause(ctx))
+	}
+	n, err := a.returnClaims(ctx)
 	if a.opts.ReturnClaims != nil {
-		n, err = a.opts.ReturnClaims(ctx)
 		a.log.Info("claims returned", "returned", n, "cancel", cancel, "error", err)
 	}
-	// Unstarted claims HandBack failed on were handed back now, or are
-	// left to their visibility timeout: either way no longer held.
+	return n, err
+}
+
+// takeReturnTurn waits for the turn to call Options.ReturnClaims, and says
+// whether it has it: false if ctx ended first (a turn free at once is
+// taken even then).
+func (a *Agent) takeReturnTurn(ctx context.Context) bool {
+	select {
+	case a.returnTurn <- struct{}{}:
+		return true
+	default:
+	}
+	select {
+	case a.returnTurn <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// returnClaims calls Options.ReturnClaims (if set) with ctx, then ends the
+// unstarted claims HandBack failed on: the call handed them back, or they
+// are left to their visibility timeout; either way no longer held. The
+// caller holds returnTurn, which returnClaims gives back. Claims the app
+// ends from the moment it marks the fallback run ask for one more call
+// (a claim ended during this one may be one it did not see).
+func (a *Agent) returnClaims(ctx context.Context) (int, error) {
 	a.mu.Lock()
+	a.returned, a.returnAgain = true, false // this call covers what ended before
 	failed := a.failed
 	a.failed = nil
 	a.mu.Unlock()
+	n, err := 0, error(nil)
+	if a.opts.ReturnClaims != nil {
+		n, err = a.opts.ReturnClaims(ctx)
+	}
+	<-a.returnTurn
 	for _, c := range failed {
 		c.end(true)
 	}
 	return n, err
+}
+
+// returnAgainLocked asks for one more call of Options.ReturnClaims, after
+// the one under way if any, and starts returnAgainLoop if it does not
+// run; a.mu must be held.
+func (a *Agent) returnAgainLocked() {
+	a.returnAgain = true
+	if !a.returningAgain {
+		a.returningAgain = true
+		go a.returnAgainLoop()
+	}
+}
+
+// returnAgainLoop calls Options.ReturnClaims while calls are asked for
+// (returnAgainLocked), one at a time: the requests made while it waits for
+// its turn or while a call runs are all covered by the next call.
+func (a *Agent) returnAgainLoop() {
+	// returnAgainTimeout bounds one call: the pod is past its drain
+	// deadline, and a stuck queue must not keep later claims from being
+	// handed back.
+	const returnAgainTimeout = 10 * time.Second
+	for {
+		a.returnTurn <- struct{}{}
+		a.mu.Lock()
+		if !a.returnAgain {
+			a.returningAgain = false
+			a.mu.Unlock()
+			<-a.returnTurn
+			return
+		}
+		a.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), returnAgainTimeout)
+		n, err := a.returnClaims(ctx)
+		cancel()
+		if a.opts.ReturnClaims == nil {
+			continue
+		}
+		if err != nil {
+			a.log.Error(err, "returning claims again after the drain deadline failed; what is still claimed is left to its visibility timeout", "returned", n)
+		} else {
+			a.log.Info("claims returned again after the drain deadline", "returned", n)
+		}
+	}
 }
 
 // drainStatus is the protocol's view of the claims.

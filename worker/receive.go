@@ -214,14 +214,22 @@ func (c *Claim) end(byAgent bool) {
 	delete(a.claims, c)
 	a.held--
 	a.changedLocked()
+	if a.returned && !byAgent && a.opts.ReturnClaims != nil {
+		// Past the drain deadline's hand-back: the queue may still have
+		// this message claimed (received after it, given up unfinished).
+		a.returnAgainLocked()
+	}
 	a.mu.Unlock()
 }
 
 // Begin holds one claim at once, for work that is claimed the moment it
 // begins (no wait for a message), and returns its context and its done
 // (Claim.Context and Claim.Done). A wait for a message inside Begin counts
-// as in flight and is not ended by stop-claiming: use Receive for that.
-// Begin returns ErrStopping once the worker must stop claiming.
+// as in flight and is not ended by stop-claiming: use Receive for that. A
+// message such a wait claims after the drain deadline's hand-back (Return)
+// and gives up is handed back once done is called (Options.ReturnClaims
+// runs again). Begin returns ErrStopping once the worker must stop
+// claiming, and so after Return.
 func (a *Agent) Begin(ctx context.Context) (context.Context, func(), error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
