@@ -89,10 +89,11 @@ var workerLeases = []string{
 	"orders-leader", "plain-leader", // TestRolloutRestart
 	"delete-grace-6-leader", "legacy-leader", "never-drains-leader", // TestDeadlineHandsBackUnfinishedClaims
 	"sigkill-leader", "crash-leader", "twice-leader", "sigterm-leader", "stateful-leader", "evict-leader", // faults_test.go
-	"alive-leader",   // TestLivenessKillHandsOverAndRearms
-	"soak-leader",    // TestSoak
-	"shards-leader",  // TestShardRollout, beside its shard set shardLeases
-	"upgrade-leader", // TestUpgradeWithPodsRunning
+	"alive-leader",                               // TestLivenessKillHandsOverAndRearms
+	"soak-leader",                                // TestSoak
+	"shards-leader",                              // TestShardRollout, beside its shard set shardLeases
+	"upgrade-leader",                             // TestUpgradeWithPodsRunning
+	"scalein-cost-leader", "scalein-base-leader", // TestScaleInKeepsBusyPods
 }
 
 var cluster struct {
