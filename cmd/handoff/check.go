@@ -342,7 +342,7 @@ var healthChecks = []healthCheck{
 		Run: checkPodsInjected},
 	{Category: "handoff-workloads", ID: "sidecar-versions", Description: "no sidecar is older than the webhook", Live: true, Warning: true, Needs: []string{"pods-injected"},
 		Run: checkSidecarVersions},
-	{Category: "handoff-workloads", ID: "lease-rbac", Description: "each injected pod's service account may update its Leases and no other", Live: true, Needs: []string{"pods-injected"},
+	{Category: "handoff-workloads", ID: "lease-rbac", Description: "each injected pod's service account may update and patch its Leases and no other, and patch pods/status", Live: true, Needs: []string{"pods-injected"},
 		Run: checkLeaseRBAC},
 	{Category: "handoff-workloads", ID: "budgets", Description: "each injected pod's time budgets can work", Live: true, Needs: []string{"pods-injected"},
 		Run: checkBudgets},
@@ -526,8 +526,11 @@ func checkSidecarVersions(ctx context.Context, e *checkEnv) (string, error) {
 }
 
 // checkLeaseRBAC asks, for each injected pod's service account and
-// Leases, whether it may update each Lease and whether it may update a
-// Lease it does not name (it must not).
+// Leases, whether it may update and patch each Lease (an election updates,
+// the release of a Lease left held patches), whether it may update a Lease
+// it does not name (it must not), and whether it may patch pods/status
+// (the sidecar's phase condition and pod-deletion-cost on its own pod;
+// the chart's admission policy keeps it to its own).
 func checkLeaseRBAC(ctx context.Context, e *checkEnv) (string, error) {
 	type account struct{ ns, sa string }
 	leases := map[account]map[string]bool{}
@@ -553,31 +556,41 @@ func checkLeaseRBAC(ctx context.Context, e *checkEnv) (string, error) {
 		}
 		user := "system:serviceaccount:" + a.ns + ":" + a.sa
 		groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + a.ns, "system:authenticated"}
-		allowed := func(name string) (bool, error) {
+		may := func(attrs authorizationv1.ResourceAttributes) (bool, error) {
+			attrs.Namespace = a.ns
 			r, err := e.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-				User: user, Groups: groups,
-				ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: a.ns, Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Name: name},
+				User: user, Groups: groups, ResourceAttributes: &attrs,
 			}}, metav1.CreateOptions{})
 			if err != nil {
 				return false, err
 			}
 			return r.Status.Allowed, nil
 		}
-		var denied []string
-		for _, l := range slices.Sorted(maps.Keys(names)) {
-			ok, err := allowed(l)
-			if err != nil {
-				return "", err
+		allowed := func(verb, name string) (bool, error) {
+			return may(authorizationv1.ResourceAttributes{Verb: verb, Group: "coordination.k8s.io", Resource: "leases", Name: name})
+		}
+		for _, verb := range []string{"update", "patch"} {
+			var denied []string
+			for _, l := range slices.Sorted(maps.Keys(names)) {
+				ok, err := allowed(verb, l)
+				if err != nil {
+					return "", err
+				}
+				if !ok {
+					denied = append(denied, l)
+				}
 			}
-			if !ok {
-				denied = append(denied, l)
+			if len(denied) > 0 {
+				errs = append(errs, fmt.Errorf("%s/%s may not %s its Leases %s: the chart's rbac.sidecarBindings entry for it is missing, names other Leases, or is from a chart older than this handoff", a.ns, a.sa, verb, strings.Join(denied, ", ")))
 			}
 		}
-		if len(denied) > 0 {
-			errs = append(errs, fmt.Errorf("%s/%s may not update its Leases %s: the chart's rbac.sidecarBindings entry for it is missing or names other Leases", a.ns, a.sa, strings.Join(denied, ", ")))
+		if ok, err := may(authorizationv1.ResourceAttributes{Verb: "patch", Resource: "pods", Subresource: "status"}); err != nil {
+			return "", err
+		} else if !ok {
+			errs = append(errs, fmt.Errorf("%s/%s may not patch pods/status: its sidecars cannot publish their phase (handoff status) or keep pod-deletion-cost; the chart's rbac.sidecarBindings entry for it is missing or from a chart older than this handoff", a.ns, a.sa))
 		}
 		other := "handoff-check-not-a-lease-of-" + a.sa
-		if ok, err := allowed(other); err != nil {
+		if ok, err := allowed("update", other); err != nil {
 			return "", err
 		} else if ok {
 			errs = append(errs, fmt.Errorf("%s/%s may update Leases it does not name (%s among them): a Role grants it Leases by no name", a.ns, a.sa, other))

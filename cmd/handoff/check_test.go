@@ -85,7 +85,8 @@ func TestCheckPassesAHealthyInstallAndNamesEachBreak(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := kube.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "orders-leases"},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{"orders-leader"}, Verbs: []string{"get", "update"}}}}, metav1.CreateOptions{}); err != nil {
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{"orders-leader"}, Verbs: []string{"get", "update", "patch"}},
+			{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: []string{"patch"}}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := kube.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "orders-leases"},
@@ -123,6 +124,28 @@ func TestCheckPassesAHealthyInstallAndNamesEachBreak(t *testing.T) {
 	// --pre skips the live checks.
 	pre, raw, _ := runCheck(t, append(args, "--pre")...)
 	expectChecks(t, "--pre", pre, raw, map[string]string{"api-reachable": checkOK, "install-rights": checkOK, "no-webhook-yet": checkWarning, "webhook-injects": ""})
+
+	// A Role from an older chart: update alone on its Lease, no patch (the
+	// release of a Lease left held), no pods/status (the phase).
+	role, err := kube.RbacV1().Roles(ns).Get(ctx, "orders-leases", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	role.Rules = []rbacv1.PolicyRule{{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{"orders-leader"}, Verbs: []string{"get", "update"}}}
+	if _, err := kube.RbacV1().Roles(ns).Update(ctx, role, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var leaseRBAC string
+	kubetest.WaitFor(t, 10*time.Second, "lease-rbac to fail on the older Role", func() bool {
+		r, raw, _ = runCheck(t, args...)
+		leaseRBAC = raw
+		return r.statuses()["lease-rbac"] == checkFailed
+	})
+	for _, want := range []string{"may not patch its Leases orders-leader", "may not patch pods/status"} {
+		if !strings.Contains(leaseRBAC, want) {
+			t.Errorf("lease-rbac on a Role without patch: the output does not say %q:\n%s", want, leaseRBAC)
+		}
+	}
 
 	// The workload's RoleBinding gone: its sidecars could not hold their Lease.
 	if err := kube.RbacV1().RoleBindings(ns).Delete(ctx, "orders-leases", metav1.DeleteOptions{}); err != nil {
