@@ -94,6 +94,8 @@ var workerLeases = []string{
 	"shards-leader",                              // TestShardRollout, beside its shard set shardLeases
 	"upgrade-leader",                             // TestUpgradeWithPodsRunning
 	"scalein-cost-leader", "scalein-base-leader", // TestScaleInKeepsBusyPods
+	"restartall-leader", // TestRestartAllContainersResumes
+	"preempt-leader",    // TestPreemptionHandsOver
 }
 
 var cluster struct {

@@ -124,6 +124,14 @@ wait_for() { # what seconds command...
 }
 kctl() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
 
+# Feature gates: Kubernetes 1.35 has the RestartAllContainers restart rule
+# (KEP-5532) as an alpha gate, with NodeDeclaredFeatures, which it needs;
+# 1.36 made it beta, on by default. TestRestartAllContainersResumes uses it.
+gates=()
+case "$("$BIN/kubelet" --version)" in
+  *" v1.35."*) gates=(--feature-gates=RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true) ;;
+esac
+
 start etcd "$BIN/etcd" --data-dir "$RUN/etcd" --listen-client-urls http://127.0.0.1:23790 \
   --advertise-client-urls http://127.0.0.1:23790 --listen-peer-urls http://127.0.0.1:23800 --unsafe-no-fsync
 start kube-apiserver "$BIN/kube-apiserver" --etcd-servers http://127.0.0.1:23790 \
@@ -133,7 +141,7 @@ start kube-apiserver "$BIN/kube-apiserver" --etcd-servers http://127.0.0.1:23790
   --service-account-signing-key-file "$pki/sa.key" --service-cluster-ip-range "$SERVICE_CIDR" \
   --authorization-mode Node,RBAC --allow-privileged \
   --kubelet-client-certificate "$pki/admin.crt" --kubelet-client-key "$pki/admin.key" \
-  --kubelet-preferred-address-types Hostname,InternalIP
+  --kubelet-preferred-address-types Hostname,InternalIP "${gates[@]}"
 wait_for kube-apiserver 60 kctl get --raw /readyz
 # Every controller but node IPAM (the bridge plugin assigns pod addresses)
 # and, where the version still has it, the cloud node lifecycle (no cloud):
@@ -142,8 +150,8 @@ controllers='*,-nodeipam'
 if "$BIN/kube-controller-manager" --help 2>&1 | grep -q cloud-node-lifecycle; then controllers+=',-cloud-node-lifecycle'; fi
 start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig "$KUBECONFIG" --leader-elect=false \
   --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" --use-service-account-credentials \
-  --secure-port 0 --controllers "$controllers"
-start kube-scheduler "$BIN/kube-scheduler" --kubeconfig "$KUBECONFIG" --leader-elect=false --secure-port 0
+  --secure-port 0 --controllers "$controllers" "${gates[@]}"
+start kube-scheduler "$BIN/kube-scheduler" --kubeconfig "$KUBECONFIG" --leader-elect=false --secure-port 0 "${gates[@]}"
 start kube-proxy "$BIN/kube-proxy" --kubeconfig "$KUBECONFIG" --hostname-override 127.0.0.1 \
   --cluster-cidr "$POD_CIDR" --proxy-mode iptables --conntrack-max-per-core 0 \
   --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256
@@ -206,7 +214,7 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 EOF
 start kubelet "$BIN/kubelet" --config "$RUN/kubelet/config.yaml" --kubeconfig "$KUBECONFIG" \
-  --root-dir "$RUN/kubelet/root" --hostname-override 127.0.0.1
+  --root-dir "$RUN/kubelet/root" --hostname-override 127.0.0.1 "${gates[@]}"
 wait_for "node 127.0.0.1 Ready" 90 kctl wait --for=condition=Ready node/127.0.0.1 --timeout=1s
 wait_for "the default ServiceAccount" 30 kctl -n default get serviceaccount default
 log "node Ready; kubeconfig $KUBECONFIG; stop with e2e/cluster/down.sh $RUN"
