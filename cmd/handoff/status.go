@@ -12,6 +12,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/handoff-dev/handoff/config"
@@ -67,7 +69,9 @@ its last handover, read from the pod's Events.
            times in milliseconds in their messages; an Event's own time has
            whole seconds. Events reach the API server within about a second
            of the step and are kept an hour by default (the API server's
-           --event-ttl).
+           --event-ttl). -o wide adds DELETION COST: the pod's
+           controller.kubernetes.io/pod-deletion-cost, which its sidecar keeps
+           with handoff.dev/deletion-cost: "true" (docs/scale-in.md).
 
 --watch prints the view again each time a Lease, an injected pod or an Event
 of the namespace changes (at most twice a second), until interrupted; with -o
@@ -92,7 +96,8 @@ shape:
     "pods": [{"name": "...", "version": "v0.2.0", "phase": "Running", "phaseFrom": "sidecar", "ready": true,
               "deletionTimestamp": "<only while deleted>", "leases": ["orders-leader"],
               "lastHandover": {"outcome": "Drained", "steps": [{"reason": "DrainStarted",
-                                "time": "...", "message": "..."}]}}],
+                                "time": "...", "message": "..."}]},
+              "deletionCost": 10010}],
     "warnings": ["<what could not be read in full: more than 5000 Events about pods>"]
   }`
 
@@ -199,6 +204,10 @@ type podView struct {
 	// them.
 	Leases       []string      `json:"leases"`
 	LastHandover *handoverView `json:"lastHandover,omitempty"`
+	// DeletionCost is the pod's controller.kubernetes.io/pod-deletion-cost,
+	// which its sidecar keeps with the setting deletion-cost
+	// (docs/scale-in.md); nil when the pod has none.
+	DeletionCost *int32 `json:"deletionCost,omitempty"`
 }
 
 // handoverInProgress is handoverView.Outcome until an Event ends the
@@ -627,6 +636,9 @@ func buildStatus(now time.Time, ns, selector string, pods []corev1.Pod, events [
 			}
 		}
 		v.LastHandover = lastHandover(byPod[string(p.UID)])
+		if c, err := strconv.ParseInt(p.Annotations[corev1.PodDeletionCost], 10, 32); err == nil {
+			v.DeletionCost = ptr.To(int32(c))
+		}
 		v.PhaseFrom = phaseInferred
 		switch {
 		case p.DeletionTimestamp != nil:
@@ -781,14 +793,26 @@ func writeStatus(w io.Writer, r statusReport, format string) error {
 		fmt.Fprintln(tw, "No injected pods.")
 		return tw.Flush()
 	}
-	fmt.Fprintln(tw, "POD\tVERSION\tPHASE\tREADY\tLEASES\tLAST HANDOVER")
+	head := "POD\tVERSION\tPHASE\tREADY\tLEASES\tLAST HANDOVER"
+	if wide {
+		head += "\tDELETION COST"
+	}
+	fmt.Fprintln(tw, head)
 	for _, p := range r.Pods {
 		last := "-"
 		if h := p.LastHandover; h != nil {
 			end := h.Steps[len(h.Steps)-1]
 			last = fmt.Sprintf("%s, %s ago", h.Outcome, r.Time.Sub(end.Time).Round(time.Second))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%s\t%s\n", p.Name, p.Version, p.Phase, p.Ready, dash(strings.Join(p.Leases, ",")), last)
+		line := fmt.Sprintf("%s\t%s\t%s\t%t\t%s\t%s", p.Name, p.Version, p.Phase, p.Ready, dash(strings.Join(p.Leases, ",")), last)
+		if wide {
+			cost := "-"
+			if p.DeletionCost != nil {
+				cost = strconv.Itoa(int(*p.DeletionCost))
+			}
+			line += "\t" + cost
+		}
+		fmt.Fprintln(tw, line)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"io"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -181,7 +182,25 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 	f.event(t, "orders-a", sidecar.ReasonDrainStarted, "Stopped claiming with 1 in flight", now.Add(-30*time.Second))
 	f.event(t, "orders-a", sidecar.ReasonDeadlineExceeded, "Drain deadline exceeded with 1 claims in flight; fallback abandon: left to the visibility timeout", now.Add(-29*time.Second))
 
+	// orders-a's sidecar keeps its pod-deletion-cost (setting deletion-cost).
+	if _, err := env.Client.CoreV1().Pods(f.ns).Patch(context.Background(), "orders-a", types.MergePatchType,
+		[]byte(`{"metadata":{"annotations":{"controller.kubernetes.io/pod-deletion-cost":"10100"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
 	r := decodeStatus(t, runStatus(t, "--kubeconfig", env.Kubeconfig, "-n", f.ns, "-l", "app=orders", "-o", "json"))
+	for _, p := range r.Pods {
+		switch {
+		case p.Name == "orders-a" && (p.DeletionCost == nil || *p.DeletionCost != 10100):
+			t.Errorf("pod orders-a: deletionCost %v, want 10100 from its annotation", p.DeletionCost)
+		case p.Name != "orders-a" && p.DeletionCost != nil:
+			t.Errorf("pod %s: deletionCost %d, want none (no annotation)", p.Name, *p.DeletionCost)
+		}
+	}
+	if wide := runStatus(t, "--kubeconfig", env.Kubeconfig, "-n", f.ns, "-l", "app=orders", "-o", "wide"); !strings.Contains(wide, "DELETION COST") ||
+		!regexp.MustCompile(`(?m)^orders-a\s.*\s10100$`).MatchString(wide) {
+		t.Errorf("-o wide does not show orders-a's deletion cost 10100 in a DELETION COST column:\n%s", wide)
+	}
 	if r.Namespace != f.ns || r.Selector != "handoff.dev/injected=true,app=orders" {
 		t.Errorf("namespace %q, selector %q", r.Namespace, r.Selector)
 	}
