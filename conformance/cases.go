@@ -41,6 +41,15 @@ func (s *suite) thenAltered(alter func(req *http.Request)) signer {
 	}
 }
 
+// otherToken is a token of the same length that is not the pod's.
+func (s *suite) otherToken() string {
+	wrong := strings.Repeat("0", len(s.t.Token))
+	if wrong == s.t.Token {
+		wrong = strings.Repeat("1", len(s.t.Token))
+	}
+	return wrong
+}
+
 // refusedCalls sends each state-changing call (stop-claiming, return, a
 // grant and a revoke carrying a later sequence) and the drain status once
 // with each signer, wants every one refused 401 with a JSON error and a
@@ -116,10 +125,7 @@ func (s *suite) authUnsigned(ctx context.Context) (string, error) {
 // was signed (its body, its query, its method's target, its timestamp), is
 // refused 401 and acted on by none.
 func (s *suite) authBadSignature(ctx context.Context) (string, error) {
-	wrong := strings.Repeat("0", len(s.t.Token))
-	if wrong == s.t.Token {
-		wrong = strings.Repeat("1", len(s.t.Token))
-	}
+	wrong := s.otherToken()
 	n, err := s.refusedCalls(ctx, s.lease("badsig"), []struct {
 		what string
 		sign signer
@@ -237,7 +243,22 @@ func (s *suite) authSchemeCase(ctx context.Context) (string, error) {
 			return "", fmt.Errorf("drain with scheme %q = %s, want 200: the scheme is read in any case", scheme, a)
 		}
 	}
-	return fmt.Sprintf("unsigned refused; %q and %q accepted as %s", strings.ToLower(protocol.AuthScheme), "Handoff-Hmac-Sha256", protocol.AuthScheme), nil
+	// The scheme in another case with a signature of another token: still
+	// refused, so that an app that reads the scheme and checks no
+	// signature does not pass.
+	other := s.otherToken()
+	a, err = s.call(ctx, http.MethodGet, path, "", func(r *http.Request, body []byte) {
+		protocol.Sign(r, other, body, time.Now())
+		_, sig, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		r.Header.Set("Authorization", strings.ToLower(protocol.AuthScheme)+" "+sig)
+	}, 0)
+	if err != nil {
+		return "", err
+	}
+	if a.code != http.StatusUnauthorized {
+		return "", fmt.Errorf("drain with scheme %q and a signature of another token = %s, want 401: the app reads the scheme but checks no signature", strings.ToLower(protocol.AuthScheme), a)
+	}
+	return fmt.Sprintf("unsigned refused; %q and %q accepted as %s; the scheme in lower case with another token's signature refused", strings.ToLower(protocol.AuthScheme), "Handoff-Hmac-Sha256", protocol.AuthScheme), nil
 }
 
 // transportSocket: an app served on a Unix socket (the default transport)

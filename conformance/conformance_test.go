@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/xml"
 	"errors"
 	"fmt"
 	"io"
@@ -338,6 +339,18 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 		},
 		fails: []string{conformance.CaseUnsigned, conformance.CaseBadSignature, conformance.CaseStaleSignature, conformance.CaseReplay, conformance.CaseSchemeCase},
 	}, {
+		// Seen in an app written from the docs alone: it read the scheme,
+		// in any case, and refused a call without it, but checked no
+		// signature.
+		name: "reads the scheme and checks no signature",
+		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
+			if scheme, _, _ := strings.Cut(r.Header.Get("Authorization"), " "); strings.EqualFold(scheme, protocol.AuthScheme) {
+				resign(r, body)
+			}
+			return false
+		},
+		fails: []string{conformance.CaseBadSignature, conformance.CaseSchemeCase},
+	}, {
 		name: "serves a call sent again",
 		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
 			nonces.Lock()
@@ -523,5 +536,107 @@ func TestSocketCase(t *testing.T) {
 	// The suite, as the sidecar, does not connect through the link at all.
 	if c, _ := rep.Case(conformance.CaseSocket); c.Result != conformance.Fail || !strings.Contains(c.Reason, "not a socket") {
 		t.Errorf("a link to the socket: %s (%s), want fail", c.Result, c.Reason)
+	}
+}
+
+// stopsAtABadReturn is an app that stops its claiming when a return's body
+// is not JSON (it answers 400 all the same): the case that sends it,
+// bad-request/return-body, fails, and the cases after it do not pay for
+// it: with a Fixture the suite restarts the app before the next; without
+// one the next is skipped, not failed (seen: bad-request/unknown-path-or-
+// method failed for an app an earlier case had stopped).
+func stopsAtABadReturn(app *goApp) http.Handler {
+	return broken(app, func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
+		if r.URL.Path == protocol.ReturnPath && r.Method == http.MethodPost && !json.Valid(body) {
+			app.current().StopClaiming()
+		}
+		return false
+	})
+}
+
+func TestACaseThatStopsTheAppFailsItselfNotTheNext(t *testing.T) {
+	app := newGoApp(t)
+	rep := serve(t, app, stopsAtABadReturn(app))
+	if c, _ := rep.Case(conformance.CaseBadReturn); c.Result != conformance.Fail || !strings.Contains(c.Reason, "says stopping after this case's calls") {
+		t.Errorf("%s = %s (%s), want fail: its calls stopped the app", conformance.CaseBadReturn, c.Result, c.Reason)
+	}
+	for _, name := range []string{conformance.CaseBadLeadership, conformance.CaseUnknownCall, conformance.CaseNotGenuine} {
+		if c, _ := rep.Case(name); c.Result != conformance.Pass {
+			t.Errorf("with a Fixture, %s = %s (%s), want pass on the restarted app", name, c.Result, c.Reason)
+		}
+	}
+
+	// Without a Fixture the suite cannot restart it: the next cases are
+	// skipped, saying why.
+	noFixture := newGoApp(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep = conformance.Run(ctx, conformance.Target{URL: serveApp(t, stopsAtABadReturn(noFixture)), Token: testToken})
+	t.Logf("\n%s", rep)
+	if c, _ := rep.Case(conformance.CaseBadReturn); c.Result != conformance.Fail {
+		t.Errorf("without a Fixture, %s = %s (%s), want fail", conformance.CaseBadReturn, c.Result, c.Reason)
+	}
+	if c, _ := rep.Case(conformance.CaseUnknownCall); c.Result != conformance.Skip || !strings.Contains(c.Reason, "stopping before this case") {
+		t.Errorf("without a Fixture, %s = %s (%s), want skip: the app was stopped by an earlier case", conformance.CaseUnknownCall, c.Result, c.Reason)
+	}
+}
+
+// The report as JSON and as JUnit XML: every case, its result and reason.
+func TestReportOutputs(t *testing.T) {
+	rep := conformance.Report{Cases: []conformance.Case{
+		{Name: conformance.CaseUnsigned, Result: conformance.Pass, Reason: "refused", Duration: 12 * time.Millisecond},
+		{Name: conformance.CaseReturnCounts, Result: conformance.Fail, Reason: "returned 0, want 3 <&>", Duration: time.Second},
+		{Name: conformance.CaseTermUntil, Result: conformance.Skip, Reason: "needs a LeaderFixture"},
+	}}
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Cases []struct {
+			Name, Result, Reason string
+			Seconds              float64
+		}
+		Passed, Failed, Skipped int
+	}
+	if err := json.Unmarshal(js.Bytes(), &got); err != nil {
+		t.Fatalf("%v\n%s", err, js.String())
+	}
+	if got.Passed != 1 || got.Failed != 1 || got.Skipped != 1 || len(got.Cases) != 3 || got.Cases[1].Result != "fail" ||
+		got.Cases[1].Reason != "returned 0, want 3 <&>" || got.Cases[1].Seconds != 1 || got.Cases[0].Seconds != 0.012 {
+		t.Errorf("WriteJSON:\n%s", js.String())
+	}
+
+	var x bytes.Buffer
+	if err := rep.WriteJUnit(&x, "handoff conformance"); err != nil {
+		t.Fatal(err)
+	}
+	var suites struct {
+		Suites []struct {
+			Name     string `xml:"name,attr"`
+			Tests    int    `xml:"tests,attr"`
+			Failures int    `xml:"failures,attr"`
+			Skipped  int    `xml:"skipped,attr"`
+			Cases    []struct {
+				Class   string `xml:"classname,attr"`
+				Name    string `xml:"name,attr"`
+				Failure *struct {
+					Message string `xml:"message,attr"`
+				} `xml:"failure"`
+				Skipped *struct{} `xml:"skipped"`
+			} `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	if err := xml.Unmarshal(x.Bytes(), &suites); err != nil {
+		t.Fatalf("%v\n%s", err, x.String())
+	}
+	if len(suites.Suites) != 1 {
+		t.Fatalf("WriteJUnit: %d test suites, want 1:\n%s", len(suites.Suites), x.String())
+	}
+	s := suites.Suites[0]
+	if s.Name != "handoff conformance" || s.Tests != 3 || s.Failures != 1 || s.Skipped != 1 || len(s.Cases) != 3 ||
+		s.Cases[1].Class != "handoff.conformance.return" || s.Cases[1].Failure == nil || s.Cases[1].Failure.Message != "returned 0, want 3 <&>" ||
+		s.Cases[2].Skipped == nil || s.Cases[0].Failure != nil || s.Cases[0].Skipped != nil {
+		t.Errorf("WriteJUnit:\n%s", x.String())
 	}
 }

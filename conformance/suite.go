@@ -113,25 +113,77 @@ func (s *suite) run(ctx context.Context, name string, f func(context.Context) (s
 		s.record(Case{Name: name, Result: Skip, Reason: "not run: " + context.Cause(ctx).Error()})
 		return
 	}
+	start := time.Now()
 	reason, err := f(ctx)
+	took := time.Since(start)
 	var skip errSkip
 	switch {
 	case errors.As(err, &skip):
-		s.record(Case{Name: name, Result: Skip, Reason: skip.reason})
+		s.record(Case{Name: name, Result: Skip, Reason: skip.reason, Duration: took})
 	case err != nil:
-		s.record(Case{Name: name, Result: Fail, Reason: oneLine(err.Error())})
+		s.record(Case{Name: name, Result: Fail, Reason: oneLine(err.Error()), Duration: took})
 	default:
-		s.record(Case{Name: name, Result: Pass, Reason: reason})
+		s.record(Case{Name: name, Result: Pass, Reason: reason, Duration: took})
 	}
 }
 
-// runLeader runs a case that needs a LeaderFixture.
+// runIdle runs a case that relies on an app that has not stopped claiming
+// and must leave it so: every case before the drain group. Before it, an
+// app found stopping (an earlier call stopped it, with an earlier case's
+// failure, or the app stopped by itself) is restarted with the Fixture, or
+// the case is skipped without one, as its result would say nothing of what
+// it checks. After it, an app found stopping fails the case: none of its
+// calls is a signed stop-claiming, so one of them stopped the app.
+func (s *suite) runIdle(ctx context.Context, name string, f func(context.Context) (string, error)) {
+	s.run(ctx, name, func(ctx context.Context) (string, error) {
+		if err := s.idle(ctx); err != nil {
+			return "", err
+		}
+		reason, err := f(ctx)
+		if err != nil {
+			return reason, err
+		}
+		st, err := s.status(ctx)
+		if err != nil {
+			return "", fmt.Errorf("after the case, the drain status: %w", err)
+		}
+		if st.Stopping {
+			return "", errors.New("the app says stopping after this case's calls, none of them a signed stop-claiming: one of them stopped its claiming")
+		}
+		return reason, nil
+	})
+}
+
+// idle makes sure the app is not stopping: it restarts a stopping app with
+// the Fixture, and returns errSkip without one.
+func (s *suite) idle(ctx context.Context) error {
+	st, err := s.status(ctx)
+	if err != nil {
+		return fmt.Errorf("before the case, the drain status: %w", err)
+	}
+	if !st.Stopping {
+		return nil
+	}
+	if s.t.Fixture == nil {
+		return errSkip{"the app was stopping before this case (an earlier call stopped its claiming; see the cases before), and without a Fixture (--fixture-cmd) the suite cannot restart it"}
+	}
+	if err := s.t.Fixture.Restart(ctx); err != nil {
+		return fmt.Errorf("the app was stopping before this case; Fixture.Restart: %w", err)
+	}
+	if st, err = s.status(ctx); err != nil || st.Stopping {
+		return fmt.Errorf("the app was stopping before this case, and after Fixture.Restart: stopping %t, %v", st.Stopping, err)
+	}
+	return nil
+}
+
+// runLeader runs a case that needs a LeaderFixture, on an idle app
+// (runIdle).
 func (s *suite) runLeader(ctx context.Context, name string, f func(context.Context) (string, error)) {
 	if s.t.Leader == nil {
 		s.record(Case{Name: name, Result: Skip, Reason: "needs a LeaderFixture (--leader-cmd): the protocol shows a term's end only through leader work"})
 		return
 	}
-	s.run(ctx, name, f)
+	s.runIdle(ctx, name, f)
 }
 
 // failAll records each case as failed for reason (a group's set-up failed).

@@ -24,6 +24,7 @@ func conformanceCommand() *cobra.Command {
 		fixtureCmd, leaderCmd string
 		leaseDuration         time.Duration
 		timeout               time.Duration
+		output                string
 	)
 	cmd := &cobra.Command{
 		Use:   "conformance",
@@ -39,12 +40,20 @@ leader work with --leader-cmd; without, they are skipped. Each is a shell
 command run with a step appended:
   --fixture-cmd:  restart | hold N | hold-cancelable N | finish
   --leader-cmd:   lead LEASE | stopping LEASE | release LEASE
-(lead and stopping print yes or no). docs/protocol.md, "Checking an app".`,
+(lead and stopping print yes or no). docs/protocol.md, "Checking an app".
+
+-o text (the default) prints a line a case and a summary; -o json one JSON
+object ({"cases": [{"name", "result", "reason", "seconds"}], "passed",
+"failed", "skipped"}); -o junit JUnit XML, for a CI's test report. The exit
+status is the same for each.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, err := protocol.ParseEndpoint(appURL)
 			if err != nil {
 				return fmt.Errorf("--app-url: %w", err)
+			}
+			if output != "text" && output != "json" && output != "junit" {
+				return fmt.Errorf("--output %q: want text, json or junit", output)
 			}
 			if leaseDuration < 0 || leaseDuration > protocol.MaxLeaseDuration {
 				return fmt.Errorf("--lease-duration %s: want the app's lease duration, above 0 and at most %s, or 0 for $%s or else %s",
@@ -77,7 +86,17 @@ command run with a step appended:
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			rep := conformance.Run(ctx, t)
-			fmt.Fprint(cmd.OutOrStdout(), rep.String())
+			switch output {
+			case "json":
+				err = rep.WriteJSON(cmd.OutOrStdout())
+			case "junit":
+				err = rep.WriteJUnit(cmd.OutOrStdout(), "handoff conformance "+appURL)
+			default:
+				_, err = fmt.Fprint(cmd.OutOrStdout(), rep.String())
+			}
+			if err != nil {
+				return err
+			}
 			if rep.Failed() {
 				return fmt.Errorf("the app does not conform: %d of %d cases failed", rep.Count(conformance.Fail), len(rep.Cases))
 			}
@@ -90,6 +109,7 @@ command run with a step appended:
 	cmd.Flags().StringVar(&fixtureCmd, "fixture-cmd", "", "shell command that makes the app hold claims: run with restart, hold N, hold-cancelable N or finish appended")
 	cmd.Flags().StringVar(&leaderCmd, "leader-cmd", "", "shell command that makes the app begin leader work: run with lead, stopping or release and the Lease appended")
 	cmd.Flags().DurationVar(&leaseDuration, "lease-duration", 0, "the lease duration the app bounds grants by (default $"+protocol.LeaseDurationEnv+", else 1h)")
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text, json or junit (JUnit XML)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long; the cases not run are reported skip")
 	return cmd
 }

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/handoff-dev/handoff/conformance"
 	"github.com/handoff-dev/handoff/internal/sockettest"
 )
 
@@ -76,6 +78,22 @@ func TestConformanceCommand(t *testing.T) {
 	if !strings.Contains(out, "fail  auth/unsigned-refused") {
 		t.Errorf("output lacks the unsigned case's failure")
 	}
+	// -o json: the same cases, as one JSON object, and the same exit status.
+	out, err = runConformance(t, "--app-url", yes.URL, "--token-file", file, "-o", "json")
+	var js struct {
+		Cases  []struct{ Name, Result string }
+		Failed int
+	}
+	first, _, _ := strings.Cut(out, "\n") // then cobra's error
+	if jerr := json.Unmarshal([]byte(first), &js); err == nil || jerr != nil || js.Failed == 0 || len(js.Cases) != len(conformance.Cases()) || js.Cases[0].Name != conformance.Cases()[0] {
+		t.Errorf("conformance -o json of an app answering 200 to anything: %v, %v, %d cases, %d failed\n%s", err, jerr, len(js.Cases), js.Failed, out)
+	}
+	// -o junit: JUnit XML with the failures, and the same exit status.
+	out, err = runConformance(t, "--app-url", yes.URL, "--token-file", file, "-o", "junit")
+	if err == nil || !strings.HasPrefix(out, "<?xml") || !strings.Contains(out, `<testcase classname="handoff.conformance.auth" name="auth/unsigned-refused"`) ||
+		!strings.Contains(out, "<failure message=") {
+		t.Errorf("conformance -o junit of an app answering 200 to anything: %v\n%s", err, out)
+	}
 
 	// A fixture command that fails fails the cases that need it.
 	out, err = runConformance(t, "--app-url", good, "--token-file", file, "--fixture-cmd", "echo cannot hold >&2; exit 2")
@@ -96,6 +114,7 @@ func TestConformanceCommandRefusesBadFlags(t *testing.T) {
 		{[]string{"--token-file", t.TempDir() + "/none"}, "token file"},
 		{[]string{"--token-file", file, "--lease-duration", "2h"}, "--lease-duration"},
 		{[]string{"--token-file", file, "--timeout", "0s"}, "--timeout"},
+		{[]string{"--token-file", file, "-o", "xml"}, `--output "xml": want text, json or junit`},
 	} {
 		_, err := runConformance(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.says) {
