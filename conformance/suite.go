@@ -170,8 +170,11 @@ func (s *suite) idle(ctx context.Context) error {
 	if err := s.t.Fixture.Restart(ctx); err != nil {
 		return fmt.Errorf("the app was stopping before this case; Fixture.Restart: %w", err)
 	}
-	if st, err = s.status(ctx); err != nil || st.Stopping {
-		return fmt.Errorf("the app was stopping before this case, and after Fixture.Restart: stopping %t, %v", st.Stopping, err)
+	if st, err = s.status(ctx); err != nil {
+		return fmt.Errorf("the app was stopping before this case; after Fixture.Restart, the drain status: %w", err)
+	}
+	if st.Stopping {
+		return errors.New("the app was stopping before this case, and still is after Fixture.Restart")
 	}
 	return nil
 }
