@@ -7,7 +7,8 @@
 //     --fixture-cmd "node examples/fixture.mjs $DIR" --leader-cmd "node examples/fixture.mjs $DIR"
 //
 // DIR holds the worker's sockets, its pid file and its log; the token is
-// $DIR/token. restart kills the worker process (if any) and starts a fresh
+// $DIR/token. The worker serves on $HANDOFF_APP_URL when set (the
+// conformance command passes its environment on), else unix://$DIR/app.sock. restart kills the worker process (if any) and starts a fresh
 // one, returning once it answers; every other step (hold N,
 // hold-cancelable N, finish, lead LEASE, stopping LEASE, release LEASE) is
 // sent to the running worker on $DIR/fixture.sock and its answer printed.
@@ -69,7 +70,7 @@ async function restart() {
     stdio: ['ignore', logFd, logFd],
     env: {
       ...process.env,
-      HANDOFF_APP_URL: `unix://${join(dir, 'app.sock')}`,
+      HANDOFF_APP_URL: process.env.HANDOFF_APP_URL || `unix://${join(dir, 'app.sock')}`,
       HANDOFF_TOKEN_FILE: join(dir, 'token'),
       EXAMPLE_FIXTURE_SOCKET: fixtureSocket,
     },

@@ -1,0 +1,76 @@
+// The real `handoff conformance` against examples/worker.mjs, with its
+// fixture command (examples/fixture.mjs) for claims and leader work. The
+// binary is $HANDOFF_BIN (sdk/node/test.sh builds it when unset); without
+// it the test is skipped.
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { dirname, join } from 'node:path';
+import { test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { tempDir, token } from './helpers.mjs';
+
+const bin = process.env.HANDOFF_BIN;
+const skip = bin ? false : 'HANDOFF_BIN is not set: build the handoff binary (go build ./cmd/handoff) and point HANDOFF_BIN at it, or run sdk/node/test.sh';
+const fixture = join(dirname(fileURLToPath(import.meta.url)), '..', 'examples', 'fixture.mjs');
+const quote = (s) => `'${s.replaceAll("'", `'\\''`)}'`;
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.on('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+/** Runs handoff conformance on the example worker at appURL; resolves to {code, out, counts}. */
+function conformance(t, dir, appURL) {
+  writeFileSync(join(dir, 'token'), `${token}\n`);
+  const cmd = `${quote(process.execPath)} ${quote(fixture)} ${quote(dir)}`;
+  const stopWorker = () => {
+    try {
+      process.kill(Number(readFileSync(join(dir, 'worker.pid'), 'utf8')), 'SIGKILL');
+    } catch {
+      // gone, or never started
+    }
+  };
+  return new Promise((resolve) => {
+    execFile(
+      bin,
+      ['conformance', '--app-url', appURL, '--token-file', join(dir, 'token'), '--fixture-cmd', cmd, '--leader-cmd', cmd, '--timeout', '3m'],
+      { env: { ...process.env, HANDOFF_APP_URL: appURL }, timeout: 200_000 },
+      (err, stdout, stderr) => {
+        stopWorker();
+        const out = `${stdout}${stderr}`;
+        const m = /(\d+) passed, (\d+) failed, (\d+) skipped/.exec(out);
+        resolve({ code: err ? (err.code ?? 1) : 0, out, counts: m ? { pass: +m[1], fail: +m[2], skip: +m[3] } : undefined });
+      },
+    );
+  });
+}
+
+test('handoff conformance: every case passes on a Unix socket, none skipped', { skip, timeout: 240_000 }, async (t) => {
+  const dir = tempDir(t);
+  const { code, out, counts } = await conformance(t, dir, `unix://${join(dir, 'app.sock')}`);
+  for (const line of out.trim().split('\n')) t.diagnostic(line);
+  assert.ok(counts, `no summary in the output:\n${out}`);
+  assert.equal(counts.fail, 0, out);
+  assert.equal(counts.skip, 0, out);
+  assert.ok(counts.pass >= 29, `${counts.pass} cases passed`);
+  assert.equal(code, 0, out);
+});
+
+test('handoff conformance on loopback TCP: every case passes but the socket one, skipped on TCP', { skip, timeout: 240_000 }, async (t) => {
+  const dir = tempDir(t);
+  const { code, out, counts } = await conformance(t, dir, `http://127.0.0.1:${await freePort()}`);
+  for (const line of out.trim().split('\n')) t.diagnostic(line);
+  assert.ok(counts, `no summary in the output:\n${out}`);
+  assert.equal(counts.fail, 0, out);
+  const skipped = out.split('\n').filter((l) => l.startsWith('skip'));
+  assert.deepEqual(skipped.map((l) => l.split(/\s+/)[1]), ['transport/socket'], out);
+  assert.equal(code, 0, out);
+});
