@@ -467,6 +467,30 @@ class _Reader:
                 raise HTTPError(400, "malformed chunked encoding")
 
 
+def _linger(conn: socket.socket) -> None:
+    """Close after an answer sent before the request was read whole, as Go's server does.
+
+    Closing with unread data resets the connection, and the client may lose
+    the answer: shut down the writing side, then read and drop what the
+    client still sends, for up to 0.5 s and 256 KiB.
+    """
+    try:
+        conn.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + 0.5
+        n = 0
+        while n < (256 << 10):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            conn.settimeout(left)
+            data = conn.recv(65536)
+            if not data:
+                return
+            n += len(data)
+    except OSError:
+        return
+
+
 def _client_gone(conn: socket.socket) -> bool:
     """Whether the client closed its side (a read would see EOF)."""
     try:
@@ -558,11 +582,13 @@ class _Server:
                     body = rd.body(kind, n)
                 except HTTPError as e:
                     self._send(conn, error_response(e.status, str(e), close=True))
+                    _linger(conn)
                     return
                 except _Gone:
                     return
                 if body is None:
                     self._send(conn, too_large())
+                    _linger(conn)
                     return
                 conn.settimeout(None)
                 resp = self._perform(dispatch(self._agent, self._agent._verifier, head, body), conn)

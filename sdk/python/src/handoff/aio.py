@@ -451,6 +451,26 @@ class _TooLarge(Exception):
     pass
 
 
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Close after an answer sent before the request was read whole: see handoff._agent._linger."""
+    try:
+        if writer.can_write_eof():
+            writer.write_eof()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 0.5
+        n = 0
+        while n < (256 << 10):
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            data = await asyncio.wait_for(reader.read(65536), left)
+            if not data:
+                return
+            n += len(data)
+    except (OSError, asyncio.TimeoutError):
+        return
+
+
 class _AioServer:
     def __init__(self, agent: Agent, e: Endpoint) -> None:
         self._agent = agent
@@ -570,12 +590,15 @@ class _AioServer:
                 body = await self._body(reader, kind, n, got[1])
             except HTTPError as e:
                 await self._send(writer, error_response(e.status, str(e), close=True))
+                await _linger(reader, writer)
                 return
             except _TooLarge:
                 await self._send(writer, too_large())
+                await _linger(reader, writer)
                 return
             except ValueError:  # a line longer than the reader's limit
                 await self._send(writer, error_response(431, "request header too large", close=True))
+                await _linger(reader, writer)
                 return
             resp = await self._perform(dispatch(self._agent, self._agent._verifier, head, body), reader)
             if resp is None:
