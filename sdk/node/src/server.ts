@@ -306,7 +306,9 @@ async function leadership(agent: Agent, lease: string, text: string, res: Server
     const valid = vf > 0n ? Number(vf) : 0;
     let left = valid;
     if (l.until !== undefined) {
-      const untilLeft = Number(l.until) / 1e6 - recvWall;
+      // In nanoseconds first: a Unix time in ns is beyond a double's exact integers.
+      const whole = Math.floor(recvWall);
+      const untilLeft = Number(l.until - BigInt(whole) * 1_000_000n) / 1e6 - (recvWall - whole);
       if (untilLeft < left) left = untilLeft;
     }
     grant = { fencingToken: l.fencingToken, end: recvMono + left, until: recvWall + left };
