@@ -13,10 +13,16 @@
  *   try { r = agent.receive(); } catch (e) { if (e instanceof StoppingError) break; throw e; }
  *   const msg = await queue.receive(r.signal).catch(() => undefined);
  *   if (!msg) { r.end(); continue; }
- *   const c = r.hold();
+ *   const c = r.hold(); // held: in flight until done, even after stop-claiming
  *   r.end();
- *   await handle(msg, c.signal);
- *   c.done();
+ *   try {
+ *     await handle(msg, c.signal); // aborted by the cancel fallback
+ *     await queue.ack(msg);
+ *   } catch {
+ *     // unfinished: still claimed; returnClaims hands it back
+ *   } finally {
+ *     c.done();
+ *   }
  * }
  * ```
  * @module
