@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Checks the Python SDK (sdk/python): mypy --strict, the tests, handoff
+# conformance on both example workers, and an offline build of the wheel and
+# the sdist. Exits non-zero on any failure; prints each step's time.
+#
+#   bash sdk/python/test.sh
+#
+# Environment:
+#   PYTHON       the interpreter (default /usr/bin/python3, Debian's)
+#   HANDOFF_BIN  a handoff binary for the conformance runs; unset, one is built
+#                with go (GOTOOLCHAIN, GOMODCACHE, GOCACHE are honoured)
+#   HANDOFF_SDK_OLDEST  an interpreter of the oldest Python supported (3.9) to
+#                run the tests with too; default python3.9 if on PATH, "none" to skip
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+PYTHON=${PYTHON:-/usr/bin/python3}
+tmp=$(mktemp -d /tmp/handoff-pysdk.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+failed=0
+summary=()
+
+now() { date +%s.%N; }
+# step NAME CMD...: runs CMD, records its time and result, goes on after a failure.
+step() {
+	local name=$1 t0 t1 rc
+	shift
+	echo "=== $name"
+	t0=$(now)
+	set +e
+	"$@"
+	rc=$?
+	set -e
+	t1=$(now)
+	local took
+	took=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1fs", b - a }')
+	if [ "$rc" -eq 0 ]; then
+		summary+=("ok    $took  $name")
+	else
+		summary+=("FAIL  $took  $name (exit $rc)")
+		failed=1
+	fi
+	echo "--- $name: exit $rc in $took"
+}
+
+packages() {
+	local missing=() p
+	for p in mypy python3-pytest python3-yaml python3-build python3-setuptools python3-wheel; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+	done
+	[ ${#missing[@]} -eq 0 ] && { echo "Debian packages present"; return 0; }
+	echo "installing ${missing[*]}"
+	local sudo=""
+	[ "$(id -u)" -eq 0 ] || sudo=sudo
+	export DEBIAN_FRONTEND=noninteractive
+	$sudo apt-get install -y -qq "${missing[@]}" >/dev/null ||
+		{ $sudo apt-get update -qq >/dev/null && $sudo apt-get install -y -qq "${missing[@]}" >/dev/null; }
+}
+
+handoff_bin() {
+	if [ -n "${HANDOFF_BIN:-}" ]; then
+		echo "using HANDOFF_BIN=$HANDOFF_BIN"
+		[ -x "$HANDOFF_BIN" ]
+		return
+	fi
+	command -v go >/dev/null || { echo "go not found: set HANDOFF_BIN to a handoff binary" >&2; return 1; }
+	(cd "$root" && go build -o "$tmp/handoff" ./cmd/handoff)
+	HANDOFF_BIN=$tmp/handoff
+	echo "built $HANDOFF_BIN"
+}
+
+typecheck() {
+	(cd "$here" && "$PYTHON" -m mypy --strict --python-version 3.9 src && MYPYPATH=src "$PYTHON" -m mypy --strict --python-version 3.9 examples)
+}
+
+unit_tests() {
+	(cd "$here" && PYTHONPATH=src "$PYTHON" -m pytest -q -p no:cacheprovider tests --ignore=tests/test_conformance.py)
+}
+
+conformance() {
+	# -s: the suite's table of cases, for each example worker; -rs: why a test was skipped.
+	(cd "$here" && HANDOFF_BIN=$HANDOFF_BIN PYTHONPATH=src "$PYTHON" -m pytest -s -q -rs -p no:cacheprovider tests/test_conformance.py) |
+		tee "$tmp/conformance.out"
+	[ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+	! grep -q "^SKIPPED" "$tmp/conformance.out" || { echo "a conformance run was skipped" >&2; return 1; }
+}
+
+oldest() {
+	local py=${HANDOFF_SDK_OLDEST:-} c
+	if [ "$py" = none ]; then
+		echo "skipped (HANDOFF_SDK_OLDEST=none)"
+		return 0
+	fi
+	if [ -z "$py" ]; then
+		for c in python3.9 $(command -v pyenv >/dev/null && ls -d "$(pyenv root)"/versions/3.9*/bin/python3 2>/dev/null); do
+			if "$c" -c 'import sys; assert sys.version_info[:2] == (3, 9)' 2>/dev/null; then
+				py=$c
+				break
+			fi
+		done
+		if [ -z "$py" ]; then
+			echo "no Python 3.9 found: skipped (set HANDOFF_SDK_OLDEST to one)"
+			return 0
+		fi
+	fi
+	echo "with $py"
+	"$py" -c 'import sys; assert sys.version_info[:2] == (3, 9), sys.version' || return 1
+	# Debian's pytest is pure Python; below 3.11 it imports the exceptiongroup
+	# backport, which a stand-in replaces (the SDK itself never uses it).
+	mkdir -p "$tmp/shim"
+	cat >"$tmp/shim/exceptiongroup.py" <<'EOF'
+class BaseExceptionGroup(BaseException):
+    def __init__(self, msg, excs):
+        super().__init__(msg, excs)
+        self.message, self.exceptions = msg, tuple(excs)
+class ExceptionGroup(BaseExceptionGroup, Exception):
+    pass
+EOF
+	(cd "$here" && HANDOFF_BIN=$HANDOFF_BIN PYTHONPATH="src:$tmp/shim:/usr/lib/python3/dist-packages" "$py" -m pytest -q -p no:cacheprovider tests)
+}
+
+build() {
+	# Built from a copy, so the tree gets no build/ or egg-info.
+	mkdir -p "$tmp/src" "$tmp/dist"
+	tar -C "$here" --exclude=__pycache__ --exclude=.pytest_cache --exclude=.mypy_cache --exclude=build --exclude=dist --exclude='*.egg-info' -cf - . | tar -C "$tmp/src" -xf -
+	(cd "$tmp/src" && "$PYTHON" -m build --no-isolation --wheel --sdist --outdir "$tmp/dist" . >"$tmp/build.log" 2>&1) || { cat "$tmp/build.log"; return 1; }
+	ls -l "$tmp/dist"
+	local whl
+	whl=$(ls "$tmp"/dist/handoff-*.whl)
+	mkdir -p "$tmp/wheel"
+	(cd "$tmp/wheel" && "$PYTHON" -m zipfile -e "$whl" .)
+	test -f "$tmp/wheel/handoff/py.typed"
+	(cd "$tmp" && PYTHONPATH="$tmp/wheel" "$PYTHON" -c '
+import handoff, handoff.aio, handoff.protocol, handoff.testing
+assert handoff.__file__.startswith("'"$tmp"'/wheel/"), handoff.__file__
+a = handoff.Agent(insecure_no_token=True)
+print("wheel", handoff.__version__, "imports; instance", a.instance)
+')
+	tar tzf "$tmp"/dist/handoff-*.tar.gz >"$tmp/sdist.txt"
+	grep -q "tests/test_conformance.py" "$tmp/sdist.txt"
+}
+
+step "debian packages" packages
+step "handoff binary" handoff_bin
+step "mypy --strict" typecheck
+step "pytest (unit)" unit_tests
+if [ -n "${HANDOFF_BIN:-}" ]; then
+	step "conformance (worker.py, aio_worker.py)" conformance
+	step "pytest on Python 3.9" oldest
+fi
+step "wheel and sdist (offline)" build
+
+echo
+echo "=== summary"
+printf '%s\n' "${summary[@]}"
+exit "$failed"
