@@ -286,3 +286,15 @@ def test_agent_made_outside_a_loop_works_inside_one() -> None:
     run(main)
 
 
+
+
+def test_expect_100_continue(sockdir: str) -> None:
+    from test_server import expect_continue
+
+    async def main() -> None:
+        a = await handoff.aio.Agent(token=TOKEN, return_claims=lambda: asyncio.sleep(0, 1)).start("unix://%s/app.sock" % sockdir)
+        interim, status, out = await asyncio.to_thread(expect_continue, os.path.join(sockdir, "app.sock"))
+        assert interim.startswith(b"HTTP/1.1 100") and status == 200 and out == b'{"returned":1}\n'
+        await a.close()
+
+    run(main)

@@ -375,3 +375,30 @@ def test_many_connections_at_once(sockdir: str) -> None:
         assert len(results) == 80 and all(r == 0 for r in results)
     finally:
         a.close()
+
+
+def expect_continue(path: str) -> Tuple[bytes, int, bytes]:
+    """A call sending its body only after the server's 100 Continue: (the interim line, status, body)."""
+    body = b'{"cancel": false}'
+    h = sign(TOKEN, "POST", "/handoff/v1/return", body)
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect(path)
+    s.sendall(b"POST /handoff/v1/return HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: %d\r\n" % len(body)
+              + "".join("%s: %s\r\n" % kv for kv in h.items()).encode() + b"\r\n")
+    f = s.makefile("rb")
+    interim = f.readline()
+    assert f.readline() == b"\r\n"
+    s.sendall(body)
+    status, _, out = read_response(f)  # type: ignore[arg-type]
+    s.close()
+    return interim, status, out
+
+
+def test_expect_100_continue(sockdir: str) -> None:
+    a, _ = serve(sockdir, return_claims=lambda: 1)
+    try:
+        interim, status, out = expect_continue(os.path.join(sockdir, "app.sock"))
+        assert interim.startswith(b"HTTP/1.1 100") and status == 200 and json.loads(out) == {"returned": 1}
+    finally:
+        a.close()

@@ -17,6 +17,7 @@ from ._core import ClaimBase, Core, LeaderWorkBase, ReceiveBase, _TermState
 from ._endpoint import APP_SOCKET, APP_URL_ENV, Endpoint, EndpointError, listen, parse_endpoint
 from ._errors import ReturnClaimsError
 from ._http import (
+    CONTINUE,
     IDLE_TIMEOUT,
     MAX_CONNS,
     MAX_HEADER_BYTES,
@@ -37,6 +38,7 @@ from ._http import (
     return_answer,
     revoke_answer,
     too_large,
+    wants_continue,
 )
 from ._auth import Verifier
 from ._wire import MAX_BODY_BYTES, ReturnResult
@@ -579,6 +581,8 @@ class _Server:
                         return
                     head = parse_head(raw)
                     kind, n = body_framing(head)
+                    if wants_continue(head, kind, n):
+                        conn.sendall(CONTINUE)
                     body = rd.body(kind, n)
                 except HTTPError as e:
                     self._send(conn, error_response(e.status, str(e), close=True))

@@ -120,6 +120,14 @@ def body_framing(h: Head) -> Tuple[str, int]:
     return "length", int(cl)
 
 
+def wants_continue(h: Head, kind: str, n: int) -> bool:
+    """Whether to answer ``100 Continue`` before reading the body (``Expect: 100-continue``, a body within the limit)."""
+    return h.headers.get("expect", "").lower() == "100-continue" and h.version == "HTTP/1.1" and (kind == "chunked" or 0 < n <= MAX_BODY_BYTES)
+
+
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
 def parse_chunk_size(line: bytes) -> int:
     size = line.split(b";", 1)[0].strip()
     if not size or not re.fullmatch(rb"[0-9A-Fa-f]{1,16}", size):

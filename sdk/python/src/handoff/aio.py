@@ -45,6 +45,7 @@ from ._core import ClaimBase, Core, LeaderWorkBase, ReceiveBase, _TermState
 from ._endpoint import Endpoint, listen
 from ._errors import ReturnClaimsError
 from ._http import (
+    CONTINUE,
     IDLE_TIMEOUT,
     MAX_CONNS,
     MAX_HEADER_BYTES,
@@ -65,6 +66,7 @@ from ._http import (
     return_answer,
     revoke_answer,
     too_large,
+    wants_continue,
 )
 from ._wire import MAX_BODY_BYTES, ReturnResult
 
@@ -587,6 +589,8 @@ class _AioServer:
                     return
                 head = parse_head(got[0])
                 kind, n = body_framing(head)
+                if wants_continue(head, kind, n):
+                    writer.write(CONTINUE)
                 body = await self._body(reader, kind, n, got[1])
             except HTTPError as e:
                 await self._send(writer, error_response(e.status, str(e), close=True))
