@@ -31,6 +31,10 @@ export GOTOOLCHAIN
 # kubelet in make e2e is the oldest's; make e2e-newest runs on the newest.
 KUBE_OLDEST := KUBE_VERSION=v1.35.4 ETCD_VERSION=v3.6.16
 KUBE_NEWEST := KUBE_VERSION=v1.37.2 ETCD_VERSION=v3.7.3
+# Every package of the repository's modules (go.work): ./... holds the
+# main module's alone; the protocol, the Go SDK and its adapters are modules
+# of their own.
+GO_PKGS := ./... ./protocol/... ./worker/... ./worker/jetstream/... ./worker/rabbitmq/... ./worker/redisstreams/... ./worker/river/...
 # The packages whose tests talk to the apiserver, run again on the newest.
 API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
 
@@ -104,7 +108,7 @@ test:
 integration: integration-oldest integration-newest
 
 integration-oldest: kube-assets queue-servers
-	$(KUBE_OLDEST) KUBEBUILDER_ASSETS=$$($(KUBE_OLDEST) bash hack/kube-assets.sh kube-controller-manager) go test -race -count=1 ./...
+	$(KUBE_OLDEST) KUBEBUILDER_ASSETS=$$($(KUBE_OLDEST) bash hack/kube-assets.sh kube-controller-manager) go test -race -count=1 $(GO_PKGS)
 
 integration-newest: kube-assets queue-servers
 	$(KUBE_NEWEST) KUBEBUILDER_ASSETS=$$($(KUBE_NEWEST) bash hack/kube-assets.sh kube-controller-manager) go test -race -count=1 $(API_PKGS)
@@ -178,9 +182,10 @@ unit:
 # (a cold CI run compiled them twice, 4 minutes of it).
 lint: tools
 	gofmt -l . | (! grep .)
-	go vet -race ./...
+	go vet -race $(GO_PKGS)
 	go vet -race -tags e2e ./e2e/
-	GOFLAGS="$$GOFLAGS -race" $$(bash hack/tools.sh)/golangci-lint run ./...
+	GOFLAGS="$$GOFLAGS -race" $$(bash hack/tools.sh)/golangci-lint run $(GO_PKGS)
+	bash hack/modules.sh
 	bash hack/chartlint.sh
 	$$(bash hack/tools.sh)/actionlint .github/workflows/*.yml
 

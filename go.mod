@@ -8,6 +8,12 @@ require (
 	github.com/go-logr/logr v1.4.4
 	github.com/go-logr/zapr v1.3.0
 	github.com/google/go-containerregistry v0.22.1
+	github.com/handoff-dev/handoff/protocol v0.0.0-00010101000000-000000000000
+	github.com/handoff-dev/handoff/worker v0.0.0-00010101000000-000000000000
+	github.com/handoff-dev/handoff/worker/jetstream v0.0.0-00010101000000-000000000000
+	github.com/handoff-dev/handoff/worker/rabbitmq v0.0.0-00010101000000-000000000000
+	github.com/handoff-dev/handoff/worker/redisstreams v0.0.0-00010101000000-000000000000
+	github.com/handoff-dev/handoff/worker/river v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/open-policy-agent/cert-controller v0.16.0
@@ -19,14 +25,13 @@ require (
 	github.com/riverqueue/river v0.51.2
 	github.com/riverqueue/river/riverdriver v0.51.2
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
-	github.com/riverqueue/river/rivertype v0.51.2
 	github.com/rs/zerolog v1.28.0
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.10
 	go.uber.org/zap v1.27.1
 	golang.org/x/mod v0.42.0
-	golang.org/x/net v0.62.0
 	golang.org/x/sys v0.49.0
+	golang.org/x/time v0.15.0
 	gomodules.xyz/jsonpatch/v2 v2.4.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
@@ -92,6 +97,7 @@ require (
 	github.com/prometheus/common v0.70.0 // indirect
 	github.com/prometheus/procfs v0.21.1 // indirect
 	github.com/riverqueue/river/rivershared v0.51.2 // indirect
+	github.com/riverqueue/river/rivertype v0.51.2 // indirect
 	github.com/rs/xid v1.4.0 // indirect
 	github.com/tidwall/gjson v1.20.0 // indirect
 	github.com/tidwall/match v1.2.0 // indirect
@@ -113,11 +119,11 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/exp v0.0.0-20260410095643-746e56fc9e2f // indirect
+	golang.org/x/net v0.62.0 // indirect
 	golang.org/x/oauth2 v0.36.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/term v0.47.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
-	golang.org/x/time v0.15.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260803160001-6ac0973c030d // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260803160001-6ac0973c030d // indirect
 	google.golang.org/grpc v1.83.1 // indirect
@@ -133,4 +139,15 @@ require (
 	sigs.k8s.io/apiserver-network-proxy/konnectivity-client v0.36.0 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
+)
+
+// The repository's other modules (go.work lists them all): the wire
+// protocol, the Go SDK and its queue adapters.
+replace (
+	github.com/handoff-dev/handoff/protocol => ./protocol
+	github.com/handoff-dev/handoff/worker => ./worker
+	github.com/handoff-dev/handoff/worker/jetstream => ./worker/jetstream
+	github.com/handoff-dev/handoff/worker/rabbitmq => ./worker/rabbitmq
+	github.com/handoff-dev/handoff/worker/redisstreams => ./worker/redisstreams
+	github.com/handoff-dev/handoff/worker/river => ./worker/river
 )

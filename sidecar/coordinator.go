@@ -81,7 +81,7 @@ type Coordinator struct {
 	s        *config.Settings
 	log      logr.Logger
 	verifier *protocol.Verifier // of calls to the control API
-	app      *AppClient
+	app      *protocol.AppClient
 	leaseAPI coordinationv1client.LeasesGetter
 	pods     *prestop.PodWatch // nil when the pod is unknown
 	phases   *phasePublisher   // writes the phase on the pod; nil when the pod is unknown
@@ -184,7 +184,7 @@ func New(o Options) (*Coordinator, error) {
 		s:        s,
 		log:      o.Logger,
 		verifier: protocol.NewVerifier(o.Token, nil),
-		app:      NewAppClient(s.AppURL, o.Token),
+		app:      protocol.NewAppClient(s.AppURL, o.Token),
 		leaseAPI: o.Leases,
 		events:   o.Events,
 		metrics:  o.Metrics,
@@ -559,7 +559,7 @@ func (c *Coordinator) tellApp(l *lease) {
 	err := c.app.SetLeadership(ctx, msg)
 	c.metrics.appResult("leadership", c.clock.Since(asked), err)
 	switch {
-	case !leader && IsAppGone(err):
+	case !leader && protocol.IsAppGone(err):
 		// No process holds the term any more.
 		l.granted = time.Time{}
 	case err != nil:

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/handoff-dev/handoff/protocol"
-	"github.com/handoff-dev/handoff/sidecar"
 )
 
 // answer is what a fuzzed app answers, and the body it could send.
@@ -40,7 +39,7 @@ func (a *answer) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 // non-2xx answer is an error naming the status, that a 2xx answer decodes
 // only from valid JSON of the call's type (and is then exactly what
 // json.Unmarshal reads), that anything else is a "decoding answer" error,
-// and that a stale leadership ack is ErrStale. No control plane: kubetest
+// and that a stale leadership ack is protocol.ErrStale. No control plane: kubetest
 // starts none while fuzzing.
 //
 // Run: go test ./sidecar -run '^$' -fuzz FuzzAppClient (or hack/fuzz.sh).
@@ -71,7 +70,7 @@ func FuzzAppClient(f *testing.F) {
 	app := &answer{}
 	srv := httptest.NewServer(app)
 	f.Cleanup(srv.Close)
-	client := sidecar.NewAppClient(protocol.Endpoint{Network: "tcp", Address: srv.Listener.Addr().String()}, testToken)
+	client := protocol.NewAppClient(protocol.Endpoint{Network: "tcp", Address: srv.Listener.Addr().String()}, testToken)
 	f.Fuzz(func(t *testing.T, call uint8, status uint16, body []byte) {
 		app.mu.Lock()
 		app.status, app.body = 200+int(status)%400, body
@@ -115,7 +114,7 @@ func FuzzAppClient(f *testing.F) {
 			return
 		}
 		if ack, ok := want.(*protocol.LeadershipAck); ok {
-			if ack.Stale != errors.Is(err, sidecar.ErrStale) || (!ack.Stale && err != nil) {
+			if ack.Stale != errors.Is(err, protocol.ErrStale) || (!ack.Stale && err != nil) {
 				t.Fatalf("ack %q: error %v", sent, err)
 			}
 			return

@@ -159,7 +159,7 @@ func (m *Metrics) exportLeases(s *config.Settings) {
 func (m *Metrics) appResult(call string, took time.Duration, err error) {
 	result := "ok"
 	switch {
-	case IsAppGone(err):
+	case protocol.IsAppGone(err):
 		result = "gone"
 	case err != nil:
 		result = "error"

@@ -241,7 +241,7 @@ func (c *Coordinator) shed(r *round, l *lease, wasLeader bool) {
 		err := c.app.SetLeadership(ctx, protocol.Leadership{Lease: name, Leader: false, Sequence: l.nextSequence()})
 		cancel()
 		c.metrics.appResult("revoke", clk.Since(asked), err)
-		if err == nil || IsAppGone(err) {
+		if err == nil || protocol.IsAppGone(err) {
 			granted = time.Time{}
 		} else {
 			c.log.Info("revoke of a shed shard not acknowledged: released when the app's term ends", "shard", name, "error", err.Error())

@@ -325,7 +325,7 @@ func (q *sequence) handleClaims(stop stopResult) {
 	st, err := stop.st, stop.err
 	q.noteInstance(st.Instance)
 	c.metrics.appResult("stop-claiming", stop.took, err)
-	if IsAppGone(err) {
+	if protocol.IsAppGone(err) {
 		q.rep.Outcome = protocol.OutcomeAppGone
 		q.step(StepStopClaiming, "app not running: nothing to drain")
 		return
@@ -368,7 +368,7 @@ func (q *sequence) handleClaims(stop stopResult) {
 		cancel()
 		c.metrics.appResult("drain", clk.Since(asked), err)
 		switch {
-		case IsAppGone(err):
+		case protocol.IsAppGone(err):
 			// Whatever it still held is left to the visibility timeout:
 			// the last count it reported.
 			q.rep.Outcome, q.rep.Abandoned = protocol.OutcomeAppGone, st.InFlight
@@ -488,7 +488,7 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 		err := c.app.SetLeadership(ctx, protocol.Leadership{Lease: name, Leader: false, Sequence: l.nextSequence()})
 		cancel()
 		c.metrics.appResult("revoke", clk.Since(asked), err)
-		if err == nil || IsAppGone(err) {
+		if err == nil || protocol.IsAppGone(err) {
 			granted = time.Time{}
 			q.step(StepRevoked, name)
 		} else {

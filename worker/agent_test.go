@@ -12,7 +12,6 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/handoff-dev/handoff/protocol"
-	"github.com/handoff-dev/handoff/sidecar"
 	"github.com/handoff-dev/handoff/worker"
 )
 
@@ -79,7 +78,7 @@ func TestReturnWithCancelCancelsThenReturns(t *testing.T) {
 }
 
 // newFake returns an Agent on a fake clock, served over HTTP.
-func newFake(t *testing.T) (*worker.Agent, *clocktesting.FakeClock, *sidecar.AppClient) {
+func newFake(t *testing.T) (*worker.Agent, *clocktesting.FakeClock, *protocol.AppClient) {
 	fake := clocktesting.NewFakeClock(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
 	a := newAgent(t, worker.Options{Clock: fake})
 	return a, fake, serve(t, a)
@@ -174,8 +173,8 @@ func TestRevokeIsAnsweredAfterLeaderWorkStops(t *testing.T) {
 		t.Fatal("revoke answered before the leader work stopped")
 	}
 	// A grant delayed past the revoke is ignored, and says so.
-	if err := app.SetLeadership(context.Background(), grant); !errors.Is(err, sidecar.ErrStale) {
-		t.Fatalf("stale grant = %v, want ErrStale", err)
+	if err := app.SetLeadership(context.Background(), grant); !errors.Is(err, protocol.ErrStale) {
+		t.Fatalf("stale grant = %v, want protocol.ErrStale", err)
 	}
 	if _, ok := a.Leader("l"); ok {
 		t.Fatal("a stale grant (sequence 1 after 2) made the app leader again")

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/handoff-dev/handoff/protocol"
-	"github.com/handoff-dev/handoff/sidecar"
 	"github.com/handoff-dev/handoff/worker"
 )
 
@@ -340,7 +339,7 @@ func TestBreakRatchetAttackEndsAtTheFirstGenuineRevoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sidecarClient := sidecar.NewAppClient(e, testToken)
+	sidecarClient := protocol.NewAppClient(e, testToken)
 	now := time.Now()
 	if err := sidecarClient.SetLeadership(context.Background(), protocol.Leadership{Lease: "work", Leader: true, Sequence: now.UnixNano(),
 		FencingToken: 3, Until: now.Add(10 * time.Second), ValidForMillis: 10000}); err != nil {
@@ -525,7 +524,9 @@ func TestBreakSlowClientCutOffLongPollNot(t *testing.T) {
 		_, _ = io.WriteString(conn, "PUT "+protocol.LeasePathPrefix+"work HTTP/1.1\r\nHost: app\r\n"+auth+"Content-Length: 1000\r\n\r\n{")
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
-		wg.Go(func() { // one byte every 100ms, until the server closes
+		wg.Add(1)
+		go func() { // one byte every 100ms, until the server closes
+			defer wg.Done()
 			for {
 				select {
 				case <-stop:
@@ -536,7 +537,7 @@ func TestBreakSlowClientCutOffLongPollNot(t *testing.T) {
 					return
 				}
 			}
-		})
+		}()
 		_ = conn.SetReadDeadline(time.Now().Add(time.Minute)) // the test's bound, far beyond the server's
 		_, err := io.Copy(io.Discard, conn)
 		close(stop)
@@ -600,12 +601,16 @@ func TestBreakLateGrantNeverOvertakesAnAcknowledgedRevoke(t *testing.T) {
 		var wg sync.WaitGroup
 		var code int
 		var ack protocol.LeadershipAck
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			call(protocol.Leadership{Lease: lease, Leader: true, Sequence: now.UnixNano(), FencingToken: 3, Until: now.Add(10 * time.Second), ValidForMillis: 10000})
-		})
-		wg.Go(func() {
+		}()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			code, ack = call(protocol.Leadership{Lease: lease, Leader: false, Sequence: now.UnixNano() + 1})
-		})
+		}()
 		wg.Wait()
 		if _, leading := a.Leader(lease); leading && code == http.StatusOK && !ack.Stale {
 			bad++

@@ -26,7 +26,9 @@ func TestNoLeaderWorkBeginsAfterRevokeReturned(t *testing.T) {
 		var acked atomic.Bool
 		var workers sync.WaitGroup
 		for range 4 {
-			workers.Go(func() {
+			workers.Add(1)
+			go func() {
+				defer workers.Done()
 				for {
 					ctx, _, done, err := a.BeginLeading(context.Background(), "l")
 					if errors.Is(err, ErrNotLeader) {
@@ -38,7 +40,7 @@ func TestNoLeaderWorkBeginsAfterRevokeReturned(t *testing.T) {
 					<-ctx.Done()
 					done()
 				}
-			})
+			}()
 		}
 		if err := a.revoke(context.Background(), "l"); err != nil {
 			t.Fatal(err)

@@ -10,9 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/handoff-dev/handoff/internal/sockettest"
 	"github.com/handoff-dev/handoff/protocol"
-	"github.com/handoff-dev/handoff/sidecar"
 	"github.com/handoff-dev/handoff/worker"
 )
 
@@ -39,13 +37,20 @@ func sign(req *http.Request, body string) *http.Request {
 // socket is a Unix socket path for one test, short enough to bind.
 func socket(t *testing.T) protocol.Endpoint {
 	t.Helper()
-	return protocol.Endpoint{Network: "unix", Address: filepath.Join(sockettest.Dir(t), "app.sock")}
+	// Under os.TempDir with a short name: a socket path has at most 107
+	// bytes, which t.TempDir's long paths can pass.
+	dir, err := os.MkdirTemp("", "hw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return protocol.Endpoint{Network: "unix", Address: filepath.Join(dir, "app.sock")}
 }
 
 // serve runs a.ListenAndServe on a Unix socket, as an injected worker
 // serves (protocol.AppSocket), until the test ends, and returns a client
 // that calls it as the sidecar does: signed, on the socket.
-func serve(t *testing.T, a *worker.Agent) *sidecar.AppClient {
+func serve(t *testing.T, a *worker.Agent) *protocol.AppClient {
 	t.Helper()
 	e := socket(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -69,5 +74,5 @@ func serve(t *testing.T, a *worker.Agent) *sidecar.AppClient {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	return sidecar.NewAppClient(e, testToken)
+	return protocol.NewAppClient(e, testToken)
 }

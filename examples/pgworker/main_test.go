@@ -18,7 +18,6 @@ import (
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/internal/pgtest"
 	"github.com/handoff-dev/handoff/protocol"
-	"github.com/handoff-dev/handoff/sidecar"
 )
 
 // testToken is the pod's token in these tests.
@@ -33,7 +32,7 @@ func TestMain(m *testing.M) {
 // client for its app API.
 type testWorker struct {
 	*app
-	sidecar *sidecar.AppClient
+	sidecar *protocol.AppClient
 	ended   chan struct{} // closed when every claim loop has returned
 }
 
@@ -70,7 +69,7 @@ func startTestWorker(t *testing.T, pool *pgxpool.Pool, opts options, listen bool
 	}
 	w := &testWorker{app: a, ended: make(chan struct{})}
 	srv := httptest.NewServer(w.agent.Handler())
-	w.sidecar = sidecar.NewAppClient(protocol.Endpoint{Network: "tcp", Address: srv.Listener.Addr().String()}, testToken)
+	w.sidecar = protocol.NewAppClient(protocol.Endpoint{Network: "tcp", Address: srv.Listener.Addr().String()}, testToken)
 	var loops sync.WaitGroup
 	w.startLoops(ctx, &loops)
 	go func() { loops.Wait(); close(w.ended) }()

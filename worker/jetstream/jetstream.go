@@ -273,7 +273,8 @@ func (w *Worker) Run(ctx context.Context, handle func(ctx context.Context, msg j
 
 	var loops sync.WaitGroup
 	for range w.cfg.Concurrency {
-		loops.Go(func() { w.claimLoop(ctx, handle) })
+		loops.Add(1)
+		go func() { defer loops.Done(); w.claimLoop(ctx, handle) }()
 	}
 	loops.Wait()
 	if err := ctx.Err(); err != nil {

@@ -202,14 +202,16 @@ func (a *Adapter) Run(ctx context.Context, handle func(ctx context.Context, d am
 	jobs := make(chan job, a.cfg.Prefetch)
 	var workers sync.WaitGroup
 	for range a.cfg.Concurrency {
-		workers.Go(func() {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
 			for j := range jobs {
 				if j.c.Start() != nil { // worker.ErrHandedBack: handBack has it
 					continue
 				}
 				a.work(j.c, j.d, handle)
 			}
-		})
+		}()
 	}
 
 	// One receive stays pending while the consumer is on: deliveries are

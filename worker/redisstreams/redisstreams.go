@@ -236,7 +236,8 @@ func (a *Adapter) Run(ctx context.Context, handle func(ctx context.Context, msg 
 	go func() { defer close(kept); a.keepAliveLoop(keepCtx) }()
 	var loops sync.WaitGroup
 	for range a.cfg.Concurrency {
-		loops.Go(func() { a.claimLoop(ctx, handle) })
+		loops.Add(1)
+		go func() { defer loops.Done(); a.claimLoop(ctx, handle) }()
 	}
 	loops.Wait()
 	stopKeep()

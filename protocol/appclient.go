@@ -1,4 +1,4 @@
-package sidecar
+package protocol
 
 import (
 	"bytes"
@@ -11,12 +11,12 @@ import (
 	"strconv"
 	"syscall"
 	"time"
-
-	"github.com/handoff-dev/handoff/protocol"
 )
 
-// AppClient calls the app's side of the protocol, on its socket or on
-// loopback. Every call is bounded by its context, and signed.
+// AppClient calls the app's side of the protocol, as the sidecar does: on
+// its socket or on loopback, every call bounded by its context and signed
+// (Sign). The sidecar uses it; tests of an app (package worker's, the
+// conformance suite's) call the app with it as the sidecar would.
 type AppClient struct {
 	base  string
 	token string
@@ -25,14 +25,14 @@ type AppClient struct {
 }
 
 // NewAppClient returns a client for the app API at app (a socket, or a
-// loopback address: protocol.ParseEndpoint) that signs every call with
-// token, the pod's token (protocol.Sign), and follows no redirect: a call
+// loopback address: ParseEndpoint) that signs every call with
+// token, the pod's token (Sign), and follows no redirect: a call
 // goes to the app's address only. Idle connections are kept 30 s, under the
 // Go worker's 90 s, so the client closes them first.
-func NewAppClient(app protocol.Endpoint, token string) *AppClient {
+func NewAppClient(app Endpoint, token string) *AppClient {
 	return &AppClient{base: app.URL(), token: token, now: time.Now, http: &http.Client{
 		Transport:     app.Transport(4, 30*time.Second),
-		CheckRedirect: protocol.NoRedirects,
+		CheckRedirect: NoRedirects,
 	}}
 }
 
@@ -66,26 +66,26 @@ func connectionEnded(err error) bool {
 }
 
 // StopClaiming tells the app to stop claiming new work.
-func (a *AppClient) StopClaiming(ctx context.Context) (protocol.DrainStatus, error) {
-	var st protocol.DrainStatus
-	err := a.do(ctx, http.MethodPost, protocol.StopClaimingPath, struct{}{}, &st)
+func (a *AppClient) StopClaiming(ctx context.Context) (DrainStatus, error) {
+	var st DrainStatus
+	err := a.do(ctx, http.MethodPost, StopClaimingPath, struct{}{}, &st)
 	return st, err
 }
 
 // Drain waits up to wait for the app to be drained and returns its status.
-func (a *AppClient) Drain(ctx context.Context, wait time.Duration) (protocol.DrainStatus, error) {
-	var st protocol.DrainStatus
-	err := a.do(ctx, http.MethodGet, protocol.DrainPath+"?waitMillis="+strconv.FormatInt(wait.Milliseconds(), 10), nil, &st)
+func (a *AppClient) Drain(ctx context.Context, wait time.Duration) (DrainStatus, error) {
+	var st DrainStatus
+	err := a.do(ctx, http.MethodGet, DrainPath+"?waitMillis="+strconv.FormatInt(wait.Milliseconds(), 10), nil, &st)
 	return st, err
 }
 
 // Return asks the app to hand back its unfinished claims, canceling
 // in-flight work first, and waiting up to cancelWait for it, when cancel is
 // set.
-func (a *AppClient) Return(ctx context.Context, cancel bool, cancelWait time.Duration) (protocol.ReturnResult, error) {
-	var res protocol.ReturnResult
-	req := protocol.ReturnRequest{Cancel: cancel, CancelWaitMillis: cancelWait.Milliseconds()}
-	err := a.do(ctx, http.MethodPost, protocol.ReturnPath, req, &res)
+func (a *AppClient) Return(ctx context.Context, cancel bool, cancelWait time.Duration) (ReturnResult, error) {
+	var res ReturnResult
+	req := ReturnRequest{Cancel: cancel, CancelWaitMillis: cancelWait.Milliseconds()}
+	err := a.do(ctx, http.MethodPost, ReturnPath, req, &res)
 	return res, err
 }
 
@@ -93,7 +93,7 @@ func (a *AppClient) Return(ctx context.Context, cancel bool, cancelWait time.Dur
 // it refused the sidecar's signature, so the sidecar and the worker do not
 // read the same token file (HANDOFF_TOKEN_FILE), their clocks differ by
 // more than 30 s, or the app is not the pod's.
-var ErrUnauthorized = errors.New("the app refused the sidecar's signed call (401): the sidecar and the worker must read the same token file (" + protocol.TokenFileEnv + ")")
+var ErrUnauthorized = errors.New("the app refused the sidecar's signed call (401): the sidecar and the worker must read the same token file (" + TokenFileEnv + ")")
 
 // ErrStale is returned by SetLeadership when the app ignored the message
 // because it had applied one with a higher sequence.
@@ -102,9 +102,9 @@ var ErrStale = errors.New("the app ignored a stale leadership message")
 // SetLeadership tells the app about one Lease; with l.Leader false it
 // returns once the app's leader work for it has stopped. It returns
 // ErrStale if the app did not apply the message.
-func (a *AppClient) SetLeadership(ctx context.Context, l protocol.Leadership) error {
-	var ack protocol.LeadershipAck
-	if err := a.do(ctx, http.MethodPut, protocol.LeasePathPrefix+l.Lease, l, &ack); err != nil {
+func (a *AppClient) SetLeadership(ctx context.Context, l Leadership) error {
+	var ack LeadershipAck
+	if err := a.do(ctx, http.MethodPut, LeasePathPrefix+l.Lease, l, &ack); err != nil {
 		return err
 	}
 	if ack.Stale {
@@ -134,7 +134,7 @@ func (a *AppClient) do(ctx context.Context, method, path string, in, out any) er
 		if in != nil {
 			req.Header.Set("Content-Type", "application/json")
 		}
-		protocol.Sign(req, a.token, encoded, a.now()) // a new nonce for each send
+		Sign(req, a.token, encoded, a.now()) // a new nonce for each send
 		return a.http.Do(req)
 	}
 	resp, err := send()

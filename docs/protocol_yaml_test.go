@@ -1,9 +1,8 @@
-package protocol_test
+package docs_test
 
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"sort"
@@ -76,7 +75,7 @@ type document struct {
 
 func readDoc(t *testing.T) document {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "docs", "protocol.yaml"))
+	b, err := os.ReadFile("protocol.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

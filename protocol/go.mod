@@ -1,0 +1,3 @@
+module github.com/handoff-dev/handoff/protocol
+
+go 1.24

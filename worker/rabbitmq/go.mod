@@ -1,0 +1,22 @@
+module github.com/handoff-dev/handoff/worker/rabbitmq
+
+go 1.24
+
+require (
+	github.com/handoff-dev/handoff/worker v0.0.0-00010101000000-000000000000
+	github.com/rabbitmq/amqp091-go v1.16.0
+)
+
+require (
+	github.com/go-logr/logr v1.4.2
+	github.com/handoff-dev/handoff/protocol v0.0.0-00010101000000-000000000000 // indirect
+	golang.org/x/net v0.38.0 // indirect
+	k8s.io/utils v0.0.0-20241104100929-3ea5e8cea738 // indirect
+)
+
+// The repository's own modules, for go mod tidy in this directory; a
+// module that requires this one takes the versions it names instead.
+replace (
+	github.com/handoff-dev/handoff/protocol => ../../protocol
+	github.com/handoff-dev/handoff/worker => ..
+)
