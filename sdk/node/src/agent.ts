@@ -386,7 +386,7 @@ export class Agent extends EventEmitter {
     for (const r of [...this._receives]) r._abort(reason);
     this.#resolveStopping();
     this.#stop.abort(reason);
-    this.emit('stopping');
+    this.#emit('stopping');
     return st;
   }
 
@@ -663,7 +663,16 @@ export class Agent extends EventEmitter {
     const ws = this.#leadershipWaiters;
     this.#leadershipWaiters = [];
     for (const w of ws) w();
-    this.emit('leadershipChanged');
+    this.#emit('leadershipChanged');
+  }
+
+  /** Emits an event; a listener's error is logged, not thrown into the call that caused it (a sidecar's call must be answered). */
+  #emit(event: 'stopping' | 'leadershipChanged'): void {
+    try {
+      this.emit(event);
+    } catch (err) {
+      this.log.error(`a '${event}' listener threw`, { error: err });
+    }
   }
 
   /**

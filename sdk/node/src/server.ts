@@ -194,10 +194,8 @@ async function serve(agent: Agent, req: IncomingMessage, res: ServerResponse): P
         method,
         target,
         body,
-        header: (name) => {
-          const v = req.headers[name.toLowerCase()];
-          return Array.isArray(v) ? v[0] : v;
-        },
+        // The first value of a header sent twice, as Go's Header.Get reads it.
+        header: (name) => req.headersDistinct[name.toLowerCase()]?.[0],
       });
     } catch (err) {
       if (!(err instanceof Refusal)) throw err;

@@ -98,6 +98,17 @@ test('a receive is not in flight, and stop-claiming aborts its signal before it 
   assert.match(a.instance, /^[0-9a-f]{16}$/);
 });
 
+test('a stopping listener that throws does not keep stop-claiming from answering', async (t) => {
+  const errors = [];
+  const app = await serve(t, { logger: { info() {}, error: (msg) => errors.push(msg) } });
+  app.agent.on('stopping', () => {
+    throw new Error('listener bug');
+  });
+  const st = await app.stopClaiming();
+  assert.equal(st.stopping, true);
+  assert.deepEqual(errors, ["a 'stopping' listener threw"]);
+});
+
 test('an idle long poll is drained once stop-claiming ends it', async (t) => {
   const app = await serve(t);
   const q = new VisQueue();
