@@ -267,6 +267,8 @@ export class Agent extends EventEmitter {
   #drainWaiters = new Set<() => void>();
   #workCanceled = false;
   #leases = new Map<string, Term>();
+  /** Terms a grant with a new fencing token replaced while their leader work ran, by Lease: a revoke waits for them too. */
+  #replaced = new Map<string, Set<Term>>();
   #sequences = new Map<string, bigint>();
   #leadershipWaiters: Array<() => void> = [];
 
@@ -701,6 +703,7 @@ export class Agent extends EventEmitter {
       unlinkParent();
       unlinkTerm();
       t.work--;
+      if (t.work === 0) this.#replaced.get(lease)?.delete(t);
       abort(new DOMException('leader work done', 'AbortError'));
       for (const w of [...t.waiters]) w();
     };
@@ -718,9 +721,11 @@ export class Agent extends EventEmitter {
   /**
    * @internal applies one message about lease if it is the latest: checks
    * and records seq, then starts or extends the term (grant set) or ends it.
-   * Returns stale for a message not applied, and the term a revoke ended.
+   * Returns stale for a message not applied, and for a revoke the terms
+   * whose leader work the ack waits for: the one it ended, and those a new
+   * fencing token replaced while their work ran.
    */
-  _applyLeadership(lease: string, seq: bigint, grant: Grant | undefined): { stale: boolean; ended?: Term } {
+  _applyLeadership(lease: string, seq: bigint, grant: Grant | undefined): { stale: boolean; ended?: Term[] } {
     const last = this.#sequences.get(lease);
     if (last !== undefined && seq <= last) return { stale: true };
     this.#sequences.set(lease, seq);
@@ -728,7 +733,8 @@ export class Agent extends EventEmitter {
       this.#grant(lease, grant);
       return { stale: false };
     }
-    return { stale: false, ended: this.#endTerm(lease) };
+    const ended = this.#endTerm(lease);
+    return { stale: false, ended: [...(this.#replaced.get(lease) ?? []), ...(ended ? [ended] : [])] };
   }
 
   /** Starts or extends a term. A new fencing token ends the old term. */
@@ -739,6 +745,11 @@ export class Agent extends EventEmitter {
       this.clock.clearTimeout(t.timer);
       t.timerPending = false;
       ends.push(t);
+      if (t.work > 0) {
+        const set = this.#replaced.get(lease) ?? new Set<Term>();
+        set.add(t);
+        this.#replaced.set(lease, set);
+      }
       t = undefined;
     }
     const fresh = t === undefined;
@@ -782,14 +793,14 @@ export class Agent extends EventEmitter {
     return t;
   }
 
-  /** @internal ends the term for lease and waits, until signal aborts, for its leader work to be done. */
-  async _revoke(lease: string, signal?: AbortSignal): Promise<void> {
-    await this._waitLeaderWork(lease, this.#endTerm(lease), signal);
+  /** @internal waits, until signal aborts (rejecting with its reason), for the leader work of the ended terms to be done. */
+  async _waitLeaderWork(lease: string, terms: Term[] | undefined, signal?: AbortSignal): Promise<void> {
+    if (!terms || terms.length === 0) return;
+    for (const t of terms) await this.#waitTerm(t, signal);
+    this.log.info('leadership revoked', { lease });
   }
 
-  /** @internal waits, until signal aborts (rejecting with its reason), for the leader work of the ended term t to be done. */
-  async _waitLeaderWork(lease: string, t: Term | undefined, signal?: AbortSignal): Promise<void> {
-    if (!t) return;
+  async #waitTerm(t: Term, signal?: AbortSignal): Promise<void> {
     if (t.work > 0) {
       await new Promise<void>((resolve, reject) => {
         let unlink = (): void => {};
@@ -807,7 +818,6 @@ export class Agent extends EventEmitter {
         });
       });
     }
-    this.log.info('leadership revoked', { lease });
   }
 }
 

@@ -99,6 +99,30 @@ test('a revoke ends the term at once and is answered only once leader work is do
   assert.deepEqual(await app.revoke('a', seq()), { leader: false });
 });
 
+// Stricter than the Go worker, as docs/protocol.md words it ("answers 200
+// only after all its leader work for that Lease has stopped"): the Go Agent
+// waits only for the work of the term the revoke ends, not for that of a
+// term a new fencing token replaced while its work still ran.
+test('a revoke waits also for the leader work of a term a new fencing token replaced', async (t) => {
+  const { app, seq, grant, agent } = await fakeApp(t);
+  await grant('a', { fencingToken: 3 });
+  const w3 = agent.beginLeading('a');
+  await grant('a', { fencingToken: 5 }); // lost and won again, its revoke never acked
+  assert.ok(w3.signal.aborted, 'told to stop');
+  const w5 = agent.beginLeading('a');
+  let answered;
+  const revoke = app.revoke('a', seq()).then((a) => (answered = a));
+  w5.done();
+  await sleep(100);
+  assert.equal(answered, undefined, 'not acked while the replaced term\'s work runs');
+  w3.done();
+  await revoke;
+  assert.deepEqual(answered, { leader: false });
+  // Done, it is forgotten: the next revoke is acked at once.
+  await grant('a', { fencingToken: 6 });
+  assert.deepEqual(await app.revoke('a', seq()), { leader: false });
+});
+
 test('leader work ends with the signal given to beginLeading, and with using', async (t) => {
   const { grant, agent } = await fakeApp(t);
   await grant('a');
