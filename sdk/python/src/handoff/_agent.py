@@ -308,7 +308,10 @@ class Agent(Core[threading.Event]):
             return ReturnResult(0, "handoff: return: waiting for the hand-back under way: timed out")
         n, err = self._call_return_claims()
         if self._return_claims_fn is not None:
-            self._log.info("claims returned: %d (cancel=%s) %s", n, cancel, err)
+            if err:
+                self._log.error("returning claims failed (returned %d, cancel=%s): %s", n, cancel, err)
+            else:
+                self._log.info("claims returned: %d (cancel=%s)", n, cancel)
         return ReturnResult(n, err)
 
     def _wait_leader_work(self, t: _TermState[threading.Event], gone: Callable[[], bool]) -> bool:
