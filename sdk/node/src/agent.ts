@@ -242,11 +242,13 @@ export class Agent extends EventEmitter {
   readonly stopping: Promise<void>;
   /** Aborts at stop-claiming, with a StoppingError. */
   readonly stoppingSignal: AbortSignal;
-  /** The Verifier of the pod's token; undefined only with insecureNoToken and no token. */
+  /** @internal The Verifier of the pod's token; undefined only with insecureNoToken and no token. */
   readonly verifier: Verifier | undefined;
-  /** The longest grant accepted, in ms. */
+  /** The longest grant accepted, in ms: the lease duration (AgentOptions.leaseDuration, $HANDOFF_LEASE_DURATION, else 1h). */
   readonly maxTerm: number;
+  /** The clock of terms and of the age of work (AgentOptions.clock). */
   readonly clock: Clock;
+  /** @internal */
   readonly log: Logger;
   readonly #opts: AgentOptions;
 
