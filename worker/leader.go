@@ -35,6 +35,10 @@ type term struct {
 	timer   clock.Timer
 	work    int           // leader work begun with BeginLeading and not done
 	changed chan struct{} // closed and replaced whenever work goes down
+	// older are the terms of the Lease this one replaced (a grant with a
+	// new fencing token) whose leader work was not done then: a revoke
+	// waits for theirs too.
+	older []*term
 }
 
 // liveLocked reports whether t is a term that is not over; a.mu must be
@@ -180,9 +184,16 @@ func (a *Agent) grant(l Leadership) {
 // grantLocked is grant, a.mu held.
 func (a *Agent) grantLocked(l Leadership) {
 	t := a.leases[l.Lease]
+	var older []*term
 	if t != nil && (t.lead.FencingToken != l.FencingToken || t.ctx.Err() != nil) {
 		t.cancel()
 		t.timer.Stop()
+		// Its work, and that of the terms it replaced, may still run.
+		for _, o := range append(t.older, t) {
+			if o.work > 0 {
+				older = append(older, o)
+			}
+		}
 		t = nil
 	}
 	if t == nil {
@@ -191,7 +202,7 @@ func (a *Agent) grantLocked(l Leadership) {
 	left := l.Until.Sub(a.clock.Now())
 	if t == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		t = &term{ctx: ctx, cancel: cancel, changed: make(chan struct{})}
+		t = &term{ctx: ctx, cancel: cancel, changed: make(chan struct{}), older: older}
 		// Must not take a.mu: a fake clock runs it in Step.
 		t.timer = a.clock.AfterFunc(left, func() { cancel(); a.leadershipChanged() })
 		a.leases[l.Lease] = t
@@ -229,22 +240,26 @@ func (a *Agent) endTermLocked(lease string) *term {
 }
 
 // waitLeaderWork waits, until ctx ends, for the leader work of the ended
-// term t (nil: none) to be done; it returns ctx's error if it was not.
+// term t (nil: none) and of the terms it replaced to be done; it returns
+// ctx's error if it was not.
 func (a *Agent) waitLeaderWork(ctx context.Context, lease string, t *term) error {
 	if t == nil {
 		return nil
 	}
 	a.mu.Lock()
-	for t.work > 0 {
-		changed := t.changed
-		a.mu.Unlock()
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return ctx.Err()
+	for _, w := range append(slices.Clone(t.older), t) {
+		for w.work > 0 {
+			changed := w.changed
+			a.mu.Unlock()
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			a.mu.Lock()
 		}
-		a.mu.Lock()
 	}
+	t.older = nil // all done
 	a.mu.Unlock()
 	a.log.Info("leadership revoked", "lease", lease)
 	return nil
