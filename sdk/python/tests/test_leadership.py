@@ -122,7 +122,7 @@ def test_sequence_orders_messages() -> None:
     assert a.leader("orders") is not None, "a stale revoke ends nothing"
     s3 = seq(clock, 10_000)
     act = revoke(a, "orders", s3)
-    assert isinstance(act, RevokeWait) and act.term is not None
+    assert isinstance(act, RevokeWait) and len(act.terms) == 1
     assert a.leader("orders") is None
     assert grant(a, clock, "orders", s3 - 1, 5000) == (200, {"leader": True, "stale": True})
     assert a.leader("orders") is None, "a grant older than the revoke, delivered after it, does not overtake it"
@@ -180,7 +180,8 @@ def test_lease_in_the_body_must_be_the_paths() -> None:
 def test_revoke_of_an_unknown_lease_is_acked_at_once() -> None:
     a, clock = setup()
     act = revoke(a, "never", seq(clock))
-    assert isinstance(act, RevokeWait) and act.term is None
+    assert isinstance(act, RevokeWait) and act.terms == []
+    assert a._wait_leader_work("never", act.terms, lambda: False)
 
 
 def test_revoke_is_acked_after_leader_work_stops() -> None:
@@ -188,12 +189,12 @@ def test_revoke_is_acked_after_leader_work_stops() -> None:
     grant(a, clock, "orders", seq(clock), 5000)
     w1, w2 = a.begin_leading("orders"), a.begin_leading("orders")
     act = revoke(a, "orders", seq(clock, 1))
-    assert isinstance(act, RevokeWait) and act.term is not None
+    assert isinstance(act, RevokeWait)
     assert w1.stopping.is_set() and w2.stopping.is_set()
     with pytest.raises(handoff.NotLeader):
         a.begin_leading("orders")
     acked = threading.Event()
-    threading.Thread(target=lambda: a._wait_leader_work(act.term, lambda: False) and acked.set()).start()  # type: ignore[arg-type]
+    threading.Thread(target=lambda: a._wait_leader_work("orders", act.terms, lambda: False) and acked.set()).start()
     w1.done()
     assert not acked.wait(0.3), "acked with leader work still running"
     w2.done()
@@ -245,3 +246,36 @@ def test_until_as_go_writes_it() -> None:
     assert answer(put(a, "orders", body)) == (200, {"leader": True})
     t = a.leader("orders")
     assert t is not None and t.until == pytest.approx(500.25)
+
+
+def test_revoke_waits_for_the_work_of_a_term_a_new_fencing_token_replaced() -> None:
+    # docs/protocol.md: the app answers the revoke only after all its leader
+    # work for that Lease has stopped, also work begun in an earlier term of it.
+    a, clock = setup()
+    grant(a, clock, "orders", seq(clock), 5000, token=3)
+    old = a.begin_leading("orders")
+    grant(a, clock, "orders", seq(clock, 1), 5000, token=4)
+    assert old.stopping.is_set()
+    new = a.begin_leading("orders")
+    act = revoke(a, "orders", seq(clock, 2))
+    assert isinstance(act, RevokeWait) and len(act.terms) == 2
+    acked = threading.Event()
+    threading.Thread(target=lambda: a._wait_leader_work("orders", act.terms, lambda: False) and acked.set()).start()
+    new.done()
+    assert not acked.wait(0.3), "acked while the replaced term's leader work runs"
+    old.done()
+    assert acked.wait(5)
+    # Once acked, nothing is left to wait for at the next revoke.
+    grant(a, clock, "orders", seq(clock, 3), 5000, token=5)
+    assert revoke(a, "orders", seq(clock, 4)).terms[0].work == 0
+
+
+def test_replaced_term_without_work_is_not_waited_for() -> None:
+    a, clock = setup()
+    grant(a, clock, "orders", seq(clock), 5000, token=3)
+    with a.begin_leading("orders"):
+        pass
+    grant(a, clock, "orders", seq(clock, 1), 5000, token=4)
+    act = revoke(a, "orders", seq(clock, 2))
+    assert isinstance(act, RevokeWait) and len(act.terms) == 1
+    assert a._wait_leader_work("orders", act.terms, lambda: False)

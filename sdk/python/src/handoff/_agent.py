@@ -314,11 +314,12 @@ class Agent(Core[threading.Event]):
                 self._log.info("claims returned: %d (cancel=%s)", n, cancel)
         return ReturnResult(n, err)
 
-    def _wait_leader_work(self, t: _TermState[threading.Event], gone: Callable[[], bool]) -> bool:
+    def _wait_leader_work(self, lease: str, terms: List[_TermState[threading.Event]], gone: Callable[[], bool]) -> bool:
+        """Wait until the leader work of ``terms`` is done (True), or the caller has gone (False)."""
         while True:
-            work, changed = self._leader_work_left(t)
-            if work == 0:
-                self._log.info("leadership revoked: %s", t.lead.lease)
+            _, changed = self._leader_work_left(terms)
+            if changed is None:
+                self._log.info("leadership revoked: %s", lease)
                 return True
             if changed.wait(0.25):
                 continue
@@ -638,7 +639,7 @@ class _Server:
         if isinstance(a, ReturnCall):
             return return_answer(agent.return_(a.cancel, a.cancel_wait))
         if isinstance(a, RevokeWait):
-            if a.term is not None and not agent._wait_leader_work(a.term, lambda: _client_gone(conn)):
+            if not agent._wait_leader_work(a.lease, a.terms, lambda: _client_gone(conn)):
                 return None
             return revoke_answer()
         raise AssertionError(a)  # pragma: no cover

@@ -255,6 +255,10 @@ class Core(Generic[E]):
         self._changed: E = new_event()
         self._work_canceled = False
         self._leases: Dict[str, _TermState[E]] = {}
+        # Terms a grant with a new fencing token (or after the end) replaced
+        # while their leader work still ran: a revoke of the Lease waits for
+        # them too (docs/protocol.md: all leader work for that Lease).
+        self._replaced: Dict[str, List[_TermState[E]]] = {}
         self._sequences: Dict[str, int] = {}
         self._lchanged: E = new_event()
 
@@ -513,6 +517,10 @@ class Core(Generic[E]):
         t = self._leases.get(lease)
         if t is not None and (t.lead.fencing_token != fencing_token or t.ended):
             self._stop_term_locked(t)
+            old = [o for o in self._replaced.get(lease, []) if o.work > 0]
+            if t.work > 0:
+                old.append(t)
+            self._replaced[lease] = old
             t = None
         lead = Term(lease, fencing_token, until)
         if t is None:
@@ -534,32 +542,38 @@ class Core(Generic[E]):
         t.stop.set()
         return True
 
-    def _end_term_locked(self, lease: str) -> Optional[_TermState[E]]:
+    def _end_term_locked(self, lease: str) -> List[_TermState[E]]:
+        """End the term of ``lease``; the terms whose leader work a revoke waits for: it, and those replaced with work running."""
         t = self._leases.get(lease)
+        terms = [o for o in self._replaced.pop(lease, []) if o.work > 0]
         if t is None:
-            return None
+            return terms
         if self._stop_term_locked(t):
             self._lchanged_locked()
-        return t
+        return terms + [t]
 
-    def _apply_leadership(self, lease: str, seq: int, grant: Optional[Tuple[int, float]]) -> Tuple[bool, Optional[_TermState[E]]]:
+    def _apply_leadership(self, lease: str, seq: int, grant: Optional[Tuple[int, float]]) -> Tuple[bool, List[_TermState[E]]]:
         """Apply one message about ``lease`` if it is the latest, checking and recording ``seq`` under one hold of the lock.
 
-        Returns (stale, the term a revoke ended, whose leader work the caller waits for).
+        Returns (stale, the terms whose leader work a revoke waits for: every term of the Lease with work running).
         """
         with self._mu:
             last = self._sequences.get(lease)
             if last is not None and seq <= last:
-                return True, None
+                return True, []
             self._sequences[lease] = seq
             if grant is not None:
                 self._grant_locked(lease, grant[0], grant[1])
-                return False, None
+                return False, []
             return False, self._end_term_locked(lease)
 
-    def _leader_work_left(self, t: _TermState[E]) -> Tuple[int, E]:
+    def _leader_work_left(self, terms: List[_TermState[E]]) -> Tuple[int, Optional[E]]:
+        """The leader work still running in ``terms``, and an event set when that of the first term with any goes down."""
         with self._mu:
-            return t.work, t.changed
+            for t in terms:
+                if t.work > 0:
+                    return sum(o.work for o in terms), t.changed
+            return 0, None
 
     def _genuine(self, leader: bool, seq: int, valid_for_millis: int, until_ns: Optional[int], received_wall_ns: int) -> Optional[str]:
         """Why a leadership message cannot come from the sidecar (answered 422), or None."""

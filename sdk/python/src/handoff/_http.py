@@ -193,10 +193,10 @@ class ReturnCall:
 
 @dataclass
 class RevokeWait:
-    """Answer the revoke's ack once the leader work of ``term`` is done."""
+    """Answer the revoke's ack once the leader work of every one of ``terms`` (the Lease's) is done."""
 
     lease: str
-    term: Optional[_TermState[Any]]
+    terms: List[_TermState[Any]]
 
 
 Action = Union[Response, DrainWait, ReturnCall, RevokeWait]
@@ -304,12 +304,12 @@ def _leadership(core: Core[Any], lease: str, body: bytes) -> Action:
         if msg.until is not None:
             until = min(until, received_mono + (msg.until - received_wall_ns) / 1e9)
         grant = (msg.fencing_token, until)
-    stale, ended = core._apply_leadership(lease, msg.sequence, grant)
+    stale, terms = core._apply_leadership(lease, msg.sequence, grant)
     if stale:
         return json_response(200, LeadershipAck(leader=msg.leader, stale=True))
     if msg.leader:
         return json_response(200, LeadershipAck(leader=True))
-    return RevokeWait(lease, ended)
+    return RevokeWait(lease, terms)
 
 
 def drain_answer(st: DrainStatus) -> Response:

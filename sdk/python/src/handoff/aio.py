@@ -396,11 +396,12 @@ class Agent(Core[AsyncEvent]):
                 self._log.info("claims returned: %d (cancel=%s)", n, cancel)
         return ReturnResult(n, err)
 
-    async def _wait_leader_work(self, t: _TermState[AsyncEvent], gone: Callable[[], bool]) -> bool:
+    async def _wait_leader_work(self, lease: str, terms: List[_TermState[AsyncEvent]], gone: Callable[[], bool]) -> bool:
+        """Wait until the leader work of ``terms`` is done (True), or the caller has gone (False)."""
         while True:
-            work, changed = self._leader_work_left(t)
-            if work == 0:
-                self._log.info("leadership revoked: %s", t.lead.lease)
+            _, changed = self._leader_work_left(terms)
+            if changed is None:
+                self._log.info("leadership revoked: %s", lease)
                 return True
             if await _wait(changed, 0.25):
                 continue
@@ -639,7 +640,7 @@ class _AioServer:
         if isinstance(a, ReturnCall):
             return return_answer(await agent.return_(a.cancel, a.cancel_wait))
         if isinstance(a, RevokeWait):
-            if a.term is not None and not await agent._wait_leader_work(a.term, gone):
+            if not await agent._wait_leader_work(a.lease, a.terms, gone):
                 return None
             return revoke_answer()
         raise AssertionError(a)  # pragma: no cover
