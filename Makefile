@@ -38,7 +38,7 @@ GO_PKGS := ./... ./protocol/... ./worker/... ./worker/jetstream/... ./worker/rab
 # The packages whose tests talk to the apiserver, run again on the newest.
 API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
 
-.PHONY: all build image release deploy demo test integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
+.PHONY: all build image release deploy demo test integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures roundtrip queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
 
 all: build
 
@@ -122,6 +122,11 @@ queue-servers:
 # worker's drain deadline, with the adapter and with the queue's own timeout.
 queue-figures: queue-servers
 	bash hack/queue-figures.sh
+
+# The sidecar's calls to the app per SDK (Go, Python threaded and asyncio,
+# Node): p50 and p99 beside Go's, and the 2 ms target (bench/roundtrip).
+roundtrip:
+	bash hack/roundtrip.sh
 
 # The figures of docs/performance.md, on a real kube-apiserver + etcd: Lease
 # handover and API cost beside plain client-go, the sidecar's memory, CPU and
