@@ -48,6 +48,7 @@ type QueueApp struct {
 	done    chan error         // its result
 	release chan struct{}      // closed by Finish (or Restart): held work ends
 	n       int                // messages published, for unique bodies
+	waiting int                // held work waiting for Finish (its handler has the release channel)
 }
 
 // cancelablePrefix marks the bodies of HoldCancelable's messages.
@@ -140,8 +141,12 @@ func (q *QueueApp) work(ctx context.Context, body string) error {
 	}
 	q.mu.Lock()
 	release := q.release
+	q.waiting++
 	q.mu.Unlock()
 	<-release // ignores ctx: runs until Finish
+	q.mu.Lock()
+	q.waiting--
+	q.mu.Unlock()
 	return nil
 }
 
@@ -163,7 +168,7 @@ func (q *QueueApp) hold(ctx context.Context, prefix string, n int) error {
 	if q.release == nil {
 		q.release = make(chan struct{})
 	}
-	want := started(a) + n
+	want, wantWaiting := started(a)+n, q.waiting+n
 	bodies := make([]string, n)
 	for i := range bodies {
 		q.n++
@@ -175,7 +180,18 @@ func (q *QueueApp) hold(ctx context.Context, prefix string, n int) error {
 	}
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	for started(a) < want {
+	// Held once the work itself waits for Finish: a claim counts as
+	// started before its handler runs, and a Finish in between would leave
+	// that handler waiting for the next one.
+	waiting := func() bool {
+		if prefix == cancelablePrefix {
+			return true // its work waits for the cancel, not for Finish
+		}
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.waiting >= wantWaiting
+	}
+	for started(a) < want || !waiting() {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("the worker works on %d of the %d messages published: %w", started(a)-(want-n), n, ctx.Err())

@@ -119,7 +119,10 @@ class H(BaseHTTPRequestHandler):
     def do_DELETE(self): self.route("DELETE")
 class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
-if os.path.exists(sys.argv[1]): os.unlink(sys.argv[1])
+import stat
+if os.path.lexists(sys.argv[1]):  # replace only a stale socket, never a file or a link (docs/protocol.md, Transport)
+    if not stat.S_ISSOCK(os.lstat(sys.argv[1]).st_mode): sys.exit("not a socket: " + sys.argv[1])
+    os.unlink(sys.argv[1])
 srv = Server(sys.argv[1], H)
 os.chmod(sys.argv[1], 0o666)
 print("listening", sys.argv[1], flush=True)
