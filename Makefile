@@ -38,7 +38,7 @@ GO_PKGS := ./... ./protocol/... ./worker/... ./worker/jetstream/... ./worker/rab
 # The packages whose tests talk to the apiserver, run again on the newest.
 API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
 
-.PHONY: all build image release deploy demo test integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures roundtrip queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
+.PHONY: all build image release deploy demo test integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
 
 all: build
 
@@ -112,6 +112,14 @@ integration-oldest: kube-assets queue-servers
 
 integration-newest: kube-assets queue-servers
 	$(KUBE_NEWEST) KUBEBUILDER_ASSETS=$$($(KUBE_NEWEST) bash hack/kube-assets.sh kube-controller-manager) go test -race -count=1 $(API_PKGS)
+
+# The SDKs for Python and Node (sdk/python, sdk/node): their own tests,
+# type checks and packages, and handoff conformance on their example
+# workers, with the handoff binary built once here.
+sdk-test:
+	$(GOBUILD) -ldflags "$(LDFLAGS)" -o bin/handoff ./cmd/handoff
+	HANDOFF_BIN=$(CURDIR)/bin/handoff bash sdk/python/test.sh
+	HANDOFF_BIN=$(CURDIR)/bin/handoff bash sdk/node/test.sh
 
 # The queue servers the adapters' tests run on, installed or built and
 # cached before the tests, so a cold build is not inside a test's timeout.
