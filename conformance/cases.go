@@ -650,6 +650,39 @@ func (s *suite) termEnds(ctx context.Context, what string, last func() (time.Dur
 	return fmt.Sprintf("a term renewed to end in %s (by %s) ended on the app's clock with no message since", shortTerm, field), nil
 }
 
+// newInstance: a restarted app (a new process) names another instance
+// in its drain status than the one before, so that after a kill of the
+// worker container the sidecar re-arms for the new process, never for the
+// old one still up until the kubelet's SIGTERM. Skipped for an app that
+// sends no instance (the sidecar then takes any process not stopping for
+// new), and without a Fixture.
+func (s *suite) newInstance(ctx context.Context) (string, error) {
+	if s.t.Fixture == nil {
+		return "", errSkip{"needs a Fixture (--fixture-cmd): only a restart shows a new process"}
+	}
+	before, err := s.status(ctx)
+	if err != nil {
+		return "", err
+	}
+	if before.Instance == "" {
+		return "", errSkip{"the app sends no instance: the sidecar takes any process that is not stopping for a new one"}
+	}
+	if err := s.t.Fixture.Restart(ctx); err != nil {
+		return "", fmt.Errorf("Fixture.Restart: %w", err)
+	}
+	after, err := s.status(ctx)
+	if err != nil {
+		return "", err
+	}
+	if after.Instance == before.Instance {
+		return "", fmt.Errorf("the restarted app names the same instance %q as the process before: the sidecar would take the old process, still up until SIGTERM, for the new one", after.Instance)
+	}
+	if after.Stopping {
+		return "", errors.New("the restarted app says stopping")
+	}
+	return fmt.Sprintf("instance %q, then %q after the restart", before.Instance, after.Instance), nil
+}
+
 // drainCases are the cases of the drain group, in order.
 var drainCases = []string{CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseLeadDuringDrain, CaseDrainReturnsDrained, CaseDrainLarge}
 

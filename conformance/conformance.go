@@ -198,6 +198,7 @@ const (
 	CaseRevokeAck           = "leadership/revoke-acked-after-leader-work-stopped"
 	CaseTermValidFor        = "leadership/term-ends-at-validForMillis"
 	CaseTermUntil           = "leadership/term-ends-at-until"
+	CaseNewInstance         = "restart/new-instance"
 	CaseStopClaiming        = "stop-claiming/answers-stopping"
 	CaseStopIdempotent      = "stop-claiming/idempotent"
 	CaseDrainAtOnce         = "drain/waitMillis-0-answers-at-once"
@@ -214,7 +215,7 @@ const (
 // allCases are the names of every case, in the order Run runs them.
 var allCases = []string{CaseSocket, CaseUnsigned, CaseBadSignature, CaseStaleSignature, CaseReplay, CaseSchemeCase, CaseBadWaitMillis, CaseBadReturn, CaseBadLeadership, CaseUnknownCall,
 	CaseNotGenuine, CaseSequence, CaseFirstMessage, CaseRevokeUnknown, CaseStaleRevoke, CaseRevokeAck, CaseTermValidFor,
-	CaseTermUntil, CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseLeadDuringDrain,
+	CaseTermUntil, CaseNewInstance, CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseLeadDuringDrain,
 	CaseDrainReturnsDrained, CaseDrainLarge, CaseReturnCounts, CaseReturnRepeat, CaseCancelReturn,
 	CaseCancelHandsBack}
 
@@ -252,6 +253,7 @@ func Run(ctx context.Context, t Target) Report {
 	s.runLeader(ctx, CaseRevokeAck, s.revokeAck)
 	s.runLeader(ctx, CaseTermValidFor, s.termValidFor)
 	s.runLeader(ctx, CaseTermUntil, s.termUntil)
+	s.run(ctx, CaseNewInstance, s.newInstance)
 	s.drainGroup(ctx)
 	s.returnGroup(ctx)
 	s.cancelGroup(ctx)

@@ -351,6 +351,34 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 		},
 		fails: []string{conformance.CaseBadSignature, conformance.CaseSchemeCase},
 	}, {
+		name: "names the same instance in every process",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			if r.URL.Path != protocol.DrainPath || r.Method != http.MethodGet {
+				return false
+			}
+			rr := forward(next, r, body)
+			var st protocol.DrainStatus
+			if rr.Code != http.StatusOK || json.Unmarshal(rr.Body.Bytes(), &st) != nil {
+				copyTo(w, rr)
+				return true
+			}
+			st.Instance = "always-the-same"
+			b, _ := json.Marshal(st)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(b)
+			return true
+		},
+		fails: []string{conformance.CaseNewInstance},
+	}, {
+		name: "answers stop-claiming after more than a second",
+		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
+			if r.URL.Path == protocol.StopClaimingPath && r.Method == http.MethodPost && genuine(r, body) {
+				time.Sleep(1200 * time.Millisecond)
+			}
+			return false
+		},
+		fails: []string{conformance.CaseStopClaiming},
+	}, {
 		name: "serves a call sent again",
 		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
 			nonces.Lock()

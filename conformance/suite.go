@@ -324,9 +324,19 @@ func (s *suite) status(ctx context.Context) (protocol.DrainStatus, error) {
 	return st, err
 }
 
+// answerBound is how long the sidecar waits for a stop-claiming or a grant
+// (docs/protocol.md: it bounds stop-claiming by 1 s and a grant by
+// min(retry period, 1 s)): an app that answers later has its answer
+// dropped, and the call counts as failed.
+const answerBound = time.Second
+
 func (s *suite) stopClaiming(ctx context.Context) (protocol.DrainStatus, answer, error) {
 	var st protocol.DrainStatus
+	start := time.Now()
 	a, err := s.ok(ctx, http.MethodPost, protocol.StopClaimingPath, "{}", 0, &st)
+	if took := time.Since(start); err == nil && took > answerBound {
+		err = fmt.Errorf("stop-claiming answered after %s: the sidecar waits %s, then takes the call as failed; answer at once", took.Round(time.Millisecond), answerBound)
+	}
 	return st, a, err
 }
 
@@ -372,9 +382,13 @@ func (s *suite) grant(ctx context.Context, lease string, seq int64) error {
 }
 
 func (s *suite) grantFor(ctx context.Context, lease string, seq int64, validFor time.Duration, until time.Time) error {
+	start := time.Now()
 	ack, a, err := s.lead(ctx, lease, grantBody(lease, seq, validFor, until))
 	if err != nil {
 		return err
+	}
+	if took := time.Since(start); took > answerBound {
+		return fmt.Errorf("a grant of %s answered after %s: the sidecar waits at most %s, then takes the call as failed; answer a grant at once", lease, took.Round(time.Millisecond), answerBound)
 	}
 	if !ack.Leader || ack.Stale {
 		return fmt.Errorf("grant of %s with sequence %d (the latest) = %s, want {\"leader\": true} without stale", lease, seq, a)
