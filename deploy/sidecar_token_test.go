@@ -172,12 +172,20 @@ func TestSidecarTokenActsOnlyForItsOwnPod(t *testing.T) {
 		refused(t, "a token bound to no pod", patch(unbound, podA.Name, cond("Running", "True")), "writes only with the token of one of its pods")
 		// A status write carries the pod's metadata too: labels (a
 		// Service's or a controller's selector), annotations, finalizers.
-		const metadata = "may not change the labels, annotations, finalizers or owners of pod orders-a (of its annotations, only controller.kubernetes.io/pod-deletion-cost)"
+		const metadata = "may not change the labels, annotations, finalizers, owners or generateName of pod orders-a (of its annotations, only controller.kubernetes.io/pod-deletion-cost)"
 		refused(t, "its labels, by a strategic merge patch", patch(asA, podA.Name, []byte(`{"metadata":{"labels":{"app":"payments"}}}`)), metadata)
 		_, err := asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.JSONPatchType, []byte(`[{"op":"add","path":"/metadata/labels","value":{"evil":"1"}}]`), metav1.PatchOptions{}, "status")
 		refused(t, "its labels, by a JSON patch", err, metadata)
 		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.MergePatchType, []byte(`{"metadata":{"annotations":{"cluster-autoscaler.kubernetes.io/safe-to-evict":"false"}}}`), metav1.PatchOptions{}, "status")
 		refused(t, "another annotation", err, metadata)
+		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.MergePatchType, []byte(`{"metadata":{"generateName":"evil-"}}`), metav1.PatchOptions{}, "status")
+		refused(t, "its generateName", err, metadata)
+		two := []byte(`{"status":{"conditions":[{"type":"` + protocol.PodConditionCoordinating + `","status":"True","reason":"Running","message":"a"},` +
+			`{"type":"` + protocol.PodConditionCoordinating + `","status":"False","reason":"Done","message":"b"}]}}`)
+		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.MergePatchType, two, metav1.PatchOptions{}, "status")
+		if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
+			t.Errorf("two conditions %s: %v; want refused", protocol.PodConditionCoordinating, err)
+		}
 		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.MergePatchType, []byte(`{"metadata":{"annotations":{"controller.kubernetes.io/pod-deletion-cost":"0","`+protocol.DeletionCostOptIn+`":"true"}}}`), metav1.PatchOptions{}, "status")
 		refused(t, "opting its pod in to the deletion cost", err, metadata)
 		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.MergePatchType, []byte(`{"metadata":{"annotations":{"controller.kubernetes.io/pod-deletion-cost":"10"}}}`), metav1.PatchOptions{}, "status")

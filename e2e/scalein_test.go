@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
 	"github.com/handoff-dev/handoff/protocol"
@@ -95,6 +96,11 @@ func scaleIn(t *testing.T, name string, cost bool) *scaleInRun {
 		}
 	}
 	claimedAt = time.Now()
+	// The queue is shared: the job must be this Deployment's (the runs
+	// are apart, each Deployment gone before the next starts).
+	if !strings.HasPrefix(run.job, name+"-") || !strings.HasPrefix(run.leader, name+"-") {
+		t.Fatalf("%s: the long job claimed by %s, the Lease held by %s: want pods of Deployment %s", name, run.job, run.leader, name)
+	}
 	busy := []string{run.leader, run.job}
 
 	// Both runs scale in once the job has run over 10 s (its cost's first
@@ -189,6 +195,20 @@ func scaleIn(t *testing.T, name string, cost bool) *scaleInRun {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: the long job was not applied within %s", name, 2*scaleInJob)
+		}
+	}
+	// The Deployment gone, and its pods with it, before the next run: its
+	// pods would take that run's messages from the shared queue.
+	if err := cluster.kube.AppsV1().Deployments(namespace).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		pods, err := cluster.kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
+		if err == nil && len(pods.Items) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: its pods not gone within a minute of its deletion", name)
 		}
 	}
 	return run

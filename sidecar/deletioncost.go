@@ -30,8 +30,8 @@ const (
 	// sustained, however the work changes.
 	costBurst = 3
 	costEvery = 10 * time.Second
-	// costWriteTimeout bounds each write; a failed one is tried again at
-	// the next poll.
+	// costWriteTimeout bounds each write; a failed one is tried again at a
+	// later poll, within the token bucket (a failed write spends a token).
 	costWriteTimeout = 2 * time.Second
 )
 
@@ -128,8 +128,10 @@ func (c *Coordinator) keepDeletionCost(ctx context.Context) {
 	if pod, _, err := c.pods.Pod(ctx, costReadTimeout); err == nil {
 		if v, err := strconv.ParseInt(pod.Annotations[corev1.PodDeletionCost], 10, 32); err == nil {
 			k.onPod, k.known = int32(v), true
+			c.metrics.DeletionCost.Set(float64(v)) // a restarted sidecar writes nothing while the cost stands
 		}
 	}
+	optedOut := false // the pod lacks protocol.DeletionCostOptIn; logged once
 	var last protocol.DrainStatus // the app's last answer: kept while it does not answer
 	t := c.clock.NewTicker(costPoll)
 	defer t.Stop()
@@ -144,6 +146,20 @@ func (c *Coordinator) keepDeletionCost(ctx context.Context) {
 		c.mu.Unlock()
 		if !running {
 			continue
+		}
+		// The chart's admission policy refuses the write on a pod without
+		// the opt-in annotation (removed from a running pod, or a sidecar
+		// configured by hand): write nothing rather than be refused forever.
+		if pod, _, err := c.pods.Pod(ctx, costReadTimeout); err == nil {
+			if pod.Annotations[protocol.DeletionCostOptIn] != "true" {
+				if !optedOut {
+					c.log.Info("not writing the pod's deletion cost: setting deletion-cost is on, but the pod is not annotated "+protocol.DeletionCostOptIn+": \"true\", which the chart's admission policy requires",
+						"annotation", pod.Annotations[protocol.DeletionCostOptIn])
+				}
+				optedOut = true
+				continue
+			}
+			optedOut = false
 		}
 		rctx, cancel := context.WithTimeout(ctx, costReadTimeout)
 		if st, err := c.app.Drain(rctx, 0); err == nil {
@@ -166,7 +182,7 @@ func (c *Coordinator) keepDeletionCost(ctx context.Context) {
 		}
 		if err := c.writeDeletionCost(ctx, want); err != nil {
 			c.metrics.DeletionCostWrites.WithLabelValues("failed").Inc()
-			c.log.Error(err, "writing the pod's deletion cost failed; trying again at the next poll", "cost", want, "was", k.onPod)
+			c.log.Error(err, "writing the pod's deletion cost failed; trying again at a later poll, within the bound on writes", "cost", want, "was", k.onPod)
 			continue
 		}
 		c.metrics.DeletionCostWrites.WithLabelValues("written").Inc()

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/worker"
 )
 
@@ -27,17 +28,20 @@ func deletionCost(t *testing.T, ns, name string) (string, bool) {
 // With deletion-cost on, the sidecar writes its pod's pod-deletion-cost
 // on the real API server as its pod becomes dearer: the role Lease taken,
 // then work in progress; the pod's other annotations and its status stay.
-// A pod that did not opt in gets none.
+// A pod whose sidecar has the setting off gets none, and so does a pod
+// without the opt-in annotation though its sidecar has the setting on (the
+// chart's policy would refuse every write).
 func TestDeletionCostFollowsWhatThePodHolds(t *testing.T) {
 	env := kubetest.Get(t)
 	ns := env.Namespace(t)
 	obj := env.Pod(t, ns, "pod-a", 30)
-	obj.Annotations = map[string]string{"team": "orders"}
+	obj.Annotations = map[string]string{"team": "orders", protocol.DeletionCostOptIn: "true"}
 	if _, err := env.Client.CoreV1().Pods(ns).Update(context.Background(), obj, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	a := startPod(t, obj, map[string]string{"role-leases": lease, "deletion-cost": "true"}, worker.Options{}, nil)
 	startPod(t, env.Pod(t, ns, "pod-b", 30), map[string]string{"leases": "", "deletion-cost": "false"}, worker.Options{}, nil)
+	startPod(t, env.Pod(t, ns, "pod-c", 30), map[string]string{"leases": "", "deletion-cost": "true"}, worker.Options{}, nil)
 
 	kubetest.WaitFor(t, 15*time.Second, "pod-a's deletion cost 10000 (the role Lease held, no work)", func() bool {
 		v, _ := deletionCost(t, ns, "pod-a")
@@ -61,9 +65,13 @@ func TestDeletionCostFollowsWhatThePodHolds(t *testing.T) {
 	if p.Annotations["team"] != "orders" {
 		t.Errorf("pod-a's annotation team = %q after the sidecar's writes, want orders", p.Annotations["team"])
 	}
-	// pod-b's sidecar polled as often as pod-a's, and wrote nothing.
+	// pod-b's and pod-c's sidecars polled as often as pod-a's, and wrote
+	// nothing.
 	if v, ok := deletionCost(t, ns, "pod-b"); ok {
 		t.Errorf("pod-b (deletion-cost false) has %s=%q, want none", corev1.PodDeletionCost, v)
+	}
+	if v, ok := deletionCost(t, ns, "pod-c"); ok {
+		t.Errorf("pod-c (deletion-cost true, not annotated %s) has %s=%q, want none", protocol.DeletionCostOptIn, corev1.PodDeletionCost, v)
 	}
 
 }
