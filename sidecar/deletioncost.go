@@ -131,7 +131,7 @@ func (c *Coordinator) keepDeletionCost(ctx context.Context) {
 			c.metrics.DeletionCost.Set(float64(v)) // a restarted sidecar writes nothing while the cost stands
 		}
 	}
-	optedOut := false // the pod lacks protocol.DeletionCostOptIn; logged once
+	optedOut := false             // the pod lacks protocol.DeletionCostOptIn; logged once
 	var last protocol.DrainStatus // the app's last answer: kept while it does not answer
 	t := c.clock.NewTicker(costPoll)
 	defer t.Stop()
