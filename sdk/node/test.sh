@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Builds and tests the Node SDK (@handoff/worker), as the repository's CI
-# runs it: bash sdk/node/test.sh
+# Builds and tests the Node SDK (@handoff/worker, and its BullMQ
+# integration @handoff/bullmq in bullmq/, a workspace), as the repository's
+# CI runs it: bash sdk/node/test.sh
 #
-#  1. npm ci (the dev dependencies: typescript, @types/node, yaml; no runtime ones)
-#  2. the handoff binary, for the conformance run: $HANDOFF_BIN, or built
-#     here from ./cmd/handoff into a temporary directory with the Go of the
-#     environment (GOTOOLCHAIN, GOMODCACHE, GOCACHE as set)
-#  3. tsc: src/ to dist/ (ESM and .d.ts), and a type check of examples/*.ts
-#  4. node --test: unit and HTTP tests, the generated types checked against
-#     docs/protocol.yaml, and `handoff conformance` on examples/worker.mjs
-#     over a socket and over TCP; no test may be skipped
-#  5. npm pack --dry-run: the package's contents
+#  1. npm ci (the dev dependencies: typescript, @types/node, yaml, and for
+#     bullmq/ bullmq and ioredis; @handoff/worker has no runtime ones)
+#  2. the handoff binary, for the conformance run and the BullMQ handover:
+#     $HANDOFF_BIN, or built here from ./cmd/handoff into a temporary
+#     directory with the Go of the environment (GOTOOLCHAIN, GOMODCACHE,
+#     GOCACHE as set)
+#  3. a Redis for the BullMQ tests: Debian's redis-server (installed with
+#     apt-get if missing) started by hack/redis.sh on a free port, stopped
+#     at the end ($HANDOFF_TEST_REDIS)
+#  4. tsc: src/ and bullmq/src/ to dist/ (ESM and .d.ts), and a type check
+#     of examples/*.ts and examples/bullmq-worker.mjs
+#  5. node --test: unit and HTTP tests, the generated types checked against
+#     docs/protocol.yaml, `handoff conformance` on examples/worker.mjs over a
+#     socket and over TCP, the BullMQ adapter on the real Redis, and a
+#     handover between two pods of examples/bullmq-worker.mjs, each beside
+#     the real sidecar; no test may be skipped
+#  6. npm pack --dry-run: the packages' contents
 #
 # Exits non-zero on any failure.
 set -euo pipefail
@@ -20,7 +29,11 @@ repo="$(cd "$here/../.." && pwd)"
 cd "$here"
 
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/handoff-sdk-node.XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
+cleanup() {
+  bash "$repo/hack/redis.sh" stop "$tmp/redis" 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
 
 step() { printf '\n== %s\n' "$*"; }
 
@@ -38,20 +51,28 @@ if [[ -z "${HANDOFF_BIN:-}" ]]; then
 fi
 echo "HANDOFF_BIN=$HANDOFF_BIN"
 
-step "tsc: src -> dist, and a type check of the examples"
+step "a Redis for the BullMQ tests (hack/redis.sh)"
+port="$(node -e "const s = require('net').createServer().listen(0, '127.0.0.1', () => { console.log(s.address().port); s.close(); })")"
+HANDOFF_TEST_REDIS="$(HANDOFF_REDIS_WATCH_PID=$$ bash "$repo/hack/redis.sh" start "$tmp/redis" "$port")"
+export HANDOFF_TEST_REDIS
+echo "HANDOFF_TEST_REDIS=$HANDOFF_TEST_REDIS"
+
+step "tsc: src -> dist, bullmq/src -> bullmq/dist, and a type check of the examples"
 npm run --silent build
+npm run --silent build -w bullmq
 npm run --silent typecheck:examples
 
 step "node --test"
 node --test --test-reporter=spec --test-reporter-destination=stdout \
-  --test-reporter=tap --test-reporter-destination="$tmp/tests.tap" test/
+  --test-reporter=tap --test-reporter-destination="$tmp/tests.tap" test/ bullmq/test/
 skipped="$(sed -n 's/^# skipped \([0-9]*\)$/\1/p' "$tmp/tests.tap")"
 if [[ "$skipped" != "0" ]]; then
-  echo "test.sh: ${skipped:-?} tests skipped; want none (the conformance run needs HANDOFF_BIN)" >&2
+  echo "test.sh: ${skipped:-?} tests skipped; want none (the conformance run and the BullMQ handover need HANDOFF_BIN)" >&2
   exit 1
 fi
 
 step "npm pack --dry-run"
 npm pack --dry-run 2>&1 | sed -n '/Tarball Contents/,/Tarball Details/p'
+(cd bullmq && npm pack --dry-run 2>&1 | sed -n '/Tarball Contents/,/Tarball Details/p')
 
 step "sdk/node: ok"

@@ -81,6 +81,17 @@ export type BullMQAdapterOptions = Omit<AgentOptions, 'returnClaims' | 'handBack
  */
 export type HandBackReason = 'unstarted' | 'deadline' | 'canceled';
 
+/**
+ * The processor of a HandoffWorker: BullMQ's `Processor`, whose signal is
+ * always given (it aborts at the cancel fallback, at the hand-back, and at
+ * BullMQ's `cancelJob`). A BullMQ `Processor` is one.
+ */
+export type HandoffProcessor<DataType = any, ResultType = any, NameType extends string = string> = (
+  job: Job<DataType, ResultType, NameType>,
+  token: string,
+  signal: AbortSignal,
+) => Promise<ResultType>;
+
 /** The events of a BullMQAdapter. */
 export interface BullMQAdapterEvents {
   /** A job this worker held was moved back to waiting, for another worker to take. */
@@ -155,7 +166,7 @@ export class BullMQAdapter extends EventEmitter<BullMQAdapterEvents> {
    */
   worker<DataType = any, ResultType = any, NameType extends string = string>(
     name: string,
-    processor: Processor<DataType, ResultType, NameType> | string | URL | null | undefined,
+    processor: HandoffProcessor<DataType, ResultType, NameType> | string | URL | null | undefined,
     opts: WorkerOptions,
   ): HandoffWorker<DataType, ResultType, NameType> {
     return new HandoffWorker<DataType, ResultType, NameType>(this, name, processor, opts);
@@ -334,10 +345,16 @@ export class HandoffWorker<DataType = any, ResultType = any, NameType extends st
   readonly adapter: BullMQAdapter;
   readonly #entries = new WeakMap<Job, Entry>();
 
-  constructor(adapter: BullMQAdapter, name: string, processor: Processor<DataType, ResultType, NameType> | string | URL | null | undefined, opts: WorkerOptions) {
+  constructor(
+    adapter: BullMQAdapter,
+    name: string,
+    processor: HandoffProcessor<DataType, ResultType, NameType> | string | URL | null | undefined,
+    opts: WorkerOptions,
+  ) {
     // BullMQ's constructor would start the main loop before this one has
-    // set its fields: it is started below instead.
-    super(name, processor, { ...opts, autorun: false });
+    // set its fields: it is started below instead. The processor gets a
+    // signal always (callProcessJob).
+    super(name, processor as Processor<DataType, ResultType, NameType> | string | URL | null | undefined, { ...opts, autorun: false });
     this.opts.autorun = opts.autorun ?? true;
     this.adapter = adapter;
     adapter._add(this);

@@ -114,7 +114,7 @@ test('stop-claiming pauses the worker: active jobs drain, jobs added later are n
   assert.equal(await queue.getWaitingCount(), 3);
 });
 
-test("stop-claiming cuts the worker's blocking wait: a job added then wakes another worker at once", async () => {
+test("stop-claiming cuts the worker's blocking wait: a job added then wakes another worker at once", async (t) => {
   // Both workers idle in BZPOPMIN on the queue's marker, this one first:
   // Redis would hand it the next marker, and a paused worker would take no
   // job for it, leaving the other asleep until its drainDelay (5 s).
@@ -134,7 +134,7 @@ test("stop-claiming cuts the worker's blocking wait: a job added then wakes anot
   await queue.add('j', {});
   await eventually(() => startedAt !== undefined, 4000, 'taken by the other worker');
   const ms = startedAt - addedAt;
-  console.log(`# job added after stop-claiming taken by the other worker in ${ms.toFixed(1)} ms`);
+  t.diagnostic(`job added after stop-claiming taken by the other worker in ${ms.toFixed(1)} ms`);
   assert.ok(ms < 1000, `${ms} ms`);
 });
 
@@ -199,7 +199,7 @@ test('a job fetched in the race with stop-claiming is handed back unstarted: its
   assert.equal(y.attemptsMade, 0);
 });
 
-test('at the drain deadline unfinished jobs go back to waiting, another worker takes them in milliseconds, and the late result is refused', async () => {
+test('at the drain deadline unfinished jobs go back to waiting, another worker takes them in milliseconds, and the late result is refused', async (t) => {
   const name = queueName();
   const queue = newQueue(name);
   const adapter = newAdapter();
@@ -232,7 +232,7 @@ test('at the drain deadline unfinished jobs go back to waiting, another worker t
   assert.deepEqual(res, { returned: 3 });
   await eventually(() => startedOnB.size === 3, 4000, 'taken by B');
   const lat = [...startedOnB.values()].map((t) => t - returnedAt);
-  console.log(`# returned 3 jobs; B started them ${lat.map((l) => l.toFixed(1)).join(', ')} ms after the return began`);
+  t.diagnostic(`returned 3 jobs; the other worker started them ${lat.map((l) => l.toFixed(1)).join(', ')} ms after the return began`);
   assert.ok(Math.max(...lat) < 1000, `${lat}`);
   assert.deepEqual(handedBack.map(([, r]) => r), ['deadline', 'deadline', 'deadline']);
   for (const j of jobs) assert.ok(reasons.get(j.id) instanceof HandedBackError, `job ${j.id}: ${reasons.get(j.id)}`);

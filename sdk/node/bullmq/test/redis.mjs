@@ -50,10 +50,10 @@ export async function redis() {
   process.once('exit', () => {
     try {
       execFileSync('bash', [redisScript, 'stop', dir], { stdio: 'ignore' });
+      rmSync(dir, { recursive: true, force: true });
     } catch {
-      // the watchdog stops it
+      // The watchdog stops it (it needs the directory).
     }
-    rmSync(dir, { recursive: true, force: true });
   });
   const [host, p] = addr.split(':');
   started = { host, port: Number(p), url: `redis://${addr}` };
