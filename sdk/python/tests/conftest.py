@@ -29,3 +29,20 @@ def sockdir() -> Iterator[str]:
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in ("HANDOFF_TOKEN_FILE", "HANDOFF_APP_URL", "HANDOFF_LEASE_DURATION", "HANDOFF_SHARDS"):
         monkeypatch.delenv(k, raising=False)
+
+
+@pytest.fixture(scope="session")
+def celery_servers() -> Iterator[object]:
+    """Redis and RabbitMQ for the Celery tests (tests/celeryrig.py), started once and stopped at the end."""
+    import celeryrig
+
+    why = celeryrig.missing()
+    if why:
+        pytest.skip(why)
+    d = tempfile.mkdtemp(prefix="hcel", dir="/tmp")
+    s = celeryrig.Servers(d)
+    try:
+        yield s
+    finally:
+        s.stop()
+        shutil.rmtree(d, ignore_errors=True)

@@ -63,18 +63,8 @@ class Producer:
             i += 1
 
 
-@pytest.fixture(scope="module")
-def servers() -> Any:
-    d = tempfile.mkdtemp(prefix="hcel", dir="/tmp")
-    s = Servers(d)
-    try:
-        yield s
-    finally:
-        s.stop()
-        celeryrig.rmtree(d)
-
-
-def test_handover(servers: Servers) -> None:
+def test_handover(celery_servers: Servers) -> None:
+    servers = celery_servers
     d = tempfile.mkdtemp(prefix="hho", dir="/tmp")
     ledger = servers.ledger()
     ledger.flushdb()
