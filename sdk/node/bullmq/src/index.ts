@@ -479,6 +479,18 @@ export class HandoffWorker<DataType = any, ResultType = any, NameType extends st
     }
   }
 
+  /**
+   * BullMQ's resume, but after stop-claiming: the worker then stays paused
+   * (it may fetch nothing more, and its fetches would return no job).
+   */
+  override async resume(): Promise<void> {
+    if (this.adapter.agent.isStopping) {
+      this.adapter._logError('resume after stop-claiming ignored: the worker stays paused', { queue: this.name });
+      return;
+    }
+    return super.resume();
+  }
+
   /** @internal at stop-claiming: paused (active jobs go on), and the blocking wait for a job cut off. */
   _stopClaiming(): void {
     void (async () => {

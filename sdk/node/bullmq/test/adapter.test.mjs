@@ -303,7 +303,7 @@ test('the cancel fallback aborts the processors; a job whose processor then thro
   for (const j of await queue.getJobs(['waiting'])) assert.equal(j.attemptsMade, 0);
 });
 
-test('a worker made after stop-claiming is paused and takes nothing', async () => {
+test('a worker made after stop-claiming is paused and takes nothing, resumed or not', async () => {
   const name = queueName();
   const queue = newQueue(name);
   const adapter = newAdapter();
@@ -316,6 +316,10 @@ test('a worker made after stop-claiming is paused and takes nothing', async () =
   await sleep(300);
   assert.equal(calls, 0);
   assert.ok(w.isPaused());
+  await w.resume();
+  await sleep(200);
+  assert.ok(w.isPaused());
+  assert.equal(calls, 0);
   assert.equal(await queue.getWaitingCount(), 1);
 });
 
