@@ -294,7 +294,7 @@ var Table = []Setting{
 		Usage: "longest wait at exit for one scrape that reads the shutdown's counts: only if a scraper (an address seen scraping twice) comes, until 1.5 of its interval after its last scrape, within the grace period, and not in a StatefulSet's pods; 0s: none",
 		set:   duration(func(s *Settings) *time.Duration { return &s.MetricsLinger }, 0, MaxMetricsLinger)},
 	{Name: "deletion-cost", Default: "false", Form: "true or false", Annotation: true,
-		Usage: "keep the pod's controller.kubernetes.io/pod-deletion-cost current, so that a ReplicaSet scaling in deletes idle pods first and pods holding role Leases, partitions or long work in progress last (docs/scale-in.md); each change is a write of the pod, at most 3 at once and 1 per 10s",
+		Usage: "keep the pod's controller.kubernetes.io/pod-deletion-cost current, so that a ReplicaSet scaling in deletes idle pods first and pods holding role Leases, partitions or long work in progress last (docs/scale-in.md); takes effect only on a pod annotated handoff.dev/deletion-cost: \"true\" (the chart's admission policy refuses the write elsewhere); each change is a patch of the pod's status, a lower cost only once it has lasted 20s, at most 3 at once and 1 per 10s sustained",
 		set:   setBool(func(s *Settings) *bool { return &s.DeletionCost })},
 }
 

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -104,7 +105,7 @@ status is the same for each.`,
 		},
 	}
 	d, _ := config.Lookup("app-url")
-	cmd.Flags().StringVar(&appURL, "app-url", d.Default, "address of the app's side of the handoff protocol: "+d.Form)
+	cmd.Flags().StringVar(&appURL, "app-url", cmp.Or(os.Getenv(protocol.AppURLEnv), d.Default), "address of the app's side of the handoff protocol (default $"+protocol.AppURLEnv+", else the injected pod's): "+d.Form)
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file with the pod's token the app checks (default $"+protocol.TokenFileEnv+")")
 	cmd.Flags().StringVar(&fixtureCmd, "fixture-cmd", "", "shell command that makes the app hold claims: run with restart, hold N, hold-cancelable N or finish appended")
 	cmd.Flags().StringVar(&leaderCmd, "leader-cmd", "", "shell command that makes the app begin leader work: run with lead, stopping or release and the Lease appended")
