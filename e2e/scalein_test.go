@@ -60,7 +60,6 @@ func TestScaleInKeepsBusyPods(t *testing.T) {
 		t.Errorf("with deletion-cost: %d busy pods deleted (of leader %s and job %s; deleted %v), %d claims handed back, %d role moves, the long job applied by %s; want 0, 0, 0 and %s",
 			with.busyDeleted, with.leader, with.job, with.victims, with.handedBack, with.roleMoves, with.jobApplied, with.job)
 	}
-	checkQueue(t, 2*time.Minute)
 }
 
 // scaleIn runs one scale-in of Deployment name, 4 pods to 2, with the
@@ -197,8 +196,12 @@ func scaleIn(t *testing.T, name string, cost bool) *scaleInRun {
 			t.Fatalf("%s: the long job was not applied within %s", name, 2*scaleInJob)
 		}
 	}
-	// The Deployment gone, and its pods with it, before the next run: its
-	// pods would take that run's messages from the shared queue.
+	// The load stopped and every message applied (nothing lost or applied
+	// twice), then the Deployment gone, and its pods with it, before the
+	// next run: its pods would take that run's messages from the shared
+	// queue.
+	l.end()
+	checkQueue(t, 2*time.Minute)
 	if err := cluster.kube.AppsV1().Deployments(namespace).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil {
 		t.Fatal(err)
 	}
