@@ -53,7 +53,6 @@ app.conf.update(
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=int(os.environ.get("PREFETCH_MULTIPLIER", "4")),
     broker_connection_retry_on_startup=True,
-    worker_cancel_long_running_tasks_on_connection_loss=True,
     worker_hijack_root_logger=False,
 )
 

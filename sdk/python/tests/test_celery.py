@@ -159,3 +159,46 @@ def test_leader_work_is_fenced(celery_servers: Servers) -> None:
     finally:
         p.stop()
         celeryrig.rmtree(d)
+
+
+def test_reconnection_after_stop_claiming_consumes_nothing(celery_servers: Servers) -> None:
+    """RabbitMQ closes the worker's connection after stop-claiming: the broker takes the running tasks' messages back,
+    the worker reconnects and subscribes to nothing, the tasks' ends acknowledge nothing on the dead channel, the drain ends."""
+    import subprocess
+
+    q = Broker(celery_servers.amqp_url)
+    q.purge()
+    ledger = celery_servers.ledger()
+    ledger.flushdb()
+    d = tempfile.mkdtemp(prefix="hcr", dir="/tmp")
+    p = Pod(d, "w", celery_servers.amqp_url, celery_servers.redis_url, "threads", 2, prefetch=2, sidecar=False)
+    try:
+        p.wait_ready()
+        c = client(p)
+        for i in range(3):
+            q.send("r%d" % i, 3.0)
+        wait(lambda: (c.drain().in_flight, c.drain().unstarted) == (3, 1), what="2 running, 1 prefetched")
+        wait(lambda: len([e for e in events(ledger) if e["event"] == "start"]) == 2, what="two tasks started")
+        c.stop_claiming()
+        wait(lambda: q.ready() == 1, what="the prefetched one handed back")
+
+        with open(os.path.join(celery_servers.rabbit_dir, "port")) as f:
+            node = "handoff%s@localhost" % f.read().strip()
+        subprocess.run(
+            ["/usr/lib/rabbitmq/bin/rabbitmqctl", "-n", node, "close_all_connections", "test"],
+            env=dict(os.environ, HOME=celery_servers.rabbit_dir), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
+        )
+        wait(lambda: q.ready() == 3, what="the running tasks' messages back in the queue")
+        wait(lambda: p.log().count("Connected to amqp") == 2, what="the worker reconnected")
+        q.send("after", 0.1)
+        assert c.drain(8000).drained  # the two running end; nothing else came
+        time.sleep(0.3)
+        assert q.ready() == 4
+        assert [e["event"] for e in events(ledger) if e["event"] in ("start", "handed-back")] == ["start", "start", "handed-back"]
+        log = p.log()
+        for bad in ("Couldn't ack", "Couldn't reject", "MessageStateError"):
+            assert bad not in log, log[-3000:]
+    finally:
+        p.stop()
+        q.purge()
+        celeryrig.rmtree(d)

@@ -364,6 +364,13 @@ class _Runtime:
         orig = w._process_task
         w._process_task = lambda req: self._process_task(orig, req)
         conf = h.app.conf
+        if getattr(pool_cls, "__module__", "").endswith((".solo", ".eventlet", ".gevent")):
+            self.log.warning(
+                "handoff: the %s pool is not supported: solo runs each task on the consumer's event loop "
+                "(stop-claiming and hand-backs wait for it), eventlet and gevent have no event loop to wake "
+                "(they wait up to 2s); use prefork or threads",
+                pool_cls.__module__.rsplit(".", 1)[-1],
+            )
         if not conf.task_acks_late:
             self.log.warning(
                 "handoff: task_acks_late is off: a task's message is acknowledged when the task starts, "
@@ -392,16 +399,17 @@ class _Runtime:
             self._receive = self.agent.receive()
             self._last_receive = self._receive
         except Stopping:
+            # Reconnected after stop-claiming: subscribe to nothing (the
+            # event loop's consume() finds no queue).
             self._receive = None
             self._stopping = True
+            self._stop_consuming()
 
     def register(self, c: Any, hub: Any) -> None:
         self.loop.register(c, hub)
-        if self._stopping:
-            self.loop.post(self._stop_consuming)
 
     def consumer_stopped(self, c: Any) -> None:
-        """The connection is going away (reconnection, shutdown): what came on it is the broker's again."""
+        """The consumer stops: a reconnection (its channel is gone) or the worker's shutdown (the connection stays until the end)."""
         self.loop.run()
         self.loop.unregister()
         r, self._receive = self._receive, None
@@ -410,9 +418,8 @@ class _Runtime:
         with self._mu:
             held = list(self._held.values())
         for hd in held:
-            if hd.message is not None and getattr(hd.message, "channel", None) is not None and not hd.message.acknowledged:
-                # Unacknowledged on a channel that closes: the broker redelivers it.
-                hd.settled = True
+            if not _channel_open(hd.message):
+                hd.settled = True  # unacknowledged on a channel that closed: the broker has it back
             if not hd.dispatched and not hd.applied:
                 hd.over = True  # Celery drops the requests it had not handed to the pool (Consumer.on_close)
             self._maybe_done(hd)
@@ -433,10 +440,13 @@ class _Runtime:
         tc = getattr(c, "task_consumer", None) if c is not None else None
         if tc is not None:
             t0 = time.monotonic()
-            try:
-                tc.cancel()  # basic.cancel, waiting for cancel-ok: deliveries before it are handled
-            except Exception as e:
-                self.log.warning("handoff: canceling the task consumer failed: %s", e)
+            for q in list(tc.queues):
+                try:
+                    # basic.cancel, waiting for cancel-ok (deliveries before it are
+                    # handled); the queue is dropped, so no later consume() takes it up.
+                    tc.cancel_by_queue(q.name)
+                except Exception as e:
+                    self.log.warning("handoff: canceling the task consumer of %s failed: %s", q.name, e)
             self.log.info("handoff: stopped consuming (%.1f ms)", (time.monotonic() - t0) * 1000)
         r, self._receive = self._receive, None
         if r is not None:
@@ -480,7 +490,9 @@ class _Runtime:
 
     def _settle(self, hd: _Held, op: Callable[[], None]) -> None:
         try:
-            op()
+            if not hd.settled and _channel_open(hd.message):
+                op()
+            # else: settled already, or its channel closed and the broker has it back
         finally:
             hd.settled = True
             self._maybe_done(hd)
@@ -639,6 +651,16 @@ class _Runtime:
                 hook(why, ids, at)
             except Exception:
                 self.log.exception("handoff: on_hand_back failed")
+
+
+def _channel_open(message: Any) -> bool:
+    """Whether the channel a message came on is still open (py-amqp's is_open, kombu's virtual channels' closed)."""
+    ch = getattr(message, "channel", None)
+    if ch is None:
+        return False
+    if getattr(ch, "is_open", True) is False or getattr(ch, "closed", False) is True:
+        return False
+    return getattr(ch, "connection", True) is not None
 
 
 def _integration(app: Any) -> Optional[Handoff]:
