@@ -63,6 +63,28 @@ class Broker:
         self.app.control.purge()
 
 
+def test_import_handoff_loads_no_celery() -> None:
+    """The core keeps no dependency: only handoff.celery imports Celery."""
+    import subprocess
+    import sys
+
+    code = "import sys, handoff, handoff.aio, handoff.protocol, handoff.testing; assert 'celery' not in sys.modules and 'kombu' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=os.path.join(celeryrig.SDK, "src")))
+
+
+def test_install_once_per_app() -> None:
+    pytest.importorskip("celery", reason="python3-celery is not installed")
+    from celery import Celery
+
+    import handoff.celery
+
+    app = Celery("t", broker="memory://")
+    h = handoff.celery.install(app, insecure_no_token=True)
+    assert h.agent is None  # made in the worker process, when the worker starts
+    with pytest.raises(RuntimeError):
+        handoff.celery.install(app)
+
+
 def client(p: Pod) -> Client:
     with open(p.token) as f:
         return Client(p.app_url, f.read().strip())

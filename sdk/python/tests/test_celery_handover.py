@@ -154,11 +154,12 @@ def _check(keys: List[str], evs: List[Dict[str, Any]], ledger: Any, a: Pod, b: P
     assert m and int(m.group(1)) == len(deadline), hook_out
 
     # Stop-claiming stopped A's consuming: nothing handed back started on A,
-    # nothing started on A after (its loop canceled the consumer before the rejects).
+    # nothing started on A after (its loop canceled the consumer before the
+    # rejects; a task a process took just before may log its start a moment later).
     stopped = min(e["t"] for e in unstarted)
     for e in back:
         assert not [t for t in starts.get(("a", e["task_id"]), []) if t > e["t"]], "A started %s after handing it back" % e["task_id"]
-    late = [(tid, t) for (w, tid), ts in starts.items() if w == "a" for t in ts if t > stopped + 0.05]
+    late = [(tid, t) for (w, tid), ts in starts.items() if w == "a" for t in ts if t > stopped + 0.5]
     assert not late, "A started tasks after stop-claiming: %s" % late
 
     # Every task handed back starts on B: how long after it went back.
