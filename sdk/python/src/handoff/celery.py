@@ -12,7 +12,8 @@
 
 ``install`` adds two bootsteps to the app, so ``celery worker`` serves the
 app side of the handoff protocol from its main process (the one that holds
-the broker connection), whatever the pool:
+the broker connection); prefork and threads pools (solo, eventlet and
+gevent are warned about):
 
 - **Every task message the worker receives is a claim**, held unstarted at
   Celery's ``task_received`` signal (prefetched messages, ETA and
@@ -21,11 +22,12 @@ the broker connection), whatever the pool:
   only does so when a process is free), for ``threads`` when a pool thread
   picks it up. A claim ends once the task is over *and* its message is
   acknowledged or rejected.
-- **stop-claiming** cancels the task consumer (``basic.cancel``: the broker
-  sends nothing more), answered at once; the messages received and not
-  started are handed back at once (``basic.reject`` with ``requeue``), so
-  another worker gets them within milliseconds, and are dropped here when
-  their turn comes.
+- **stop-claiming** is answered at once; on the consumer's loop the task
+  consumer then drops every queue (``Consumer.cancel_by_queue``:
+  ``basic.cancel``, and no later ``consume()``, after a reconnection say,
+  subscribes again), and the messages received and not started are handed
+  back (``Request.reject(requeue=True)``), so another worker gets them
+  within milliseconds; they are dropped here when their turn comes.
 - **drain** counts the tasks running; drained when they are over.
 - **return** (the drain deadline) rejects with ``requeue`` every message the
   worker has not acknowledged: tasks still running (with ``acks_late``) and
@@ -41,7 +43,8 @@ Every acknowledgement and rejection the worker makes for its task messages
 runs on the consumer's event loop, woken through a pipe: an ack from a
 ``threads`` pool thread, or a hand-back from the Agent's threads, never
 touches the broker connection from another thread, and never waits for the
-loop's next poll timeout.
+loop's next poll timeout. One whose channel has closed (a reconnection) is
+not sent: the broker has the message back.
 
 Importing this module imports Celery; ``import handoff`` does not.
 """
