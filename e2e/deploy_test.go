@@ -11,6 +11,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -79,16 +80,27 @@ func deploy(t *testing.T, d *appsv1.Deployment) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = cluster.kube.AppsV1().Deployments(namespace).Delete(ctx, d.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)})
-		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-			pods, err := cluster.kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + d.Name})
-			if err == nil && len(pods.Items) == 0 {
-				return
-			}
+		if err := undeploy(ctx, d.Name); err != nil {
+			t.Error(err)
 		}
-		t.Errorf("the pods of %s did not go within a minute", d.Name)
 	})
 	waitRollout(t, d.Name, 2*time.Minute)
+}
+
+// undeploy deletes Deployment name (a Deployment already gone is no error)
+// and waits up to a minute for its pods to go.
+func undeploy(ctx context.Context, name string) error {
+	err := cluster.kube.AppsV1().Deployments(namespace).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete deployment %s: %w", name, err)
+	}
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		pods, err := cluster.kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
+		if err == nil && len(pods.Items) == 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("the pods of %s did not go within a minute", name)
 }
 
 // waitRollout waits until Deployment name has all its replicas updated and

@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
 	"github.com/handoff-dev/handoff/protocol"
@@ -202,17 +201,8 @@ func scaleIn(t *testing.T, name string, cost bool) *scaleInRun {
 	// queue.
 	l.end()
 	checkQueue(t, 2*time.Minute)
-	if err := cluster.kube.AppsV1().Deployments(namespace).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil {
+	if err := undeploy(ctx, name); err != nil {
 		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		pods, err := cluster.kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
-		if err == nil && len(pods.Items) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: its pods not gone within a minute of its deletion", name)
-		}
 	}
 	return run
 }
