@@ -409,9 +409,10 @@ func TestSignalInAPodThatStaysKeepsWorkerAndLease(t *testing.T) {
 	if err := env.Client.CoreV1().Pods(ns).Delete(context.Background(), "pod-b", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](20)}); err != nil {
 		t.Fatal(err)
 	}
-	kubetest.WaitFor(t, 10*time.Second, "the sidecar to see the deletion", func() bool {
-		p, err := env.Client.CoreV1().Pods(ns).Get(context.Background(), "pod-b", metav1.GetOptions{})
-		return err == nil && p.DeletionTimestamp != nil
+	// Wait for the sidecar's own watch, not the API server: a signal that
+	// came first would start the sequence itself, with trigger SIGTERM.
+	kubetest.WaitFor(t, 10*time.Second, "the sidecar to start the sequence at the deletion", func() bool {
+		return b.c.Status().Phase != protocol.PhaseRunning
 	})
 	// The watch of the pod's own object started the sequence at the
 	// deletion; the signal joins it and gets its report.
