@@ -187,7 +187,12 @@ func (a *Adapter) Run(ctx context.Context, handle func(ctx context.Context, d am
 		}
 		return err
 	}
-	deliveries, err := ch.ConsumeWithContext(ctx, a.cfg.Queue, a.cfg.ConsumerTag, false, false, false, false, a.cfg.Args)
+	// Consume, not ConsumeWithContext: its goroutine sends basic.cancel when
+	// ctx ends, whatever the channel is doing, and a frame that reaches the
+	// broker after our channel.close is a connection error (504
+	// CHANNEL_ERROR), which ends every channel of the connection.
+	// cancelConsumer below runs at ctx's end too (r's context ends with it).
+	deliveries, err := ch.Consume(a.cfg.Queue, a.cfg.ConsumerTag, false, false, false, false, a.cfg.Args)
 	if err != nil {
 		r.End()
 		return fmt.Errorf("rabbitmq: basic.consume %s: %w", a.cfg.Queue, err)
@@ -218,11 +223,32 @@ func (a *Adapter) Run(ctx context.Context, handle func(ctx context.Context, d am
 	// pushed, any time. Stop-claiming cancels the consumer; the deliveries
 	// channel closes once the broker's cancel-ok came, after every delivery
 	// sent before it.
+	// basic.cancel and channel.close take turns (closing): nothing is sent
+	// on the channel once its close has begun.
+	var closing struct {
+		sync.Mutex
+		begun bool
+	}
 	cancelConsumer := sync.OnceFunc(func() {
+		closing.Lock()
+		defer closing.Unlock()
+		if closing.begun {
+			return
+		}
 		if err := ch.Cancel(a.cfg.ConsumerTag, false); err != nil && ctx.Err() == nil {
 			a.log.Error(err, "basic.cancel failed", "queue", a.cfg.Queue)
 		}
 	})
+	closeChannel := func() {
+		closing.Lock()
+		closing.begun = true
+		closing.Unlock()
+		a.mu.Lock()
+		a.ch = nil // no ack or nack after this (settle): the close requeues what is left
+		a.mu.Unlock()
+		_ = ch.Close()
+	}
+	defer closeChannel() // deferred last, so run first: the Close deferred above is then a no-op
 	a.mu.Lock()
 	a.cancel = cancelConsumer
 	a.mu.Unlock()
@@ -248,7 +274,7 @@ func (a *Adapter) Run(ctx context.Context, handle func(ctx context.Context, d am
 		// Close returns once the channel is shut down, by our close or by
 		// the broker's (an ack it refused: it answers the frames of a
 		// channel in order), which then is in closed.
-		_ = ch.Close()
+		closeChannel()
 		if e := <-closed; e != nil {
 			return fmt.Errorf("%w by the broker during the drain: %w", ErrChannelClosed, e)
 		}
