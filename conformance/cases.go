@@ -684,7 +684,7 @@ func (s *suite) newInstance(ctx context.Context) (string, error) {
 }
 
 // drainCases are the cases of the drain group, in order.
-var drainCases = []string{CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseLeadDuringDrain, CaseDrainReturnsDrained, CaseDrainLarge}
+var drainCases = []string{CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseRunningMillis, CaseLeadDuringDrain, CaseDrainReturnsDrained, CaseDrainLarge}
 
 // drainGroup: stop-claiming and the drain long poll. With a Fixture, on a
 // fresh process holding `held` claims; without, on the app as given (then
@@ -692,11 +692,13 @@ var drainCases = []string{CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce,
 func (s *suite) drainGroup(ctx context.Context) {
 	f := s.t.Fixture
 	want := 0
+	var heldFrom time.Time // before the claims were held: none is older
 	if f != nil {
 		if err := f.Restart(ctx); err != nil {
 			s.failAll(drainCases, "Fixture.Restart: "+err.Error())
 			return
 		}
+		heldFrom = time.Now()
 		if err := f.Hold(ctx, held); err != nil {
 			s.failAll(drainCases, fmt.Sprintf("Fixture.Hold(%d): %v", held, err))
 			return
@@ -779,6 +781,9 @@ func (s *suite) drainGroup(ctx context.Context) {
 		}
 		return fmt.Sprintf("waited %s for waitMillis %d", a.took.Round(time.Millisecond), drainWait.Milliseconds()), nil
 	}))
+	s.run(ctx, CaseRunningMillis, needs(func(ctx context.Context) (string, error) {
+		return s.runningMillis(ctx, heldFrom)
+	}))
 	s.run(ctx, CaseLeadDuringDrain, func(ctx context.Context) (string, error) {
 		lease := s.lease("draining")
 		if err := s.grant(ctx, lease, s.next()); err != nil {
@@ -828,6 +833,9 @@ func (s *suite) drainGroup(ctx context.Context) {
 		}
 		if !r.st.Drained || r.st.InFlight != 0 {
 			return "", fmt.Errorf("drain answered %+v once the claims were finished, want drained", r.st)
+		}
+		if r.st.RunningMillis != 0 {
+			return "", fmt.Errorf("drain answered runningMillis %d once the claims were finished, want 0 or none: no claim is in progress", r.st.RunningMillis)
 		}
 		return fmt.Sprintf("a long poll of %s answered drained once the claims were finished", long), nil
 	}))
@@ -958,6 +966,135 @@ func (s *suite) cancelHandsBack(ctx context.Context) {
 			return "", fmt.Errorf("return with cancel answered %+v for %d claims whose work ended at the cancel without acknowledging: want returned %d, no error (their messages are still claimed)", res, n, n)
 		}
 		return fmt.Sprintf("canceled work ended, unacknowledged; returned %d after %s", res.Returned, a.took.Round(time.Millisecond)), nil
+	})
+}
+
+// runningMillis: with claims in progress since heldFrom at the latest,
+// runningMillis (optional) is how long the oldest has been in progress: no
+// longer than since heldFrom, and aging with the app's clock.
+func (s *suite) runningMillis(ctx context.Context, heldFrom time.Time) (string, error) {
+	before, err := s.status(ctx)
+	if err != nil {
+		return "", err
+	}
+	if before.RunningMillis == 0 {
+		return "", errSkip{"the app sends no runningMillis (optional): the sidecar ranks its pod for scale-in by its claims alone"}
+	}
+	after, _, err := s.drain(ctx, fmt.Sprintf("?waitMillis=%d", ageWait.Milliseconds()), ageWait)
+	if err != nil {
+		return "", err
+	}
+	most := (time.Since(heldFrom) + clockSlack).Milliseconds()
+	switch {
+	case before.RunningMillis < 0 || after.RunningMillis > most:
+		return "", fmt.Errorf("runningMillis %d, then %d, for claims held %d ms ago at most: want 0 to %d, how long the oldest claim in progress has been in progress, in milliseconds",
+			before.RunningMillis, after.RunningMillis, most, most)
+	case after.RunningMillis-before.RunningMillis < (ageWait - clockSlack).Milliseconds():
+		return "", fmt.Errorf("runningMillis %d, then %d after a long poll of %s: want it to age with the claims, by %d ms or more",
+			before.RunningMillis, after.RunningMillis, ageWait, (ageWait - clockSlack).Milliseconds())
+	}
+	return fmt.Sprintf("runningMillis %d, then %d after a long poll of %s", before.RunningMillis, after.RunningMillis, ageWait), nil
+}
+
+// returnStops: a return on a process stop-claiming never reached stops its
+// claiming too: nothing is claimed after the hand-back.
+func (s *suite) returnStops(ctx context.Context) {
+	cases := []string{CaseReturnStops}
+	f := s.t.Fixture
+	if f == nil {
+		s.skipAll(cases, "needs a Fixture (--fixture-cmd): the sidecar returns only with claims in flight")
+		return
+	}
+	if err := f.Restart(ctx); err != nil {
+		s.failAll(cases, "Fixture.Restart: "+err.Error())
+		return
+	}
+	if err := f.Hold(ctx, 1); err != nil {
+		s.failAll(cases, "Fixture.Hold(1): "+err.Error())
+		return
+	}
+	defer func() { _ = f.Finish(ctx) }()
+	s.run(ctx, CaseReturnStops, func(ctx context.Context) (string, error) {
+		st, err := s.status(ctx)
+		if err != nil {
+			return "", err
+		}
+		if st.Stopping || st.InFlight != 1 {
+			return "", fmt.Errorf("before the return, with 1 claim held and no stop-claiming: status %+v, want not stopping, 1 in flight", st)
+		}
+		var res protocol.ReturnResult
+		if _, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, `{"cancel": false}`, 0, &res); err != nil {
+			return "", err
+		}
+		if res.Returned != 1 || res.Error != "" {
+			return "", fmt.Errorf("return answered %+v with 1 claim held, want returned 1 and no error", res)
+		}
+		if st, err = s.status(ctx); err != nil {
+			return "", err
+		}
+		if !st.Stopping {
+			return "", fmt.Errorf("after a return with no stop-claiming before it: status %+v, want stopping: the app must claim nothing after the hand-back", st)
+		}
+		return "a return with no stop-claiming before it stopped claiming, returned 1", nil
+	})
+}
+
+// handsBackUnstarted: stop-claiming hands back the claims held unstarted
+// at once, not at the drain deadline; started work is left to drain.
+func (s *suite) handsBackUnstarted(ctx context.Context) {
+	cases := []string{CaseHandsBackUnstarted}
+	uf, ok := s.t.Fixture.(UnstartedFixture)
+	if !ok {
+		s.skipAll(cases, "needs an UnstartedFixture (--fixture-cmd answering hold-unstarted): claims held and not started")
+		return
+	}
+	const unstarted = 2
+	if err := uf.Restart(ctx); err != nil {
+		s.failAll(cases, "Fixture.Restart: "+err.Error())
+		return
+	}
+	if err := uf.Hold(ctx, 1); err != nil {
+		s.failAll(cases, "Fixture.Hold(1): "+err.Error())
+		return
+	}
+	defer func() { _ = uf.Finish(ctx) }()
+	if err := uf.HoldUnstarted(ctx, unstarted); err != nil {
+		if errors.Is(err, errors.ErrUnsupported) {
+			s.skipAll(cases, "the fixture cannot hold claims unstarted")
+			return
+		}
+		s.failAll(cases, fmt.Sprintf("Fixture.HoldUnstarted(%d): %v", unstarted, err))
+		return
+	}
+	s.run(ctx, CaseHandsBackUnstarted, func(ctx context.Context) (string, error) {
+		st, err := s.status(ctx)
+		if err != nil {
+			return "", err
+		}
+		if st.InFlight != 1+unstarted || st.Unstarted != unstarted {
+			return "", fmt.Errorf("before stop-claiming, with 1 claim started and %d unstarted held by the fixture: status %+v, want inFlight %d, unstarted %d", unstarted, st, 1+unstarted, unstarted)
+		}
+		start := time.Now()
+		if _, _, err := s.stopClaiming(ctx); err != nil {
+			return "", err
+		}
+		// The app hands them back through its queue, after it answered:
+		// watch its count until they have left it.
+		for {
+			st, _, err := s.drain(ctx, fmt.Sprintf("?waitMillis=%d", poll.Milliseconds()), poll)
+			if err != nil {
+				return "", err
+			}
+			if st.InFlight < 1 || st.Drained {
+				return "", fmt.Errorf("after stop-claiming: status %+v, want the started claim still held: only unstarted claims are handed back, started work drains", st)
+			}
+			if st.InFlight == 1 && st.Unstarted == 0 {
+				return fmt.Sprintf("%d unstarted claims handed back %s after stop-claiming; the started one left to drain", unstarted, time.Since(start).Round(time.Millisecond)), nil
+			}
+			if time.Since(start) > handBackBound {
+				return "", fmt.Errorf("%s after stop-claiming the app still holds %+v: want the %d unstarted claims handed back at once (inFlight 1, unstarted 0), not kept to the drain deadline", handBackBound, st, unstarted)
+			}
+		}
 	})
 }
 

@@ -18,6 +18,8 @@ import (
 //	hold N           make the app hold N claims, started, until finish (Fixture.Hold)
 //	hold-cancelable N  make the app hold N claims whose work ends at the cancel fallback,
 //	                 unacknowledged (CancelFixture.HoldCancelable); print "unsupported" to skip the case
+//	hold-unstarted N make the app hold N claims received and not started, handed back at
+//	                 stop-claiming (UnstartedFixture.HoldUnstarted); print "unsupported" to skip the case
 //	finish           finish the claims held (Fixture.Finish)
 //	lead LEASE       begin leader work for LEASE; print "yes", or "no" when the app does not lead it
 //	stopping LEASE   print "yes" once the app has told that leader work to stop, else "no"
@@ -45,9 +47,10 @@ func (c CommandFixture) name() string {
 }
 
 var (
-	_ Fixture       = CommandFixture{}
-	_ LeaderFixture = CommandFixture{}
-	_ CancelFixture = CommandFixture{}
+	_ Fixture          = CommandFixture{}
+	_ LeaderFixture    = CommandFixture{}
+	_ CancelFixture    = CommandFixture{}
+	_ UnstartedFixture = CommandFixture{}
 )
 
 func (c CommandFixture) run(ctx context.Context, words ...string) (string, error) {
@@ -96,6 +99,16 @@ func (c CommandFixture) HoldCancelable(ctx context.Context, n int) error {
 	out, err := c.run(ctx, "hold-cancelable", strconv.Itoa(n))
 	if err == nil && out == "unsupported" {
 		return fmt.Errorf("fixture command %q hold-cancelable: %w", c.Argv[0], errors.ErrUnsupported)
+	}
+	return err
+}
+
+// HoldUnstarted runs "hold-unstarted N"; a command that prints
+// "unsupported" gives an error wrapping errors.ErrUnsupported.
+func (c CommandFixture) HoldUnstarted(ctx context.Context, n int) error {
+	out, err := c.run(ctx, "hold-unstarted", strconv.Itoa(n))
+	if err == nil && out == "unsupported" {
+		return fmt.Errorf("fixture command %q hold-unstarted: %w", c.name(), errors.ErrUnsupported)
 	}
 	return err
 }

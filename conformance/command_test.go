@@ -72,6 +72,11 @@ func control(app *goApp, leader conformance.LeaderFixture) http.Handler {
 			if n, err = strconv.Atoi(arg); err == nil {
 				err = app.HoldCancelable(ctx, n)
 			}
+		case "/hold-unstarted":
+			var n int
+			if n, err = strconv.Atoi(arg); err == nil {
+				err = app.HoldUnstarted(ctx, n)
+			}
 		case "/finish":
 			err = app.Finish(ctx)
 		case "/lead":

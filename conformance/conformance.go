@@ -23,8 +23,10 @@
 //     (Fixture.Restart) holding 3 claims with one: stop-claiming (twice),
 //     the drain long poll and its edge values, leadership during the drain;
 //  3. with a Fixture only, each on a fresh process holding claims: return
-//     (counts, repeated), cancel then return, and, with a CancelFixture,
-//     what cancel hands back of work that ended because of it.
+//     (counts, repeated), cancel then return, with a CancelFixture what
+//     cancel hands back of work that ended because of it, a return that
+//     stops claiming when stop-claiming never came, and, with an
+//     UnstartedFixture, the unstarted claims stop-claiming hands back.
 //
 // Without a Fixture the cases that need claims held are reported skip,
 // never pass; without a LeaderFixture, those that need leader work.
@@ -73,7 +75,7 @@ type Fixture interface {
 	// Restart replaces the app with a fresh process (a new instance, not
 	// stopping, holding nothing) answering at Target.URL, and returns once
 	// it answers. The suite calls it first, and before each group that
-	// needs claims (four in all, beside CancelFixture's group).
+	// needs claims (five in all, beside the CancelFixture and UnstartedFixture groups).
 	Restart(ctx context.Context) error
 	// Hold makes the app claim n messages and keep them started and
 	// unfinished until Finish, counted in flight (worker: Receive.Hold).
@@ -99,6 +101,21 @@ type CancelFixture interface {
 	// returns an error wrapping errors.ErrUnsupported when the app cannot;
 	// the case is then skipped.
 	HoldCancelable(ctx context.Context, n int) error
+}
+
+// UnstartedFixture is a Fixture that can also make the app hold claims
+// received and not started (the rest of a batch, a prefetch), for the
+// case of what stop-claiming hands back at once. A Fixture that is not one
+// has that case skipped.
+type UnstartedFixture interface {
+	Fixture
+	// HoldUnstarted makes the app claim n messages and hold them
+	// unstarted, counted in inFlight and unstarted (worker:
+	// Receive.HoldUnstarted, with Options.HandBack set), until
+	// stop-claiming hands them back or Finish drops them. It returns an
+	// error wrapping errors.ErrUnsupported when the app cannot; the case
+	// is then skipped.
+	HoldUnstarted(ctx context.Context, n int) error
 }
 
 // LeaderFixture makes the app under test begin leader work, for the cases
@@ -203,6 +220,7 @@ const (
 	CaseStopIdempotent      = "stop-claiming/idempotent"
 	CaseDrainAtOnce         = "drain/waitMillis-0-answers-at-once"
 	CaseDrainWaits          = "drain/long-poll-waits-waitMillis"
+	CaseRunningMillis       = "drain/runningMillis-ages-oldest-claim"
 	CaseDrainReturnsDrained = "drain/long-poll-returns-when-drained"
 	CaseDrainLarge          = "drain/waitMillis-above-bound"
 	CaseLeadDuringDrain     = "leadership/continues-during-drain"
@@ -210,14 +228,16 @@ const (
 	CaseReturnRepeat        = "return/safe-to-repeat"
 	CaseCancelReturn        = "return/cancel-then-return"
 	CaseCancelHandsBack     = "return/cancel-hands-back-canceled-work"
+	CaseReturnStops         = "return/stops-claiming"
+	CaseHandsBackUnstarted  = "stop-claiming/hands-back-unstarted-at-once"
 )
 
 // allCases are the names of every case, in the order Run runs them.
 var allCases = []string{CaseSocket, CaseUnsigned, CaseBadSignature, CaseStaleSignature, CaseReplay, CaseSchemeCase, CaseBadWaitMillis, CaseBadReturn, CaseBadLeadership, CaseUnknownCall,
 	CaseNotGenuine, CaseSequence, CaseFirstMessage, CaseRevokeUnknown, CaseStaleRevoke, CaseRevokeAck, CaseTermValidFor,
-	CaseTermUntil, CaseNewInstance, CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseLeadDuringDrain,
+	CaseTermUntil, CaseNewInstance, CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseRunningMillis, CaseLeadDuringDrain,
 	CaseDrainReturnsDrained, CaseDrainLarge, CaseReturnCounts, CaseReturnRepeat, CaseCancelReturn,
-	CaseCancelHandsBack}
+	CaseCancelHandsBack, CaseReturnStops, CaseHandsBackUnstarted}
 
 // Cases returns the names of every case, in the order Run runs them.
 func Cases() []string { return append([]string(nil), allCases...) }
@@ -258,5 +278,7 @@ func Run(ctx context.Context, t Target) Report {
 	s.returnGroup(ctx)
 	s.cancelGroup(ctx)
 	s.cancelHandsBack(ctx)
+	s.returnStops(ctx)
+	s.handsBackUnstarted(ctx)
 	return s.rep
 }

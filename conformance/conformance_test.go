@@ -42,6 +42,9 @@ type goApp struct {
 	// heldOnly, set, is a broken app: its ReturnClaims hands back only the
 	// claims still held, not the messages of work ended by the cancel.
 	heldOnly bool
+	// noHandBack, set, is a broken app: it has no HandBack, so its
+	// unstarted claims stay held to the drain deadline.
+	noHandBack bool
 }
 
 func newGoApp(t *testing.T) *goApp {
@@ -63,12 +66,17 @@ func (g *goApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (g *goApp) Restart(context.Context) error {
-	a, err := worker.New(worker.Options{Token: testToken, ReturnClaims: g.returnClaims})
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	opts := worker.Options{Token: testToken, ReturnClaims: g.returnClaims}
+	if !g.noHandBack {
+		// The queue has them again at once: nothing to do but say so.
+		opts.HandBack = func(context.Context, []*worker.Claim) error { return nil }
+	}
+	a, err := worker.New(opts)
 	if err != nil {
 		return err
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	for _, c := range g.claims {
 		c.Done()
 	}
@@ -97,6 +105,22 @@ func (g *goApp) HoldCancelable(ctx context.Context, n int) error {
 			}
 			c.Done()
 		}()
+	}
+	return nil
+}
+
+// HoldUnstarted holds n claims received and not started, as the rest of a
+// batch: HandBack takes them at stop-claiming, else Finish ends them.
+func (g *goApp) HoldUnstarted(ctx context.Context, n int) error {
+	r, err := g.current().Receive(ctx)
+	if err != nil {
+		return err
+	}
+	defer r.End()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i := range n {
+		g.claims = append(g.claims, r.HoldUnstarted(i))
 	}
 	return nil
 }
@@ -522,6 +546,49 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			return true
 		},
 		fails: []string{conformance.CaseStopIdempotent},
+	}, {
+		name:  "keeps its unstarted claims to the drain deadline",
+		f:     func(http.ResponseWriter, *http.Request, []byte, http.Handler) bool { return false },
+		app:   func(g *goApp) { g.noHandBack = true },
+		fails: []string{conformance.CaseHandsBackUnstarted},
+	}, {
+		name: "reports a runningMillis that does not age",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			if r.URL.Path != protocol.DrainPath {
+				return false
+			}
+			rr := forward(next, r, body)
+			var st protocol.DrainStatus
+			if rr.Code != http.StatusOK || json.Unmarshal(rr.Body.Bytes(), &st) != nil {
+				copyTo(w, rr)
+				return true
+			}
+			st.RunningMillis = 5 // whatever is in progress, and with nothing
+			b, _ := json.Marshal(st)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(b)
+			return true
+		},
+		fails: []string{conformance.CaseRunningMillis, conformance.CaseDrainReturnsDrained},
+	}, {
+		name: "goes on claiming after a return",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			if r.URL.Path != protocol.DrainPath {
+				return false
+			}
+			rr := forward(next, r, body)
+			var st protocol.DrainStatus
+			if rr.Code != http.StatusOK || json.Unmarshal(rr.Body.Bytes(), &st) != nil {
+				copyTo(w, rr)
+				return true
+			}
+			st.Stopping = false // says so, as an app that never stops would
+			b, _ := json.Marshal(st)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(b)
+			return true
+		},
+		fails: []string{conformance.CaseReturnStops},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

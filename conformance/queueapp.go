@@ -224,7 +224,11 @@ func (q *QueueApp) finishLocked() {
 // TestQueueApp is a Go test of app: it serves app on a Unix socket, as an
 // injected worker serves (protocol.AppSocket's transport), runs every case
 // against it with the pod's token token (within 3 minutes), stops the last
-// worker, logs the report, and fails t unless every case passed.
+// worker, logs the report, and fails t unless every case passed but
+// CaseHandsBackUnstarted, skipped: a QueueApp cannot make an adapter hold
+// claims unstarted on cue (how many it prefetches is the adapter's own
+// business), so each adapter's own tests check that hand-back on its
+// queue.
 func TestQueueApp(t testing.TB, app *QueueApp, token string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -246,8 +250,8 @@ func TestQueueApp(t testing.TB, app *QueueApp, token string) {
 	if err := app.Stop(ctx); err != nil {
 		t.Errorf("stopping the last worker: %v", err)
 	}
-	if rep.Count(Pass) != len(Cases()) {
-		t.Fatalf("%d of %d cases passed:\n%s", rep.Count(Pass), len(Cases()), rep)
+	if c, _ := rep.Case(CaseHandsBackUnstarted); rep.Count(Pass) != len(Cases())-1 || c.Result != Skip {
+		t.Fatalf("%d of %d cases passed, want all but %s (skipped):\n%s", rep.Count(Pass), len(Cases()), CaseHandsBackUnstarted, rep)
 	}
 	t.Logf("\n%s", rep)
 }

@@ -34,8 +34,18 @@ const (
 	drainWait = 500 * time.Millisecond
 	// cancelWait is the cancelWaitMillis of the cancel fallback.
 	cancelWait = 300 * time.Millisecond
-	// poll paces the fixture's Stopping checks.
+	// poll paces the fixture's Stopping checks, and the drain status
+	// polls that watch for a hand-back.
 	poll = 20 * time.Millisecond
+	// ageWait is how long the suite watches runningMillis age.
+	ageWait = 300 * time.Millisecond
+	// clockSlack is what a time the app reports may be off by, on the
+	// same machine: rounding to whole milliseconds, and the clocks read
+	// at different points of a call.
+	clockSlack = 10 * time.Millisecond
+	// handBackBound bounds the hand-back of unstarted claims after
+	// stop-claiming: "at once", through the queue, in the background.
+	handBackBound = 3 * time.Second
 )
 
 // signer sets a call's authentication headers, given its body; nil signs

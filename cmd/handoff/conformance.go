@@ -39,7 +39,7 @@ sidecar: the suite stops its claiming.
 The cases that need claims in flight run with --fixture-cmd, those that need
 leader work with --leader-cmd; without, they are skipped. Each is a shell
 command run with a step appended:
-  --fixture-cmd:  restart | hold N | hold-cancelable N | finish
+  --fixture-cmd:  restart | hold N | hold-cancelable N | hold-unstarted N | finish
   --leader-cmd:   lead LEASE | stopping LEASE | release LEASE
 (lead and stopping print yes or no). docs/protocol.md, "Checking an app".
 
@@ -107,7 +107,7 @@ status is the same for each.`,
 	d, _ := config.Lookup("app-url")
 	cmd.Flags().StringVar(&appURL, "app-url", cmp.Or(os.Getenv(protocol.AppURLEnv), d.Default), "address of the app's side of the handoff protocol (default $"+protocol.AppURLEnv+", else the injected pod's): "+d.Form)
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file with the pod's token the app checks (default $"+protocol.TokenFileEnv+")")
-	cmd.Flags().StringVar(&fixtureCmd, "fixture-cmd", "", "shell command that makes the app hold claims: run with restart, hold N, hold-cancelable N or finish appended")
+	cmd.Flags().StringVar(&fixtureCmd, "fixture-cmd", "", "shell command that makes the app hold claims: run with restart, hold N, hold-cancelable N, hold-unstarted N or finish appended")
 	cmd.Flags().StringVar(&leaderCmd, "leader-cmd", "", "shell command that makes the app begin leader work: run with lead, stopping or release and the Lease appended")
 	cmd.Flags().DurationVar(&leaseDuration, "lease-duration", 0, "the lease duration the app bounds grants by (default $"+protocol.LeaseDurationEnv+", else 1h)")
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text, json or junit (JUnit XML)")

@@ -10,7 +10,7 @@
 // $DIR/token. The worker serves on $HANDOFF_APP_URL when set (the
 // conformance command passes its environment on), else unix://$DIR/app.sock. restart kills the worker process (if any) and starts a fresh
 // one, returning once it answers; every other step (hold N,
-// hold-cancelable N, finish, lead LEASE, stopping LEASE, release LEASE) is
+// hold-cancelable N, hold-unstarted N, finish, lead LEASE, stopping LEASE, release LEASE) is
 // sent to the running worker on $DIR/fixture.sock and its answer printed.
 import { spawn } from 'node:child_process';
 import { closeSync, openSync, readFileSync, writeFileSync } from 'node:fs';
@@ -20,7 +20,7 @@ import { fileURLToPath } from 'node:url';
 
 const [dir, ...words] = process.argv.slice(2);
 if (!dir || words.length === 0) {
-  console.error('usage: fixture.mjs DIR restart | hold N | hold-cancelable N | finish | lead LEASE | stopping LEASE | release LEASE');
+  console.error('usage: fixture.mjs DIR restart | hold N | hold-cancelable N | hold-unstarted N | finish | lead LEASE | stopping LEASE | release LEASE');
   process.exit(2);
 }
 const fixtureSocket = join(dir, 'fixture.sock');

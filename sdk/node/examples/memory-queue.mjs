@@ -25,6 +25,20 @@ export class MemoryQueue {
   }
 
   /**
+   * Puts a message claimed by this worker at once: what a broker does when
+   * it pushes a message to a prefetching consumer (the conformance hooks
+   * use it to hold claims no claim loop can take). A producer uses publish.
+   * @returns {{id: string, body: string, receipt: number}}
+   */
+  deliver(body) {
+    const msg = { id: `m${++this.#next}`, body, receipt: ++this.#receipts };
+    const timer = setTimeout(() => this.#expire(msg), this.visibilityTimeoutMillis);
+    timer.unref();
+    this.#claimed.set(msg.id, { msg, timer });
+    return msg;
+  }
+
+  /**
    * Waits for a visible message and claims it (a long poll); rejects with
    * signal's reason if signal aborts first, having claimed nothing.
    * @param {AbortSignal} [signal]

@@ -7,7 +7,8 @@
 //
 // With $EXAMPLE_FIXTURE_SOCKET set it also serves the hooks `handoff
 // conformance` drives through examples/fixture.mjs (--fixture-cmd and
-// --leader-cmd): hold N, hold-cancelable N, finish, lead, stopping, release.
+// --leader-cmd): hold N, hold-cancelable N, hold-unstarted N, finish, lead,
+// stopping, release.
 import { createServer } from 'node:net';
 import { unlinkSync } from 'node:fs';
 import { Agent, NotLeaderError, StoppingError } from '@handoff/worker';
@@ -114,6 +115,7 @@ function fixtureWork(msg, signal) {
 }
 
 const leaderWork = new Map(); // lease -> LeaderWork[]
+const unstarted = []; // claims of hold-unstarted, for finish to drop
 
 async function fixtureStep(words) {
   const [step, arg] = words;
@@ -133,7 +135,16 @@ async function fixtureStep(words) {
       }
       return 'ok';
     }
+    case 'hold-unstarted': {
+      // Delivered to this worker, not started: the rest of a batch, a
+      // prefetch. handBack takes them at stop-claiming.
+      const r = agent.receive();
+      for (let i = 0; i < Number(arg); i++) unstarted.push(r.holdUnstarted(queue.deliver('hold-unstarted')));
+      r.end();
+      return 'ok';
+    }
     case 'finish': {
+      for (const c of unstarted.splice(0)) c.done(); // those stop-claiming did not hand back: dropped
       releaseHeld();
       releasedHeld = new Promise((r) => (releaseHeld = r));
       const deadline = Date.now() + 5_000;

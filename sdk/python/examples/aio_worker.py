@@ -125,6 +125,7 @@ class ConformanceHooks:
         self.release = asyncio.Event()
         self.waiting = 0
         self.leader_work: Dict[str, List[handoff.aio.LeaderWork]] = {}
+        self.unstarted: List[handoff.aio.Claim] = []
 
     async def handle(self, msg: Message, claim: handoff.aio.Claim) -> None:
         release = self.release
@@ -154,9 +155,19 @@ class ConformanceHooks:
             return await self.hold("conformance-held-", int(arg))
         if cmd == "hold-cancelable":
             return await self.hold("conformance-cancelable-", int(arg))
+        if cmd == "hold-unstarted":
+            # Delivered to this worker, not started: held as the claim
+            # loop holds what it claims ahead, outside its loop.
+            async with self.w.agent.receive() as r:
+                for i in range(int(arg)):
+                    self.unstarted.append(r.hold_unstarted(self.w.queue.deliver("conformance-unstarted-%d" % i)))
+            return "ok"
         if cmd == "finish":
             self.release.set()
             self.release = asyncio.Event()
+            for c in self.unstarted:
+                c.done()  # those stop-claiming did not hand back: dropped
+            self.unstarted.clear()
             return "ok"
         if cmd == "lead":
             try:

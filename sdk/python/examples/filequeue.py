@@ -41,6 +41,20 @@ class FileQueue:
         os.rename(tmp, self._path("ready", mid))
         return mid
 
+    def deliver(self, body: str) -> Message:
+        """Enqueue a message claimed by this worker at once, in one rename.
+
+        What a broker does when it pushes a message to a prefetching
+        consumer; the conformance fixtures use it to hold claims no other
+        claim loop can take. A producer uses :meth:`put`.
+        """
+        mid = "%020d-%s" % (time.time_ns(), os.urandom(4).hex())
+        tmp = self._path("tmp", mid)
+        with open(tmp, "w") as f:
+            f.write(body)
+        os.rename(tmp, self._path("claimed", "%s.%s" % (self.owner, mid)))
+        return Message(mid, body)
+
     def try_claim(self, limit: int = 1) -> List[Message]:
         """Claim up to ``limit`` visible messages, oldest first; none when there are none."""
         out: List[Message] = []

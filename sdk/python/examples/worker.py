@@ -45,8 +45,14 @@ class Worker:
         self.poll = poll
         # return_claims: at the drain deadline (and after each claim ended
         # past it) make visible every message this worker still has claimed.
-        self.agent = handoff.Agent(return_claims=queue.make_visible)
+        # hand_back: at stop-claiming, those of the messages held unstarted
+        # (none here but the fixture's: a worker that claims ahead of its
+        # work holds them with Receive.hold_unstarted, as aio_worker.py does).
+        self.agent = handoff.Agent(return_claims=queue.make_visible, hand_back=self.hand_back)
         self.hooks: Optional[ConformanceHooks] = None
+
+    def hand_back(self, claims: List[handoff.Claim]) -> None:
+        self.queue.make_visible([c.value for c in claims if isinstance(c.value, Message)])
 
     # The claim loop, one per thread.
 
@@ -120,7 +126,9 @@ class ConformanceHooks:
 
     Messages whose body starts with ``conformance-held-`` work until
     ``finish``, ignoring the cancel fallback; ``conformance-cancelable-``
-    ones end at the cancel fallback without acknowledging.
+    ones end at the cancel fallback without acknowledging;
+    ``hold-unstarted`` holds messages delivered to this worker unstarted,
+    for stop-claiming to hand back.
     """
 
     def __init__(self, w: Worker) -> None:
@@ -129,6 +137,7 @@ class ConformanceHooks:
         self.release = threading.Event()  # replaced at each finish
         self.waiting = 0  # handlers that have taken their release or cancel to wait on
         self.leader_work: Dict[str, List[handoff.LeaderWork]] = {}
+        self.unstarted: List[handoff.Claim] = []
 
     def handles(self, msg: Message) -> bool:
         return msg.body.startswith("conformance-")
@@ -162,10 +171,19 @@ class ConformanceHooks:
             return self.hold("conformance-held-", int(arg))
         if cmd == "hold-cancelable":
             return self.hold("conformance-cancelable-", int(arg))
+        if cmd == "hold-unstarted":
+            # Delivered to this worker, not started: the rest of a batch.
+            with agent.receive() as r:
+                for i in range(int(arg)):
+                    self.unstarted.append(r.hold_unstarted(self.w.queue.deliver("conformance-unstarted-%d" % i)))
+            return "ok"
         if cmd == "finish":
             with self.cond:
                 self.release.set()
                 self.release = threading.Event()
+            for c in self.unstarted:
+                c.done()  # those stop-claiming did not hand back: dropped
+            self.unstarted.clear()
             return "ok"
         if cmd == "lead":
             try:
