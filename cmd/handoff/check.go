@@ -30,6 +30,7 @@ import (
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/inject"
+	"github.com/handoff-dev/handoff/protocol"
 )
 
 const checkLong = `check runs checks of a handoff installation against the cluster of the
@@ -346,6 +347,8 @@ var healthChecks = []healthCheck{
 		Run: checkLeaseRBAC},
 	{Category: "handoff-workloads", ID: "budgets", Description: "each injected pod's time budgets can work", Live: true, Needs: []string{"pods-injected"},
 		Run: checkBudgets},
+	{Category: "handoff-workloads", ID: "deletion-cost", Description: "each pod opted in to pod-deletion-cost has one", Live: true, Warning: true, Needs: []string{"pods-injected"},
+		Run: checkDeletionCost},
 }
 
 // handoffPartOf selects the chart's objects.
@@ -626,6 +629,44 @@ func checkBudgets(_ context.Context, e *checkEnv) (string, error) {
 		}
 	}
 	return fmt.Sprintf("%d pods", len(e.pods)), errors.Join(errs...)
+}
+
+// costGrace is how long an opted-in pod's sidecar may run without the
+// pod having a pod-deletion-cost: it writes one at its first poll (2 s),
+// and a failed write again within its bound on writes (3, then one per 10 s).
+const costGrace = time.Minute
+
+// checkDeletionCost finds the pods opted in to pod-deletion-cost
+// (protocol.DeletionCostOptIn) whose sidecar has run for costGrace while
+// the pod has none: their sidecars cannot write it, and a scale-in ranks
+// them as Kubernetes does, busy or not.
+func checkDeletionCost(_ context.Context, e *checkEnv) (string, error) {
+	opted := 0
+	var missing []string
+	for i := range e.pods {
+		p := &e.pods[i]
+		if p.Annotations[protocol.DeletionCostOptIn] != "true" {
+			continue
+		}
+		opted++
+		if _, ok := p.Annotations[corev1.PodDeletionCost]; ok || p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+			continue
+		}
+		for _, cs := range p.Status.InitContainerStatuses {
+			if cs.Name == inject.SidecarName && cs.State.Running != nil && e.now.Sub(cs.State.Running.StartedAt.Time) >= costGrace {
+				missing = append(missing, p.Namespace+"/"+p.Name)
+			}
+		}
+	}
+	if len(missing) > 0 {
+		return "", fmt.Errorf("%d of the %d pods opted in to pod-deletion-cost (%s: \"true\") have none after their sidecar ran %s: %s; "+
+			"their sidecars cannot write it (each sidecar's log says why; handoff_deletion_cost_writes_total{result=\"failed\"} counts the failures)",
+			len(missing), opted, protocol.DeletionCostOptIn, costGrace, truncList(missing))
+	}
+	if opted == 0 {
+		return "no pod opted in", nil
+	}
+	return fmt.Sprintf("%d pods opted in", opted), nil
 }
 
 // checkInstallRights asks whether the caller may create what the chart

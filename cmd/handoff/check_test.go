@@ -14,11 +14,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/inject"
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/protocol"
 )
 
 // runCheck runs handoff check args... -o json and returns its report and
@@ -117,7 +119,7 @@ func TestCheckPassesAHealthyInstallAndNamesEachBreak(t *testing.T) {
 	expectChecks(t, "healthy", r, raw, map[string]string{
 		"api-reachable": checkOK, "kubernetes-version": checkOK, "webhook-config": checkOK, "webhook-ca-bundle": checkOK,
 		"webhook-ca-expiry": checkOK, "webhook-endpoints": checkOK, "webhook-injects": checkOK, "pods-injected": checkOK,
-		"lease-rbac": checkOK, "budgets": checkOK,
+		"lease-rbac": checkOK, "budgets": checkOK, "deletion-cost": checkOK,
 	})
 	// The webhook runs as a process here, not as a pod: no webhook version to compare.
 	expectChecks(t, "healthy", r, raw, map[string]string{"sidecar-versions": checkSkipped})
@@ -184,6 +186,37 @@ func TestCheckPassesAHealthyInstallAndNamesEachBreak(t *testing.T) {
 	expectChecks(t, "a grace period with no time to drain", r, raw, map[string]string{"budgets": checkFailed})
 	if !strings.Contains(raw, "terminationGracePeriodSeconds 4 leaves no time to drain") {
 		t.Errorf("the budgets check does not name the grace period:\n%s", raw)
+	}
+
+	// A pod opted in to pod-deletion-cost whose sidecar has run for two
+	// minutes and written none: a warning naming it, which the cost, once
+	// written, ends.
+	opted := worker("orders-cost")
+	opted.Labels[inject.LabelInjected], opted.Annotations[inject.AnnotationStatus] = "true", inject.StatusInjected
+	opted.Annotations[protocol.DeletionCostOptIn] = "true"
+	opted.Spec.InitContainers = []corev1.Container{{Name: inject.SidecarName, Image: "handoff:test", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
+		Env: []corev1.EnvVar{{Name: "HANDOFF_LEASES", Value: "orders-leader"}, {Name: "HANDOFF_DELETION_COST", Value: "true"}}}}
+	p, err := kube.CoreV1().Pods(ns).Create(ctx, opted, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, InitContainerStatuses: []corev1.ContainerStatus{{Name: inject.SidecarName, Image: "handoff:test", Started: ptr.To(true),
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(time.Now().Add(-2 * time.Minute))}}}}}
+	if _, err := kube.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r, raw, _ = runCheck(t, args...)
+	expectChecks(t, "an opted-in pod with no pod-deletion-cost", r, raw, map[string]string{"deletion-cost": checkWarning})
+	if !strings.Contains(raw, ns+"/orders-cost") || !strings.Contains(raw, checkHintBase+"deletion-cost") {
+		t.Errorf("the deletion-cost check does not name the pod, or gives no hint:\n%s", raw)
+	}
+	if _, err := kube.CoreV1().Pods(ns).Patch(ctx, "orders-cost", types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+corev1.PodDeletionCost+`":"0"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r, raw, _ = runCheck(t, args...)
+	expectChecks(t, "the opted-in pod with its cost", r, raw, map[string]string{"deletion-cost": checkOK})
+	if err := kube.CoreV1().Pods(ns).Delete(ctx, "orders-cost", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
 	}
 
 	// The webhook stopped: with failurePolicy Ignore a labelled pod starts
