@@ -1005,12 +1005,8 @@ func (s *suite) returnStops(ctx context.Context) {
 		s.skipAll(cases, "needs a Fixture (--fixture-cmd): the sidecar returns only with claims in flight")
 		return
 	}
-	if err := f.Restart(ctx); err != nil {
-		s.failAll(cases, "Fixture.Restart: "+err.Error())
-		return
-	}
-	if err := f.Hold(ctx, 1); err != nil {
-		s.failAll(cases, "Fixture.Hold(1): "+err.Error())
+	if err := s.restartHolding(ctx, 1, "Hold", f.Hold); err != nil {
+		s.failAll(cases, err.Error())
 		return
 	}
 	defer func() { _ = f.Finish(ctx) }()
@@ -1049,12 +1045,8 @@ func (s *suite) handsBackUnstarted(ctx context.Context) {
 		return
 	}
 	const unstarted = 2
-	if err := uf.Restart(ctx); err != nil {
-		s.failAll(cases, "Fixture.Restart: "+err.Error())
-		return
-	}
-	if err := uf.Hold(ctx, 1); err != nil {
-		s.failAll(cases, "Fixture.Hold(1): "+err.Error())
+	if err := s.restartHolding(ctx, 1, "Hold", uf.Hold); err != nil {
+		s.failAll(cases, err.Error())
 		return
 	}
 	defer func() { _ = uf.Finish(ctx) }()
@@ -1103,14 +1095,22 @@ func (s *suite) holding(ctx context.Context, n int) error {
 	return s.holdingWith(ctx, n, "Hold", s.t.Fixture.Hold)
 }
 
-// holdingWith is holding with hold, the Fixture method named what.
-func (s *suite) holdingWith(ctx context.Context, n int, what string, hold func(context.Context, int) error) error {
-	f := s.t.Fixture
-	if err := f.Restart(ctx); err != nil {
+// restartHolding restarts the app and makes it hold n claims with hold,
+// the Fixture method named what.
+func (s *suite) restartHolding(ctx context.Context, n int, what string, hold func(context.Context, int) error) error {
+	if err := s.t.Fixture.Restart(ctx); err != nil {
 		return fmt.Errorf("Fixture.Restart: %w", err)
 	}
 	if err := hold(ctx, n); err != nil {
 		return fmt.Errorf("Fixture.%s(%d): %w", what, n, err)
+	}
+	return nil
+}
+
+// holdingWith is holding with hold, the Fixture method named what.
+func (s *suite) holdingWith(ctx context.Context, n int, what string, hold func(context.Context, int) error) error {
+	if err := s.restartHolding(ctx, n, what, hold); err != nil {
+		return err
 	}
 	st, _, err := s.stopClaiming(ctx)
 	if err != nil {

@@ -112,6 +112,17 @@ func (g *goApp) HoldCancelable(ctx context.Context, n int) error {
 // HoldUnstarted holds n claims received and not started, as the rest of a
 // batch: HandBack takes them at stop-claiming, else Finish ends them.
 func (g *goApp) HoldUnstarted(ctx context.Context, n int) error {
+	return g.hold(ctx, n, func(r *worker.Receive, i int) *worker.Claim { return r.HoldUnstarted(i) })
+}
+
+// Hold holds n claims started, whose work ignores Claim.Context: it runs
+// until Finish.
+func (g *goApp) Hold(ctx context.Context, n int) error {
+	return g.hold(ctx, n, func(r *worker.Receive, _ int) *worker.Claim { return r.Hold() })
+}
+
+// hold holds n claims, each taken by take, until Finish.
+func (g *goApp) hold(ctx context.Context, n int, take func(r *worker.Receive, i int) *worker.Claim) error {
 	r, err := g.current().Receive(ctx)
 	if err != nil {
 		return err
@@ -120,21 +131,7 @@ func (g *goApp) HoldUnstarted(ctx context.Context, n int) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for i := range n {
-		g.claims = append(g.claims, r.HoldUnstarted(i))
-	}
-	return nil
-}
-
-func (g *goApp) Hold(ctx context.Context, n int) error {
-	r, err := g.current().Receive(ctx)
-	if err != nil {
-		return err
-	}
-	defer r.End()
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for range n {
-		g.claims = append(g.claims, r.Hold()) // the work ignores Claim.Context: it runs until Finish
+		g.claims = append(g.claims, take(r, i))
 	}
 	return nil
 }
@@ -297,6 +294,27 @@ func forward(next http.Handler, r *http.Request, b []byte) *httptest.ResponseRec
 	return rr
 }
 
+// drainStatus is a broken app whose drain status answers are the real
+// ones changed by change.
+func drainStatus(change func(*protocol.DrainStatus)) rewrite {
+	return func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+		if r.URL.Path != protocol.DrainPath {
+			return false
+		}
+		rr := forward(next, r, body)
+		var st protocol.DrainStatus
+		if rr.Code != http.StatusOK || json.Unmarshal(rr.Body.Bytes(), &st) != nil {
+			copyTo(w, rr)
+			return true
+		}
+		change(&st)
+		b, _ := json.Marshal(st)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(b)
+		return true
+	}
+}
+
 func copyTo(w http.ResponseWriter, rr *httptest.ResponseRecorder) {
 	for k, v := range rr.Header() {
 		w.Header()[k] = v
@@ -375,23 +393,8 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 		},
 		fails: []string{conformance.CaseBadSignature, conformance.CaseSchemeCase},
 	}, {
-		name: "names the same instance in every process",
-		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
-			if r.URL.Path != protocol.DrainPath || r.Method != http.MethodGet {
-				return false
-			}
-			rr := forward(next, r, body)
-			var st protocol.DrainStatus
-			if rr.Code != http.StatusOK || json.Unmarshal(rr.Body.Bytes(), &st) != nil {
-				copyTo(w, rr)
-				return true
-			}
-			st.Instance = "always-the-same"
-			b, _ := json.Marshal(st)
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write(b)
-			return true
-		},
+		name:  "names the same instance in every process",
+		f:     drainStatus(func(st *protocol.DrainStatus) { st.Instance = "always-the-same" }),
 		fails: []string{conformance.CaseNewInstance},
 	}, {
 		name: "answers stop-claiming after more than a second",
@@ -552,42 +555,12 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 		app:   func(g *goApp) { g.noHandBack = true },
 		fails: []string{conformance.CaseHandsBackUnstarted},
 	}, {
-		name: "reports a runningMillis that does not age",
-		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
-			if r.URL.Path != protocol.DrainPath {
-				return false
-			}
-			rr := forward(next, r, body)
-			var st protocol.DrainStatus
-			if rr.Code != http.StatusOK || json.Unmarshal(rr.Body.Bytes(), &st) != nil {
-				copyTo(w, rr)
-				return true
-			}
-			st.RunningMillis = 5 // whatever is in progress, and with nothing
-			b, _ := json.Marshal(st)
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write(b)
-			return true
-		},
+		name:  "reports a runningMillis that does not age",
+		f:     drainStatus(func(st *protocol.DrainStatus) { st.RunningMillis = 5 }), // whatever is in progress, and with nothing
 		fails: []string{conformance.CaseRunningMillis, conformance.CaseDrainReturnsDrained},
 	}, {
-		name: "goes on claiming after a return",
-		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
-			if r.URL.Path != protocol.DrainPath {
-				return false
-			}
-			rr := forward(next, r, body)
-			var st protocol.DrainStatus
-			if rr.Code != http.StatusOK || json.Unmarshal(rr.Body.Bytes(), &st) != nil {
-				copyTo(w, rr)
-				return true
-			}
-			st.Stopping = false // says so, as an app that never stops would
-			b, _ := json.Marshal(st)
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write(b)
-			return true
-		},
+		name:  "goes on claiming after a return",
+		f:     drainStatus(func(st *protocol.DrainStatus) { st.Stopping = false }), // as an app that never stops says
 		fails: []string{conformance.CaseReturnStops},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
