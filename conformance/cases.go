@@ -692,7 +692,9 @@ var drainCases = []string{CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce,
 func (s *suite) drainGroup(ctx context.Context) {
 	f := s.t.Fixture
 	want := 0
-	var heldFrom time.Time // before the claims were held: none is older
+	// The claims were started between heldFrom and heldBy (Fixture.Hold
+	// returns once they are).
+	var heldFrom, heldBy time.Time
 	if f != nil {
 		if err := f.Restart(ctx); err != nil {
 			s.failAll(drainCases, "Fixture.Restart: "+err.Error())
@@ -703,6 +705,7 @@ func (s *suite) drainGroup(ctx context.Context) {
 			s.failAll(drainCases, fmt.Sprintf("Fixture.Hold(%d): %v", held, err))
 			return
 		}
+		heldBy = time.Now()
 		defer func() { _ = f.Finish(ctx) }()
 		want = held
 		if st, err := s.status(ctx); err != nil || st.InFlight != want {
@@ -782,7 +785,7 @@ func (s *suite) drainGroup(ctx context.Context) {
 		return fmt.Sprintf("waited %s for waitMillis %d", a.took.Round(time.Millisecond), drainWait.Milliseconds()), nil
 	}))
 	s.run(ctx, CaseRunningMillis, needs(func(ctx context.Context) (string, error) {
-		return s.runningMillis(ctx, heldFrom)
+		return s.runningMillis(ctx, heldFrom, heldBy)
 	}))
 	s.run(ctx, CaseLeadDuringDrain, func(ctx context.Context) (string, error) {
 		lease := s.lease("draining")
@@ -969,31 +972,36 @@ func (s *suite) cancelHandsBack(ctx context.Context) {
 	})
 }
 
-// runningMillis: with claims in progress since heldFrom at the latest,
-// runningMillis (optional) is how long the oldest has been in progress: no
-// longer than since heldFrom, and aging with the app's clock.
-func (s *suite) runningMillis(ctx context.Context, heldFrom time.Time) (string, error) {
+// runningMillis: with claims started between heldFrom and heldBy and in
+// progress since, runningMillis (optional) is how long the oldest has been
+// in progress: between the time since heldBy and the time since heldFrom,
+// and aging with the app's clock. (The fixture holds the claims at once:
+// an app that times the newest claim instead is not told apart.)
+func (s *suite) runningMillis(ctx context.Context, heldFrom, heldBy time.Time) (string, error) {
+	asked := time.Now()
 	before, err := s.status(ctx)
 	if err != nil {
 		return "", err
 	}
-	if before.RunningMillis == 0 {
-		return "", errSkip{"the app sends no runningMillis (optional): the sidecar ranks its pod for scale-in by its claims alone"}
-	}
-	after, _, err := s.drain(ctx, fmt.Sprintf("?waitMillis=%d", ageWait.Milliseconds()), ageWait)
+	after, a, err := s.drain(ctx, fmt.Sprintf("?waitMillis=%d", ageWait.Milliseconds()), ageWait)
 	if err != nil {
 		return "", err
 	}
-	most := (time.Since(heldFrom) + clockSlack).Milliseconds()
-	switch {
-	case before.RunningMillis < 0 || after.RunningMillis > most:
-		return "", fmt.Errorf("runningMillis %d, then %d, for claims held %d ms ago at most: want 0 to %d, how long the oldest claim in progress has been in progress, in milliseconds",
-			before.RunningMillis, after.RunningMillis, most, most)
-	case after.RunningMillis-before.RunningMillis < (ageWait - clockSlack).Milliseconds():
-		return "", fmt.Errorf("runningMillis %d, then %d after a long poll of %s: want it to age with the claims, by %d ms or more",
-			before.RunningMillis, after.RunningMillis, ageWait, (ageWait - clockSlack).Milliseconds())
+	if before.RunningMillis == 0 && after.RunningMillis == 0 {
+		return "", errSkip{"the app sends no runningMillis (optional): the sidecar ranks its pod for scale-in by its claims alone"}
 	}
-	return fmt.Sprintf("runningMillis %d, then %d after a long poll of %s", before.RunningMillis, after.RunningMillis, ageWait), nil
+	least := (asked.Sub(heldBy) - clockSlack).Milliseconds()
+	most := (time.Since(heldFrom) + clockSlack).Milliseconds()
+	aged := (a.took - clockSlack).Milliseconds() // the app answered the two calls this far apart, at least
+	switch {
+	case before.RunningMillis < least || after.RunningMillis > most:
+		return "", fmt.Errorf("runningMillis %d, then %d, for claims started %d to %d ms before the first call: want how long the oldest claim in progress has been in progress, in milliseconds",
+			before.RunningMillis, after.RunningMillis, asked.Sub(heldBy).Milliseconds(), asked.Sub(heldFrom).Milliseconds())
+	case after.RunningMillis-before.RunningMillis < aged:
+		return "", fmt.Errorf("runningMillis %d, then %d after a long poll answered in %s: want it to age with the claims, by %d ms or more",
+			before.RunningMillis, after.RunningMillis, a.took.Round(time.Millisecond), aged)
+	}
+	return fmt.Sprintf("runningMillis %d, then %d after a long poll of %s", before.RunningMillis, after.RunningMillis, a.took.Round(time.Millisecond)), nil
 }
 
 // returnStops: a return on a process stop-claiming never reached stops its

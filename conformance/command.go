@@ -19,7 +19,8 @@ import (
 //	hold-cancelable N  make the app hold N claims whose work ends at the cancel fallback,
 //	                 unacknowledged (CancelFixture.HoldCancelable); print "unsupported" to skip the case
 //	hold-unstarted N make the app hold N claims received and not started, handed back at
-//	                 stop-claiming (UnstartedFixture.HoldUnstarted); print "unsupported" to skip the case
+//	                 stop-claiming (UnstartedFixture.HoldUnstarted); work on one the app starts
+//	                 runs until finish; print "unsupported" to skip the case
 //	finish           finish the claims held (Fixture.Finish)
 //	lead LEASE       begin leader work for LEASE; print "yes", or "no" when the app does not lead it
 //	stopping LEASE   print "yes" once the app has told that leader work to stop, else "no"

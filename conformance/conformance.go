@@ -112,7 +112,8 @@ type UnstartedFixture interface {
 	// HoldUnstarted makes the app claim n messages and hold them
 	// unstarted, counted in inFlight and unstarted (worker:
 	// Receive.HoldUnstarted, with Options.HandBack set), until
-	// stop-claiming hands them back or Finish drops them. It returns an
+	// stop-claiming hands them back or Finish drops them; work on one the
+	// app starts instead runs until Finish, as Hold's does. It returns an
 	// error wrapping errors.ErrUnsupported when the app cannot; the case
 	// is then skipped.
 	HoldUnstarted(ctx context.Context, n int) error

@@ -559,6 +559,14 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 		f:     drainStatus(func(st *protocol.DrainStatus) { st.RunningMillis = 5 }), // whatever is in progress, and with nothing
 		fails: []string{conformance.CaseRunningMillis, conformance.CaseDrainReturnsDrained},
 	}, {
+		name: "times its claims from later than they started",
+		f: drainStatus(func(st *protocol.DrainStatus) {
+			if st.RunningMillis > 400 {
+				st.RunningMillis -= 400 // from stop-claiming, say
+			}
+		}),
+		fails: []string{conformance.CaseRunningMillis},
+	}, {
 		name:  "goes on claiming after a return",
 		f:     drainStatus(func(st *protocol.DrainStatus) { st.Stopping = false }), // as an app that never stops says
 		fails: []string{conformance.CaseReturnStops},
