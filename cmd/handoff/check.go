@@ -652,21 +652,20 @@ func checkDeletionCost(_ context.Context, e *checkEnv) (string, error) {
 		if _, ok := p.Annotations[corev1.PodDeletionCost]; ok || p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
 			continue
 		}
-		for _, cs := range p.Status.InitContainerStatuses {
+		// A native sidecar is an init container; the legacy layout's, a container.
+		for _, cs := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
 			if cs.Name == inject.SidecarName && cs.State.Running != nil && e.now.Sub(cs.State.Running.StartedAt.Time) >= costGrace {
 				missing = append(missing, p.Namespace+"/"+p.Name)
 			}
 		}
 	}
 	if len(missing) > 0 {
-		return "", fmt.Errorf("%d of the %d pods opted in to pod-deletion-cost (%s: \"true\") have none after their sidecar ran %s: %s; "+
-			"their sidecars cannot write it (each sidecar's log says why; handoff_deletion_cost_writes_total{result=\"failed\"} counts the failures)",
-			len(missing), opted, protocol.DeletionCostOptIn, costGrace, truncList(missing))
+		return "", fmt.Errorf("of the pods opted in to pod-deletion-cost (%s: \"true\"), %d of %d have none after their sidecar ran %s: %s; "+
+			"their sidecars cannot or do not write it (a failed write is in the sidecar's log and handoff_deletion_cost_writes_total{result=\"failed\"}; "+
+			"a sidecar injected before the pod was annotated does not try)",
+			protocol.DeletionCostOptIn, len(missing), opted, costGrace, truncList(missing))
 	}
-	if opted == 0 {
-		return "no pod opted in", nil
-	}
-	return fmt.Sprintf("%d pods opted in", opted), nil
+	return fmt.Sprintf("pods opted in: %d", opted), nil
 }
 
 // checkInstallRights asks whether the caller may create what the chart

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -188,35 +189,49 @@ func TestCheckPassesAHealthyInstallAndNamesEachBreak(t *testing.T) {
 		t.Errorf("the budgets check does not name the grace period:\n%s", raw)
 	}
 
-	// A pod opted in to pod-deletion-cost whose sidecar has run for two
-	// minutes and written none: a warning naming it, which the cost, once
-	// written, ends.
-	opted := worker("orders-cost")
-	opted.Labels[inject.LabelInjected], opted.Annotations[inject.AnnotationStatus] = "true", inject.StatusInjected
-	opted.Annotations[protocol.DeletionCostOptIn] = "true"
-	opted.Spec.InitContainers = []corev1.Container{{Name: inject.SidecarName, Image: "handoff:test", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
-		Env: []corev1.EnvVar{{Name: "HANDOFF_LEASES", Value: "orders-leader"}, {Name: "HANDOFF_DELETION_COST", Value: "true"}}}}
-	p, err := kube.CoreV1().Pods(ns).Create(ctx, opted, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, InitContainerStatuses: []corev1.ContainerStatus{{Name: inject.SidecarName, Image: "handoff:test", Started: ptr.To(true),
-		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(time.Now().Add(-2 * time.Minute))}}}}}
-	if _, err := kube.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	r, raw, _ = runCheck(t, args...)
-	expectChecks(t, "an opted-in pod with no pod-deletion-cost", r, raw, map[string]string{"deletion-cost": checkWarning})
-	if !strings.Contains(raw, ns+"/orders-cost") || !strings.Contains(raw, checkHintBase+"deletion-cost") {
-		t.Errorf("the deletion-cost check does not name the pod, or gives no hint:\n%s", raw)
-	}
-	if _, err := kube.CoreV1().Pods(ns).Patch(ctx, "orders-cost", types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+corev1.PodDeletionCost+`":"0"}}}`), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	r, raw, _ = runCheck(t, args...)
-	expectChecks(t, "the opted-in pod with its cost", r, raw, map[string]string{"deletion-cost": checkOK})
-	if err := kube.CoreV1().Pods(ns).Delete(ctx, "orders-cost", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
-		t.Fatal(err)
+	// Pods opted in to pod-deletion-cost whose sidecar (a native sidecar,
+	// and one of the legacy layout) has run for two minutes and written
+	// none: a warning naming them, which the cost, once written, ends.
+	sidecar := corev1.Container{Name: inject.SidecarName, Image: "handoff:test",
+		Env: []corev1.EnvVar{{Name: "HANDOFF_LEASES", Value: "orders-leader"}, {Name: "HANDOFF_DELETION_COST", Value: "true"}}}
+	running := []corev1.ContainerStatus{{Name: inject.SidecarName, Image: "handoff:test", Started: ptr.To(true),
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(time.Now().Add(-2 * time.Minute))}}}}
+	for _, legacy := range []bool{false, true} {
+		opted := worker("orders-cost")
+		opted.Labels[inject.LabelInjected], opted.Annotations[inject.AnnotationStatus] = "true", inject.StatusInjected
+		opted.Annotations[protocol.DeletionCostOptIn] = "true"
+		status := corev1.PodStatus{Phase: corev1.PodRunning, InitContainerStatuses: running}
+		if legacy {
+			opted.Name = "orders-cost-legacy"
+			opted.Spec.Containers = append(opted.Spec.Containers, sidecar)
+			status = corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: append(slices.Clone(running),
+				corev1.ContainerStatus{Name: "worker", Image: "worker:1", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}})}
+		} else {
+			native := sidecar
+			native.RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
+			opted.Spec.InitContainers = []corev1.Container{native}
+		}
+		p, err := kube.CoreV1().Pods(ns).Create(ctx, opted, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Status = status
+		if _, err := kube.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		r, raw, _ = runCheck(t, args...)
+		expectChecks(t, "an opted-in pod with no pod-deletion-cost ("+opted.Name+")", r, raw, map[string]string{"deletion-cost": checkWarning})
+		if !strings.Contains(raw, ns+"/"+opted.Name) || !strings.Contains(raw, checkHintBase+"deletion-cost") {
+			t.Errorf("the deletion-cost check does not name %s, or gives no hint:\n%s", opted.Name, raw)
+		}
+		if _, err := kube.CoreV1().Pods(ns).Patch(ctx, opted.Name, types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+corev1.PodDeletionCost+`":"0"}}}`), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		r, raw, _ = runCheck(t, args...)
+		expectChecks(t, "the opted-in pod with its cost ("+opted.Name+")", r, raw, map[string]string{"deletion-cost": checkOK})
+		if err := kube.CoreV1().Pods(ns).Delete(ctx, opted.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	// The webhook stopped: with failurePolicy Ignore a labelled pod starts
