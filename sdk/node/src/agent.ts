@@ -83,15 +83,15 @@ export class Agent extends EventEmitter {
     this.stopping = new Promise((resolve) => {
       this.#resolveStopping = resolve;
     });
-    this.#drain = new Drain(options, this.clock, log, this.instance, (reason) => {
+    const drain = new Drain(options, this.clock, log, this.instance, (reason) => {
       this.#resolveStopping();
       this.#stop.abort(reason);
       this.#emit('stopping');
     });
-    this.#ledger = this.#drain.ledger;
-    this.#leases = new Leases(this.clock, log, () => this.#emit('leadershipChanged'));
-    const drain = this.#drain;
-    const leases = this.#leases;
+    const leases = new Leases(this.clock, log, () => this.#emit('leadershipChanged'));
+    this.#drain = drain;
+    this.#ledger = drain.ledger;
+    this.#leases = leases;
     this.#dispatcher = {
       verifier,
       log,
@@ -99,7 +99,7 @@ export class Agent extends EventEmitter {
       maxTerm: this.maxTerm,
       stopClaiming: () => drain.stopClaiming(),
       drainStatus: () => drain.status(),
-      waitDrained: (signal) => this.#ledger.waitDrained(signal),
+      waitDrained: (signal) => drain.ledger.waitDrained(signal),
       return: (opts) => this.return(opts),
       setLeadership: (lease, seq, grant) => {
         const { stale, ended } = leases.apply(lease, seq, grant);

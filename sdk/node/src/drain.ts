@@ -150,18 +150,7 @@ export class Drain {
     }
   }
 
-  /**
-   * Hands back unfinished claims through returnClaims (the sidecar's
-   * `return` call; Go: Agent.Return). It first stops claiming, should
-   * stop-claiming never have reached the app. With cancel it then aborts
-   * the signal of every held claim (reason CanceledError) and waits up to
-   * cancelWaitMillis (and until signal aborts) for the worker to be
-   * drained. returnClaims runs even if claims are still held, once any call
-   * of it under way has returned (should signal abort first, the result is
-   * an error and the Agent makes one more call after that one). From then
-   * on each claim the app ends makes the Agent call returnClaims again. The
-   * count is this call's alone; the later calls' are logged. Never rejects.
-   */
+  /** Agent.return: stop-claiming, the cancel fallback, then returnClaims in its turn. Never rejects. */
   async return(options: { cancel?: boolean; cancelWaitMillis?: number; signal?: AbortSignal } = {}): Promise<ReturnResult> {
     const { cancel = false, cancelWaitMillis = 0, signal } = options;
     this.stopClaiming();
@@ -187,7 +176,8 @@ export class Drain {
     const c = new AbortController();
     const unlink = link(signal, (r) => c.abort(r));
     const t = ms < 2 ** 31 - 1 ? setTimeout(() => c.abort(), ms) : undefined;
-    return this.ledger.waitDrained(c.signal)
+    return this.ledger
+      .waitDrained(c.signal)
       .catch(() => {})
       .finally(() => {
         clearTimeout(t);
@@ -256,7 +246,6 @@ export class Drain {
       }
     }
   }
-
 
   /** The drain status, as the sidecar reads it. */
   status(): DrainStatus {

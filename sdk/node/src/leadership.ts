@@ -76,17 +76,13 @@ export class Leases {
     return t !== undefined && !t.controller.signal.aborted && this.#clock.monotonic() < t.end;
   }
 
-  /** The current term for lease; undefined when this worker does not lead it or the term has run out on the Agent's clock. */
+  /** Agent.leader: the live term of lease, if any. */
   leader(lease: string): Leadership | undefined {
     const t = this.#leases.get(lease);
     return this.#live(t) ? t.lead : undefined;
   }
 
-  /**
-   * The terms this worker leads now among the Leases names, in the order of
-   * names; with no names, every Lease it leads, sorted by name. For a shard
-   * set pass the shard names (shardsFromEnv).
-   */
+  /** Agent.leading: the live terms among names (all, sorted, when none), in the order of names. */
   leading(...names: string[]): Leadership[] {
     if (names.length === 0) names = [...this.#leases.keys()].sort();
     const out: Leadership[] = [];
@@ -97,12 +93,7 @@ export class Leases {
     return out;
   }
 
-  /**
-   * Resolves at the next change of the Leases this worker leads: a term
-   * begun (a grant with a new fencing token) or ended (revoked, replaced,
-   * or run out on the Agent's clock). Renewals do not count. The Agent also
-   * emits `'leadershipChanged'` then.
-   */
+  /** Agent.leadershipChanged: resolves at the next term begun or ended. */
   leadershipChanged(): Promise<void> {
     return new Promise((resolve) => this.#leadershipWaiters.push(resolve));
   }
@@ -114,15 +105,7 @@ export class Leases {
     this.#onChange();
   }
 
-  /**
-   * Starts leader work for lease. Its signal aborts when the term ends
-   * (revoked, lost, or run out on the Agent's clock; reason
-   * NotLeaderError), when signal aborts, and at done; call done when the
-   * work is over (or `using w = agent.beginLeading(lease)`): the sidecar
-   * frees the Lease only after every such done. Throws NotLeaderError when
-   * this worker does not lead; once a revoke has been acknowledged, until
-   * the next grant.
-   */
+  /** Agent.beginLeading: leader work in the live term of lease; throws NotLeaderError without one. */
   beginLeading(lease: string, signal?: AbortSignal): LeaderWork {
     const t = this.#leases.get(lease);
     if (!this.#live(t)) throw new NotLeaderError(`handoff: not the leader of Lease ${lease}`);
