@@ -15,10 +15,12 @@
 #  4. tsc: src/ and bullmq/src/ to dist/ (ESM and .d.ts), and a type check
 #     of examples/*.ts and examples/bullmq-worker.mjs
 #  5. node --test: unit and HTTP tests, the generated types checked against
-#     docs/protocol.yaml, `handoff conformance` on examples/worker.mjs over a
-#     socket and over TCP, the BullMQ adapter on the real Redis, and a
-#     handover between two pods of examples/bullmq-worker.mjs, each beside
-#     the real sidecar; no test may be skipped
+#     docs/protocol.yaml, no import circle in src/ and bullmq/src/ and no
+#     Agent internals in dist/*.d.ts (test/structure.test.mjs), `handoff
+#     conformance` on examples/worker.mjs over a socket and over TCP, the
+#     BullMQ adapter on the real Redis, and a handover between two pods of
+#     examples/bullmq-worker.mjs, each beside the real sidecar; no test may
+#     be skipped
 #  6. npm pack --dry-run: the packages' contents
 #
 # Exits non-zero on any failure.

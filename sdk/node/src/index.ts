@@ -27,14 +27,12 @@
  * ```
  * @module
  */
+export { Agent } from './agent.js';
+export { Claim, Receive } from './claims.js';
+export { type Leadership, type LeaderWork } from './leadership.js';
 export {
-  Agent,
   type AgentOptions,
-  Claim,
-  type Leadership,
-  type LeaderWork,
   type Logger,
-  Receive,
   type ReturnClaimsError,
   type ReturnResult,
   leaseDurationEnv,
@@ -42,7 +40,7 @@ export {
   parseGoDuration,
   shardsEnv,
   shardsFromEnv,
-} from './agent.js';
+} from './options.js';
 export {
   authScheme,
   bodyDigest,

@@ -1,10 +1,11 @@
 // The app API (docs/protocol.md, "What the app serves"), served for an
-// Agent on Node's http server.
+// Agent on Node's http server. It reaches the Agent only through a
+// Dispatcher (dispatcher.ts), which the Agent makes.
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
-import type { Agent } from './agent.js';
 import { authScheme, Refusal, tokenFileEnv } from './auth.js';
 import { appSocket, appURLEnv, endpointString, listenOn, parseEndpoint, type Endpoint } from './endpoint.js';
+import type { Dispatcher, Grant } from './dispatcher.js';
 import { ConfigError } from './errors.js';
 import { BodyError, decode, encode } from './json.js';
 import { operations, type Leadership as WireLeadership, type ReturnRequest } from './protocol.gen.js';
@@ -165,7 +166,7 @@ function route(method: string, target: string): Route {
  * sequence more than 1 s ahead of the Agent's clock, a grant valid for
  * longer than the lease duration) is answered 422 and not applied.
  */
-export function handler(agent: Agent): AppHandler {
+export function handler(agent: Dispatcher): AppHandler {
   return (req, res) => {
     void serve(agent, req, res).catch((err: unknown) => {
       agent.log.error('serving a call failed', { error: err });
@@ -174,7 +175,7 @@ export function handler(agent: Agent): AppHandler {
   };
 }
 
-async function serve(agent: Agent, req: IncomingMessage, res: ServerResponse): Promise<void> {
+async function serve(agent: Dispatcher, req: IncomingMessage, res: ServerResponse): Promise<void> {
   const { body, tooLarge, error } = await readBody(req);
   if (error) {
     res.setHeader('Connection', 'close');
@@ -214,7 +215,7 @@ async function serve(agent: Agent, req: IncomingMessage, res: ServerResponse): P
   const text = body.toString('utf8');
   switch (r.op) {
     case 'stopClaiming':
-      writeJSON(res, 200, agent._stopClaiming());
+      writeJSON(res, 200, agent.stopClaiming());
       return;
     case 'drain':
       return drain(agent, target, res);
@@ -225,7 +226,7 @@ async function serve(agent: Agent, req: IncomingMessage, res: ServerResponse): P
   }
 }
 
-async function drain(agent: Agent, target: string, res: ServerResponse): Promise<void> {
+async function drain(agent: Dispatcher, target: string, res: ServerResponse): Promise<void> {
   const wait = parseWaitMillis(target);
   if (typeof wait === 'string') {
     writeError(res, 400, wait);
@@ -249,7 +250,7 @@ async function drain(agent: Agent, target: string, res: ServerResponse): Promise
   writeJSON(res, 200, agent.drainStatus());
 }
 
-async function returnCall(agent: Agent, text: string, res: ServerResponse): Promise<void> {
+async function returnCall(agent: Dispatcher, text: string, res: ServerResponse): Promise<void> {
   let req: ReturnRequest;
   try {
     req = decode<ReturnRequest>('ReturnRequest', text);
@@ -276,7 +277,7 @@ async function returnCall(agent: Agent, text: string, res: ServerResponse): Prom
 /** A Leadership as decoded: until in Unix nanoseconds, undefined when absent. */
 type DecodedLeadership = Omit<WireLeadership, 'until'> & { until?: bigint };
 
-async function leadership(agent: Agent, lease: string, text: string, res: ServerResponse): Promise<void> {
+async function leadership(agent: Dispatcher, lease: string, text: string, res: ServerResponse): Promise<void> {
   const recvMono = agent.clock.monotonic();
   const recvWall = agent.clock.now();
   let l: DecodedLeadership;
@@ -296,7 +297,7 @@ async function leadership(agent: Agent, lease: string, text: string, res: Server
     writeError(res, 422, why);
     return;
   }
-  let grant: { fencingToken: bigint; end: number; until: number } | undefined;
+  let grant: Grant | undefined;
   if (l.leader) {
     // The term ends at min(receipt + validForMillis, until), measured on the
     // Agent's monotonic clock from the receipt.
@@ -313,7 +314,7 @@ async function leadership(agent: Agent, lease: string, text: string, res: Server
   }
   // The sequence is checked and the term changed at once: of two messages
   // handled together, the earlier is stale either way.
-  const { stale, ended } = agent._applyLeadership(lease, l.sequence, grant);
+  const { stale, waitLeaderWork } = agent.setLeadership(lease, l.sequence, grant);
   if (stale) {
     writeJSON(res, 200, { leader: l.leader, stale: true });
     return;
@@ -323,7 +324,7 @@ async function leadership(agent: Agent, lease: string, text: string, res: Server
     return;
   }
   try {
-    await agent._waitLeaderWork(lease, ended, callerGone(res));
+    await waitLeaderWork(callerGone(res));
   } catch (err) {
     writeError(res, 503, `leader work did not stop: ${err instanceof Error ? err.message : String(err)}`);
     return;
@@ -332,7 +333,7 @@ async function leadership(agent: Agent, lease: string, text: string, res: Server
 }
 
 /** notGenuine says why a leadership message received at recvWall cannot come from the sidecar, or undefined. */
-function notGenuine(agent: Agent, l: DecodedLeadership, recvWall: number): string | undefined {
+function notGenuine(agent: Dispatcher, l: DecodedLeadership, recvWall: number): string | undefined {
   const now = BigInt(Math.floor(recvWall)) * 1_000_000n;
   if (l.sequence > now && l.sequence - now > maxSequenceAheadNanos) {
     return `body: sequence ${l.sequence} is ${Number(l.sequence - now) / 1e9}s ahead of this process's clock; want a sequence (the send time in Unix nanoseconds) at most 1s ahead`;
@@ -368,7 +369,7 @@ export interface AppServer extends AsyncDisposable {
  * header); a long poll or a revoke waits as long as it must; idle
  * connections are closed after 90 s. signal, when given, closes it.
  */
-export async function listen(agent: Agent, options: { url?: string; signal?: AbortSignal; env?: Record<string, string | undefined> } = {}): Promise<AppServer> {
+export async function listen(agent: Dispatcher, options: { url?: string; signal?: AbortSignal; env?: Record<string, string | undefined> } = {}): Promise<AppServer> {
   let url = options.url;
   let from = 'address';
   if (!url) {

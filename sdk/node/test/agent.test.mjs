@@ -17,7 +17,7 @@ import {
 } from '../dist/index.js';
 import { FakeClock } from '../dist/testing.js';
 import { serve } from './app.mjs';
-import { eventually, settle, sleep, tempDir, token } from './helpers.mjs';
+import { call, eventually, settle, sleep, tempDir, token } from './helpers.mjs';
 
 /** A queue with a visibility timeout, as one worker sees it (the Go tests' visQueue). */
 class VisQueue {
@@ -445,15 +445,17 @@ test('a returnClaims error is answered with its count; a bad count is an error',
   assert.match(res.error, /returnClaims resolved to -1/);
 });
 
-test('no token, no Agent: unless insecureNoToken; a configured token must be good', (t) => {
+test('no token, no Agent: unless insecureNoToken; a configured token must be good', async (t) => {
   assert.throws(() => new Agent({ env: {} }), (e) => e instanceof ConfigError && /HANDOFF_TOKEN_FILE/.test(e.message) && /insecureNoToken/.test(e.message));
-  const a = new Agent({ env: {}, insecureNoToken: true });
-  assert.equal(a.verifier, undefined);
+  // An unsigned call: served without a token, refused with one.
+  const unsigned = async (agent) => (await call((await serve(t, agent)).url, 'GET', '/handoff/v1/drain', '', { sign: false })).status;
+  assert.equal(await unsigned(new Agent({ env: {}, insecureNoToken: true })), 200);
   const dir = tempDir(t);
   const f = join(dir, 'token');
   writeFileSync(f, `\n  ${token}  \n`);
   const b = new Agent({ env: { HANDOFF_TOKEN_FILE: f } });
-  assert.ok(b.verifier);
+  assert.equal(await unsigned(b), 401);
+  assert.equal((await call((await serve(t, b)).url, 'GET', '/handoff/v1/drain')).status, 200, 'signed with the token read from the file');
   writeFileSync(f, 'short');
   assert.throws(() => new Agent({ env: { HANDOFF_TOKEN_FILE: f }, insecureNoToken: true }), /at least 32/);
   assert.throws(() => new Agent({ env: { HANDOFF_TOKEN_FILE: join(dir, 'none') }, insecureNoToken: true }), /ENOENT/);

@@ -216,11 +216,17 @@ test('leading lists the terms led, in the order of the names asked, or sorted', 
 
 test('a term runs out on the real clock by itself (no grant comes)', async (t) => {
   const app = await serve(t);
-  await app.grant('a', nextSeq(), { validForMillis: 150 });
+  // Not before validForMillis after the grant was sent, whatever the load
+  // of the machine (a margin of a sleep would not hold on a busy one).
+  const validForMillis = 400;
+  const sent = performance.now();
+  await app.grant('a', nextSeq(), { validForMillis });
   const w = app.agent.beginLeading('a');
-  await sleep(100);
-  assert.equal(w.signal.aborted, false);
   await new Promise((r) => w.signal.addEventListener('abort', r));
+  const ranOut = performance.now() - sent;
+  assert.ok(ranOut >= validForMillis - 5, `the term ran out ${ranOut}ms after the grant was sent; want ${validForMillis}ms at least`);
+  assert.ok(w.signal.reason instanceof NotLeaderError);
+  assert.match(w.signal.reason.message, /ran out/);
   assert.equal(app.agent.leader('a'), undefined);
   w.done();
   await settle();
