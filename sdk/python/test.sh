@@ -147,7 +147,7 @@ build() {
 	(cd "$tmp/wheel" && "$PYTHON" -m zipfile -e "$whl" .)
 	test -f "$tmp/wheel/handoff/py.typed"
 	# The Apache-2.0 LICENSE (a copy of the repository's) in both.
-	find "$tmp/wheel" -path '*.dist-info/*' -name 'LICENSE*' | grep -q . || { echo "test.sh: the wheel has no LICENSE" >&2; return 1; }
+	find "$tmp/wheel" -path '*.dist-info/*' -name 'LICENSE*' -print -quit | grep -q . || { echo "test.sh: the wheel has no LICENSE" >&2; return 1; }
 	(cd "$tmp" && PYTHONPATH="$tmp/wheel" "$PYTHON" -c '
 import handoff, handoff.aio, handoff.protocol, handoff.testing, handoff.celery
 assert handoff.__file__.startswith("'"$tmp"'/wheel/"), handoff.__file__
