@@ -117,7 +117,8 @@ integration-newest: queue-servers
 # Every suite that runs on Kubernetes, on the newest supported (1.37):
 # integration (the packages that talk to the API) and end to end. Not in
 # make test, so not in CI: its binaries are another Kubernetes build, which
-# would take a cold CI run past the hour (README, "Supported Kubernetes").
+# would take a cold CI run past the hour (docs/development.md, "Which
+# Kubernetes the tests run on").
 # Run before each release (docs/releasing.md).
 test-newest: integration-newest e2e-newest
 

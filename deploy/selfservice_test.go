@@ -31,7 +31,7 @@ import (
 // apiserver, with kube-controller-manager's ClusterRole aggregation. A user
 // who is admin of one namespace alone (the built-in admin ClusterRole, by
 // a RoleBinding) creates, by impersonation, what charts/handoff-workload
-// renders (the objects the README lists): its service account, a
+// renders (the objects docs/install.md lists): its service account, a
 // RoleBinding of it to the ClusterRole handoff-sidecar, and a Role and
 // RoleBinding that let it hold its Lease by name. It is
 // refused the same in another namespace, a binding to cluster-admin or
@@ -74,7 +74,7 @@ func TestSelfServiceSidecar(t *testing.T) {
 	asTeamCfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
 	asTeam := kubernetes.NewForConfigOrDie(asTeamCfg)
 
-	// What the team creates: charts/handoff-workload, the README's objects.
+	// What the team creates: charts/handoff-workload, docs/install.md's objects.
 	workload := func(ns string) []*unstructured.Unstructured {
 		return charttest.Decode(t, helm(t, "template", "orders-handoff", "../charts/handoff-workload", "--namespace", ns, "--kube-version", charttest.KubeVersion,
 			"--set", "serviceAccount.name="+sa, "--set", "leases={"+lease+"}"))

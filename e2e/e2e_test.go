@@ -43,6 +43,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -56,6 +57,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
+	"github.com/handoff-dev/handoff/internal/quickstart"
 )
 
 const (
@@ -409,9 +411,13 @@ func (s *setup) postgres() error {
 	return queue.Migrate(context.Background(), cluster.pool)
 }
 
-// chart installs the Helm chart from the registry as the README tells a
-// user (helm install oci://…), with the images by digest, its sidecar Role
-// bound to the workloads' own service account for their Leases.
+// chart installs the Helm chart from the registry with the README's own
+// command: the quickstart's `helm install handoff …` (internal/quickstart),
+// its HANDOFF_CHARTS and HANDOFF_VERSION set to the release built here,
+// then the e2e's flags appended: --plain-http for a loopback registry, the
+// images by digest, failurePolicy Fail, and its sidecar Role bound to the
+// workloads' own service account for their Leases. TestQuickstart runs the
+// rest of the quickstart.
 func (s *setup) chart() error {
 	ctx := context.Background()
 	tools, err := s.sh(nil, "bash", "hack/tools.sh")
@@ -443,16 +449,42 @@ func (s *setup) chart() error {
 	if err != nil {
 		return err
 	}
-	args := []string{"install", "handoff", images.release.record["CHART"], "--version", images.release.record["CHART_VERSION"]}
+	args, err := readmeInstall(s.root)
+	if err != nil {
+		return err
+	}
 	if plainHTTP(s.registry) {
 		args = append(args, "--plain-http")
 	}
-	args = append(args, "--namespace", "handoff", "--create-namespace", "--wait", "--timeout", "2m")
+	args = append(args, "--timeout", "2m")
 	args = append(args, images.release.imageValues()...)
 	_, err = helm(append(args,
 		"--set", "webhook.failurePolicy=Fail",
 		"--set-json", "rbac.sidecarBindings="+string(bindings))...)
 	return err
+}
+
+// readmeInstall is the README quickstart's platform install, as bash
+// expands it with HANDOFF_CHARTS and HANDOFF_VERSION naming the release
+// built here: the words after helm. It must install that release's chart
+// as release handoff in namespace handoff, as the tests and their cleanup
+// expect.
+func readmeInstall(root string) ([]string, error) {
+	q, err := quickstart.Read(filepath.Join(root, "README.md"))
+	if err != nil {
+		return nil, fmt.Errorf("README.md: %w", err)
+	}
+	chart := images.release.record["CHART"]
+	args, err := q.PlatformInstallArgs(context.Background(), []string{
+		"HANDOFF_CHARTS=" + strings.TrimSuffix(chart, "/handoff"), "HANDOFF_VERSION=" + images.release.record["CHART_VERSION"]})
+	if err != nil {
+		return nil, fmt.Errorf("README.md: %w", err)
+	}
+	ns := slices.Index(args, "--namespace")
+	if len(args) < 3 || args[2] != chart || ns < 0 || ns+1 >= len(args) || args[ns+1] != "handoff" {
+		return nil, fmt.Errorf("README.md: the quickstart's platform install is helm %q; want helm install handoff %s … --namespace handoff (the release the tests use)", args, chart)
+	}
+	return args, nil
 }
 
 // baselineRBAC creates baselineServiceAccount and lets it hold workerLeases

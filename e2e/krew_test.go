@@ -16,8 +16,8 @@ import (
 // TestKrewInstallsTheKubectlPlugin: hack/krew.sh packs the CLI as a krew
 // plugin (archives and the manifest, as hack/release.sh binaries does for
 // a release), served here over HTTP in place of the GitHub release; krew's
-// own validate-krew-manifest accepts the manifest (and installs every
-// platform of it once the repository has a LICENSE to pack), and `kubectl
+// own validate-krew-manifest accepts the manifest and installs every
+// platform of it (each archive holds the repository's LICENSE), and `kubectl
 // krew install` installs it, after which the real kubectl runs `kubectl
 // handoff status` on the e2e cluster.
 func TestKrewInstallsTheKubectlPlugin(t *testing.T) {
@@ -68,14 +68,9 @@ func TestKrewInstallsTheKubectlPlugin(t *testing.T) {
 		return string(out)
 	}
 	// krew's validator also installs each platform, and refuses an archive
-	// without a license file, which the krew index requires: the
-	// repository has none yet (hack/krew.sh packs it once it has).
-	validate := []string{"-manifest", manifest}
-	if _, err := os.Stat("../LICENSE"); err != nil {
-		t.Log("no LICENSE in the repository: validate-krew-manifest checks the manifest's structure and platforms, not their install (kubectl krew install below does)")
-		validate = append(validate, "-skip-install")
-	}
-	run(filepath.Join(bin, "validate-krew-manifest"), validate...)
+	// without a license file, which the krew index requires (hack/krew.sh
+	// packs the repository's LICENSE).
+	run(filepath.Join(bin, "validate-krew-manifest"), "-manifest", manifest)
 	run("kubectl", "krew", "install", "--manifest", manifest)
 	if out := run("kubectl", "plugin", "list"); !strings.Contains(out, "kubectl-handoff") {
 		t.Errorf("kubectl plugin list has no kubectl-handoff:\n%s", out)

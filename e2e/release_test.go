@@ -101,8 +101,8 @@ func TestReleaseSignaturesVerify(t *testing.T) {
 		c := cfg.Config
 		if c.User != "65532:65532" || len(c.Entrypoint) != 1 || c.Entrypoint[0] != "/ko-app/handoff" ||
 			c.Labels["org.opencontainers.image.version"] != releaseVersion || c.Labels["org.opencontainers.image.source"] == "" ||
-			c.Labels["org.opencontainers.image.revision"] == "" {
-			t.Errorf("%s: config %+v, want user 65532:65532, entrypoint /ko-app/handoff, OCI labels version %s, source and revision", ref, c, releaseVersion)
+			c.Labels["org.opencontainers.image.revision"] == "" || c.Labels["org.opencontainers.image.licenses"] != "Apache-2.0" {
+			t.Errorf("%s: config %+v, want user 65532:65532, entrypoint /ko-app/handoff, OCI labels version %s, source, revision and licenses Apache-2.0", ref, c, releaseVersion)
 		}
 		repo, digest, _ := strings.Cut(ref, "@sha256:")
 		if out, err := stdout("crane", "manifest", repo+":sha256-"+digest+".sbom"); err != nil {

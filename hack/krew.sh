@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Packs the handoff CLI as a kubectl plugin for krew (kubectl krew install):
 # for each BINDIR/handoff-OS-ARCH, BINDIR/kubectl-handoff-OS-ARCH.tar.gz
-# holding it as kubectl-handoff, and the repository's LICENSE if it has one
+# holding it as kubectl-handoff, and the repository's LICENSE (Apache-2.0)
 # (byte for byte reproducible: owner 0, mtime 0, gzip without a name or
 # time), and BINDIR/handoff.yaml, the krew plugin manifest that names each
 # archive at URL_BASE with its SHA-256. The krew index takes a plugin only
-# with a license file in its archives: the repository has none yet.
+# with a license file in its archives.
 #
 # Usage: hack/krew.sh BINDIR VERSION [URL_BASE]
 #   VERSION   the release version, a semver with a leading v (v0.2.0)
@@ -26,6 +26,7 @@ URL_BASE=${URL_BASE%/}
   die "URL_BASE \"$URL_BASE\": want an http or https URL with no spaces, query or fragment, like https://github.com/handoff-dev/handoff/releases/download/$VERSION"
 [ -d "$BINDIR" ] || die "BINDIR $BINDIR: not a directory"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+[ -f "$ROOT/LICENSE" ] || die "$ROOT/LICENSE: missing (every archive packs it)"
 
 platforms=""
 found=0
@@ -37,11 +38,8 @@ for bin in "$BINDIR"/handoff-*-*; do
   archive=kubectl-handoff-$os-$arch.tar.gz
   w=$(mktemp -d)
   install -m 0755 "$bin" "$w/kubectl-handoff"
-  files=(kubectl-handoff)
-  if [ -f "$ROOT/LICENSE" ]; then
-    install -m 0644 "$ROOT/LICENSE" "$w/LICENSE"
-    files+=(LICENSE)
-  fi
+  install -m 0644 "$ROOT/LICENSE" "$w/LICENSE"
+  files=(LICENSE kubectl-handoff)
   tar --numeric-owner --owner=0 --group=0 --mtime=@0 --sort=name -C "$w" -cf - "${files[@]}" | gzip -9 -n >"$BINDIR/$archive"
   rm -rf "$w"
   sum=$(sha256sum "$BINDIR/$archive" | cut -d' ' -f1)

@@ -15,7 +15,8 @@
 #   binaries  handoff for linux and darwin on amd64 and arm64, each also
 #             as a krew archive (kubectl-handoff-OS-ARCH.tar.gz) with the
 #             krew plugin manifest handoff.yaml (hack/krew.sh; its URLs at
-#             KREW_URL_BASE, default the GitHub release of VERSION), their
+#             KREW_URL_BASE, default the GitHub release of VERSION), the
+#             LICENSE beside them (each krew archive holds it too), their
 #             SHA-256 checksums (sha256sum -c reads them) and the
 #             checksums' cosign signature.
 #
@@ -168,6 +169,7 @@ images() {
     --image-label "org.opencontainers.image.version=$VERSION"
     --image-label "org.opencontainers.image.revision=$commit"
     --image-label "org.opencontainers.image.vendor=handoff"
+    --image-label "org.opencontainers.image.licenses=Apache-2.0"
     # (ko splits a label flag at commas: none in the values)
   )
   : >"$DIST/images.txt"
@@ -244,7 +246,8 @@ binaries() {
   # kubectl handoff through krew: an archive per platform and the plugin
   # manifest naming them at the GitHub release (hack/krew.sh).
   bash hack/krew.sh "$DIST/bin" "$VERSION" "${KREW_URL_BASE:-}"
-  (cd "$DIST/bin" && sha256sum handoff-* kubectl-handoff-* handoff.yaml >checksums.txt)
+  install -m 0644 LICENSE "$DIST/bin/LICENSE" # Apache-2.0, a release asset beside the binaries
+  (cd "$DIST/bin" && sha256sum handoff-* kubectl-handoff-* handoff.yaml LICENSE >checksums.txt)
   local sig=$DIST/bin/checksums.txt.sig
   if [ "$SIGN" = key ]; then
     cosign sign-blob --yes "${sign_flags[@]}" --output-signature "$sig" "$DIST/bin/checksums.txt" >&2

@@ -136,16 +136,19 @@ func Outcomes() []Outcome {
 // StepName names a step of the shutdown sequence.
 type StepName string
 
-// Steps of the shutdown sequence, in the order they are recorded.
+// Steps of the shutdown sequence, in the order they are recorded, each
+// with the number of the step it marks (docs/architecture.md, "The
+// shutdown sequence": 1 deadline, 2 stop claiming, 3 wait for the drain,
+// 4 fallback, 5 revoke and release, 6 answer the hook).
 const (
-	StepTriggered     StepName = "triggered"          // a trigger started the sequence
-	StepStopClaiming  StepName = "stop-claiming"      // the app answered stop-claiming
-	StepDrained       StepName = "drained"            // the app drained, or went away
-	StepDrainDeadline StepName = "drain-deadline"     // the drain budget ended with work in flight
-	StepClaimsHandled StepName = "claims-handled"     // the fallback returned (or canceled) claims
-	StepRevoked       StepName = "leadership-revoked" // the app acknowledged the end of its leadership
-	StepReleased      StepName = "lease-released"     // a Lease this pod led was released (or not: see detail)
-	StepDone          StepName = "done"               // the report is final
+	StepTriggered     StepName = "triggered"          // a trigger started the sequence (before step 1)
+	StepStopClaiming  StepName = "stop-claiming"      // step 2: the app answered stop-claiming
+	StepDrained       StepName = "drained"            // step 3: the app drained, or went away
+	StepDrainDeadline StepName = "drain-deadline"     // step 3 ended with work in flight: step 4 follows
+	StepClaimsHandled StepName = "claims-handled"     // step 4: the fallback returned (or canceled) claims
+	StepRevoked       StepName = "leadership-revoked" // step 5: the app acknowledged the end of its leadership
+	StepReleased      StepName = "lease-released"     // step 5: a Lease this pod led was released (or not: see detail)
+	StepDone          StepName = "done"               // step 6: the report is final and answers the hook
 )
 
 // Steps returns every StepName, in the order they are recorded.

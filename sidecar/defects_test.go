@@ -446,6 +446,6 @@ func TestReleaseNotWrittenFailsTheSequence(t *testing.T) {
 		t.Errorf("report errors %q; want the release of %s named", rep.Errors, lease)
 	}
 	kubetest.WaitFor(t, 10*time.Second, "the HandoverFailed Event", func() bool {
-		return len(events(t, ns, "pod-a", sidecar.ReasonShutdownFailed)) == 1
+		return len(events(t, ns, "pod-a", sidecar.ReasonHandoverFailed)) == 1
 	})
 }

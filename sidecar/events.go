@@ -2,15 +2,20 @@ package sidecar
 
 // Reasons of the Kubernetes Events the sidecar records on its Pod.
 const (
-	ReasonLeaseAcquired    = "LeaseAcquired"
-	ReasonLeaseLost        = "LeaseLost"
+	ReasonLeaseAcquired = "LeaseAcquired"
+	ReasonLeaseLost     = "LeaseLost"
+	// The shutdown sequence's, by its steps (docs/architecture.md, "The
+	// shutdown sequence"): DrainStarted at step 2 (stop claiming), Drained
+	// at step 3, DrainDeadlineExceeded at step 4 (the fallback, with the
+	// claims returned), LeaseReleased, LeaseReleaseWithheld and
+	// HandoverFailed (a Lease not released) at step 5.
 	ReasonDrainStarted     = "DrainStarted"
 	ReasonDrained          = "Drained"
 	ReasonDeadlineExceeded = "DrainDeadlineExceeded"
 	ReasonClaimsReturned   = "ClaimsReturned"
 	ReasonLeaseReleased    = "LeaseReleased"
 	ReasonReleaseWithheld  = "LeaseReleaseWithheld"
-	ReasonShutdownFailed   = "HandoverFailed"
+	ReasonHandoverFailed   = "HandoverFailed"
 	// ReasonRearmed: a new worker process is up after a kill of the worker
 	// container, and the sidecar rejoined its elections.
 	ReasonRearmed = "Rearmed"

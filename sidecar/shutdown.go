@@ -186,6 +186,13 @@ type sequence struct {
 // runSequence is the shutdown sequence, step by step, in the manner of
 // controller-runtime's engageStopProcedure: every wait below is bounded by
 // the budgets planned once from the deadline (q.b).
+//
+// Its steps are numbered as in docs/architecture.md ("The shutdown
+// sequence") and every comment of this package: 1 the deadline, 2 stop
+// claiming, 3 wait for the drain, 4 the fallback, 5 revoke leadership and
+// release the Leases, 6 answer the hook. The numbers name the steps, not
+// the order of the calls: step 2's call is sent before step 1's read of
+// the pod returns, and the role Leases' step 5 runs beside steps 3 and 4.
 func (c *Coordinator) runSequence(r *round, trigger protocol.Trigger, at time.Time) {
 	q := &sequence{c: c, r: r, rep: &protocol.Report{Trigger: trigger, Started: at}}
 	q.step(StepTriggered, string(trigger))
@@ -194,25 +201,25 @@ func (c *Coordinator) runSequence(r *round, trigger protocol.Trigger, at time.Ti
 
 	// A pod that is leaving takes no Lease it does not hold.
 	q.stopStandbys()
-	// Stop claiming at once: it needs no deadline, and reading the pod may be slow.
+	// Step 2, stop claiming, sent at once: it needs no deadline, and reading the pod may be slow.
 	stopped := q.stopClaiming()
-	// The deadline, from the pod's own object: its deletion, or the grace period of the kill.
+	// Step 1, the deadline, from the pod's own object: its deletion, or the grace period of the kill.
 	term := q.readDeadline()
-	// Roles now, beside the drain: a singleton job must not wait for the slowest claim (revoke, ack, release).
+	// Step 5 for the roles now, beside the drain: a singleton job must not wait for the slowest claim (revoke, ack, release).
 	roles := q.releaseLeases(protocol.LeaseKindRole)
-	// Drain until the deadline less the reserve, then the fallback for what is left.
+	// Steps 3 and 4: drain until the deadline less the reserve, then the fallback for what is left.
 	q.handleClaims(<-stopped)
-	// Partitions after the drain: a successor must not claim work this pod still does.
+	// Step 5 for the partitions, after the drain: a successor must not claim work this pod still does.
 	q.releaseLeases(protocol.LeaseKindPartition).Wait()
 	roles.Wait()
-	// The report answers the hook; the kubelet then sends SIGTERM to the worker.
+	// Step 6: the report answers the hook; the kubelet then sends SIGTERM to the worker.
 	q.finish()
 	// A kill of the worker container in a pod that stays re-arms: the kubelet restarts it.
 	c.endRound(r, q.rep, term.Leaving, q.instance)
 }
 
-// stopClaiming tells the app to stop claiming, in the background; the
-// answer comes on the channel.
+// stopClaiming sends step 2: it tells the app to stop claiming, in the
+// background; the answer comes on the channel (handleClaims records it).
 func (q *sequence) stopClaiming() <-chan stopResult {
 	stopped := make(chan stopResult, 1)
 	go func() {
@@ -225,8 +232,8 @@ func (q *sequence) stopClaiming() <-chan stopResult {
 	return stopped
 }
 
-// readDeadline reads the pod, plans the budgets from its deadline, and
-// logs them.
+// readDeadline is step 1: it reads the pod, plans the budgets from its
+// deadline, and logs them.
 func (q *sequence) readDeadline() prestop.Termination {
 	c := q.c
 	term := c.termination(q.rep.Started)
@@ -237,7 +244,8 @@ func (q *sequence) readDeadline() prestop.Termination {
 	return term
 }
 
-// finish closes the report.
+// finish closes the report: step 6, whose report answers the hook (every
+// trigger waiting in Shutdown gets it).
 func (q *sequence) finish() {
 	c := q.c
 	q.rep.Finished = c.clock.Now()
@@ -318,8 +326,9 @@ type stopResult struct {
 	took time.Duration // from the call to its answer
 }
 
-// handleClaims records the answer to stop-claiming, waits for drained until
-// the drain budget ends, then applies the fallback.
+// handleClaims records the answer to stop-claiming (step 2), waits for
+// drained until the drain budget ends (step 3), then applies the fallback
+// (step 4).
 func (q *sequence) handleClaims(stop stopResult) {
 	c := q.c
 	st, err := stop.st, stop.err
@@ -340,7 +349,7 @@ func (q *sequence) handleClaims(stop stopResult) {
 	c.event(corev1.EventTypeNormal, ReasonDrainStarted, "Stopped claiming with %d in flight (%d unstarted, handed back by the app at once); drain until %s, fallback %s",
 		st.InFlight, st.Unstarted, q.b.DrainBy.Format(time.RFC3339Nano), c.s.Fallback)
 
-	// 3. Wait for drained. st keeps the last status the app gave.
+	// Step 3: wait for drained. st keeps the last status the app gave.
 	drained := err == nil && st.Drained
 	stopping := err == nil && st.Stopping
 	clk := c.clock
@@ -393,7 +402,7 @@ func (q *sequence) handleClaims(stop stopResult) {
 		return
 	}
 
-	// 4. The deadline passed with work in flight: the fallback.
+	// Step 4: the drain deadline passed with work in flight: the fallback.
 	q.rep.InFlightAtDeadline = st.InFlight
 	c.metrics.ClaimsLeft.Add(float64(st.InFlight))
 	q.step(StepDrainDeadline, fmt.Sprintf("%d in flight", st.InFlight))
@@ -429,7 +438,8 @@ func (q *sequence) handleClaims(stop stopResult) {
 }
 
 // stopStandbys ends the elections this pod does not lead and never told the
-// app it led: a pod that is leaving must not take a Lease.
+// app it led: a pod that is leaving must not take a Lease (part of step 2:
+// from here the pod takes nothing new).
 func (q *sequence) stopStandbys() {
 	for _, l := range q.leases {
 		l.mu.Lock()
@@ -471,6 +481,10 @@ func (q *sequence) releaseLeases(kind protocol.LeaseKind) *sync.WaitGroup {
 	return &wg
 }
 
+// release is step 5 for one Lease: revoke the app's leadership and wait
+// for its ack (bounded by RevokeBy and the term the app was given), then
+// release the Lease through client-go (bounded by ReleaseBy), freeing a
+// leftover on a second write; it records the result's Event and metric.
 func (q *sequence) release(l *lease) protocol.LeaseRelease {
 	c := q.c
 	name := l.elector.Name()
@@ -576,7 +590,7 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 			r.Detail = err.Error()
 		}
 		q.fail("releasing Lease %s: %s", name, r.Detail)
-		c.event(corev1.EventTypeWarning, ReasonShutdownFailed, "Lease %s not released: %s", name, r.Detail)
+		c.event(corev1.EventTypeWarning, ReasonHandoverFailed, "Lease %s not released: %s", name, r.Detail)
 	}
 	c.metrics.Releases.WithLabelValues(name, result).Inc()
 	return r

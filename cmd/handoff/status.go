@@ -235,7 +235,7 @@ type stepView struct {
 
 // handoverReasons are the reasons of the Events a shutdown sequence writes.
 var handoverReasons = []string{sidecar.ReasonDrainStarted, sidecar.ReasonDrained, sidecar.ReasonDeadlineExceeded,
-	sidecar.ReasonClaimsReturned, sidecar.ReasonLeaseReleased, sidecar.ReasonReleaseWithheld, sidecar.ReasonShutdownFailed}
+	sidecar.ReasonClaimsReturned, sidecar.ReasonLeaseReleased, sidecar.ReasonReleaseWithheld, sidecar.ReasonHandoverFailed}
 
 // statusLimits bound what one view reads, so that a large namespace costs a
 // bounded time and memory: at most this many injected pods, Events and
@@ -709,7 +709,7 @@ func lastHandover(events []corev1.Event) *handoverView {
 	// The outcome from which Events there are, not their order (which
 	// whole seconds can hide).
 	switch {
-	case seen[sidecar.ReasonShutdownFailed] || seen[sidecar.ReasonReleaseWithheld]:
+	case seen[sidecar.ReasonHandoverFailed] || seen[sidecar.ReasonReleaseWithheld]:
 		h.Outcome = handoverFailed
 	case abandoned:
 		h.Outcome = string(protocol.OutcomeAbandoned)

@@ -74,7 +74,11 @@ if [[ "$skipped" != "0" ]]; then
 fi
 
 step "npm pack --dry-run"
-npm pack --dry-run 2>&1 | sed -n '/Tarball Contents/,/Tarball Details/p'
-(cd bullmq && npm pack --dry-run 2>&1 | sed -n '/Tarball Contents/,/Tarball Details/p')
+# Each package ships the Apache-2.0 LICENSE (a copy of the repository's).
+for dir in . bullmq; do
+  contents=$(cd "$dir" && npm pack --dry-run 2>&1 | sed -n '/Tarball Contents/,/Tarball Details/p')
+  echo "$contents"
+  grep -q ' LICENSE$' <<<"$contents" || { echo "test.sh: the package in sdk/node/$dir packs no LICENSE" >&2; exit 1; }
+done
 
 step "sdk/node: ok"

@@ -146,6 +146,8 @@ build() {
 	mkdir -p "$tmp/wheel"
 	(cd "$tmp/wheel" && "$PYTHON" -m zipfile -e "$whl" .)
 	test -f "$tmp/wheel/handoff/py.typed"
+	# The Apache-2.0 LICENSE (a copy of the repository's) in both.
+	find "$tmp/wheel" -path '*.dist-info/*' -name 'LICENSE*' -print -quit | grep -q . || { echo "test.sh: the wheel has no LICENSE" >&2; return 1; }
 	(cd "$tmp" && PYTHONPATH="$tmp/wheel" "$PYTHON" -c '
 import handoff, handoff.aio, handoff.protocol, handoff.testing, handoff.celery
 assert handoff.__file__.startswith("'"$tmp"'/wheel/"), handoff.__file__
@@ -155,6 +157,7 @@ print("wheel", handoff.__version__, "imports; instance", a.instance)
 ')
 	tar tzf "$tmp"/dist/handoff-*.tar.gz >"$tmp/sdist.txt"
 	grep -q "tests/test_conformance.py" "$tmp/sdist.txt"
+	grep -q "/LICENSE$" "$tmp/sdist.txt" || { echo "test.sh: the sdist has no LICENSE" >&2; return 1; }
 }
 
 step "debian packages" packages
