@@ -45,9 +45,10 @@ var (
 // chart's MutatingWebhookConfiguration and require-injection policy with
 // set (failurePolicy Ignore, the default), the webhook's clientConfig
 // replaced by clientConfig when it is not nil. It returns the func that
-// deletes them and waits until a labelled pod in a labelled namespace
-// (which every selectBy selects) is admitted again, so that no later test
-// meets them.
+// deletes them and waits until a labelled pod with the marks of injection
+// alone, in a labelled namespace (which every selectBy selects), is
+// admitted again, so that no later test meets them. It returns once the
+// policy refuses that pod.
 func installRequireInjection(t *testing.T, clientConfig map[string]any, set ...string) func() {
 	t.Helper()
 	env := kubetest.Get(t)
@@ -93,6 +94,15 @@ func installRequireInjection(t *testing.T, clientConfig map[string]any, set ...s
 	}
 	dyn := dynamic.NewForConfigOrDie(env.Config)
 	charttest.Create(t, env.Config, objs)
+	// A labelled pod with the marks of injection and no sidecar: the
+	// webhook leaves it alone (already injected), the policy refuses it.
+	marked := func() *corev1.Pod {
+		return labelledPod("marked", inject.AnnotationStatus, inject.StatusInjected, "label:"+inject.LabelInjected, "true")
+	}
+	// The API server takes policies up asynchronously.
+	kubetest.WaitFor(t, 15*time.Second, "the require-injection policy to take effect", func() bool {
+		return refusedUninjected(createPod(t, probe, marked()))
+	})
 	return func() {
 		t.Helper()
 		ctx := context.Background()
@@ -104,7 +114,7 @@ func installRequireInjection(t *testing.T, clientConfig map[string]any, set ...s
 			}
 		}
 		kubetest.WaitFor(t, 15*time.Second, "the require-injection policy to be gone", func() bool {
-			return createPod(t, probe, labelledPod("gone")) == nil
+			return createPod(t, probe, marked()) == nil
 		})
 	}
 }
