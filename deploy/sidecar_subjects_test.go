@@ -158,7 +158,7 @@ func TestOnlyServiceAccountsHoldTheSidecarsRights(t *testing.T) {
 
 	// A Service over two pods on a node; pod B is the kubelet's, running and
 	// ready at 10.0.0.2 once the attack is over.
-	const node, evil, real = "vap-node", "10.6.6.6", "10.0.0.2"
+	const node, evil, genuine = "vap-node", "10.6.6.6", "10.0.0.2"
 	if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +218,7 @@ func TestOnlyServiceAccountsHoldTheSidecarsRights(t *testing.T) {
 
 	t.Run("no EndpointSlice ever shows the address mallory wrote", func(t *testing.T) {
 		// The kubelet's write (the admin's here): pod B running and ready.
-		if _, err := admin.CoreV1().Pods(team).Patch(ctx, podB.Name, types.StrategicMergePatchType, runningAt(real), metav1.PatchOptions{}, "status"); err != nil {
+		if _, err := admin.CoreV1().Pods(team).Patch(ctx, podB.Name, types.StrategicMergePatchType, runningAt(genuine), metav1.PatchOptions{}, "status"); err != nil {
 			t.Fatal(err)
 		}
 		deadline := time.After(60 * time.Second)
@@ -236,7 +236,7 @@ func TestOnlyServiceAccountsHoldTheSidecarsRights(t *testing.T) {
 				if slices.Contains(seen, evil) {
 					t.Fatalf("EndpointSlice %s shows %s, the address mallory wrote: %v", s.Name, evil, seen)
 				}
-				if slices.Contains(seen, real) {
+				if slices.Contains(seen, genuine) {
 					a, err := admin.CoreV1().Pods(team).Get(ctx, podA.Name, metav1.GetOptions{})
 					if err != nil || a.Status.PodIP != "" || a.Status.Phase == corev1.PodRunning {
 						t.Errorf("pod A after the attack: IP %q, phase %q (%v); want neither set", a.Status.PodIP, a.Status.Phase, err)
@@ -244,7 +244,7 @@ func TestOnlyServiceAccountsHoldTheSidecarsRights(t *testing.T) {
 					return
 				}
 			case <-deadline:
-				t.Fatalf("no EndpointSlice of Service web showed pod B's %s within 60 s: is the EndpointSlice controller running?", real)
+				t.Fatalf("no EndpointSlice of Service web showed pod B's %s within 60 s: is the EndpointSlice controller running?", genuine)
 			}
 		}
 	})

@@ -22,7 +22,7 @@ var externalMetrics = map[string][]string{
 	"apiserver_admission_webhook_fail_open_count": {"name", "type"},
 	// The chart's require-injection policy's refusals (webhook.requireInjection).
 	"apiserver_validating_admission_policy_check_total": {"policy", "policy_binding", "error_type", "enforcement_action"},
-	"process_start_time_seconds":                  {},
+	"process_start_time_seconds":                        {},
 }
 
 // monitoringQueries returns every PromQL expression of the chart's alert
