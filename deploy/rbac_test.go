@@ -67,7 +67,7 @@ func TestSidecarRoleHoldsOnlyItsOwnLeases(t *testing.T) {
 
 	// A second workload of the namespace only drains: it holds no Lease.
 	rendered := renderSidecar(t, `[{"namespace":"`+ns+`","serviceAccount":"`+sa+`","leases":["`+own+`"]},{"namespace":"`+ns+`","serviceAccount":"mail","leases":[]}]`)
-	applyAll(t, env.Config, rendered, 2, 4)
+	applyAll(t, env.Config, rendered, 2, 5) // 5: the pod-bound Leases, Events and status, the Lease names, the sidecar subjects
 
 	user := "system:serviceaccount:" + ns + ":" + sa
 	cfg := impersonate(env.Config, ns, sa, "pod-a", "uid-a")

@@ -47,7 +47,7 @@ func TestSidecarTokenActsOnlyForItsOwnPod(t *testing.T) {
 	const sa, lease, sharded = "orders", "orders-leader", "batch"
 	rendered := renderSidecar(t, `[{"namespace":"`+ns+`","serviceAccount":"`+sa+`","leases":["`+lease+`"]},`+
 		`{"namespace":"`+ns+`","serviceAccount":"`+sharded+`","leases":[],"shards":{"prefix":"batch-","count":2}}]`)
-	applyAll(t, env.Config, rendered, 2, 4)
+	applyAll(t, env.Config, rendered, 2, 5)
 
 	podA, podB := env.Pod(t, ns, "orders-a", 30), env.Pod(t, ns, "orders-b", 30)
 	idA, idB := podA.Name+"_"+string(podA.UID), podB.Name+"_"+string(podB.UID)

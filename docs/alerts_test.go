@@ -20,7 +20,9 @@ var targetLabels = []string{"namespace", "pod", "instance", "job", "container", 
 // handoff does not export: the API server's and the Go client's.
 var externalMetrics = map[string][]string{
 	"apiserver_admission_webhook_fail_open_count": {"name", "type"},
-	"process_start_time_seconds":                  {},
+	// The chart's require-injection policy's refusals (webhook.requireInjection).
+	"apiserver_validating_admission_policy_check_total": {"policy", "policy_binding", "error_type", "enforcement_action"},
+	"process_start_time_seconds":                        {},
 }
 
 // monitoringQueries returns every PromQL expression of the chart's alert

@@ -134,14 +134,18 @@ no pod may scrape (the node still may).
 {{- end }}
 
 {{- /*
-The CEL condition that a request comes from a self-service sidecar's
-service account (sidecar-self-service.yaml): one a RoleBinding of the
-request's namespace binds to <fullname>-sidecar (it may use
-handoff.dev/sidecars there) and that no wildcard grants every resource
-(handoff.dev/wildcard-probe, which nothing grants by name).
+The CEL condition that a request comes from a holder of a self-service
+sidecar's rights (sidecar-self-service.yaml): any user, group or service
+account a binding of the request's namespace binds to <fullname>-sidecar
+(it may use handoff.dev/sidecars there) and that no wildcard grants every
+resource (handoff.dev/wildcard-probe, which nothing grants by name). Not
+only service accounts: a namespace's admin who bound the ClusterRole to a
+User (before sidecar-bind-policy.yaml, or with it off) held pods/status
+patch through it, and the pod-bound policies then refuse every write of
+that User, whose requests name no pod.
 */ -}}
 {{- define "handoff.selfServiceMatch" -}}
-request.userInfo.username.startsWith('system:serviceaccount:') && authorizer.group('handoff.dev').resource('sidecars').namespace(request.namespace).check('use').allowed() && !authorizer.group('handoff.dev').resource('wildcard-probe').namespace(request.namespace).check('use').allowed()
+authorizer.group('handoff.dev').resource('sidecars').namespace(request.namespace).check('use').allowed() && !authorizer.group('handoff.dev').resource('wildcard-probe').namespace(request.namespace).check('use').allowed()
 {{- end }}
 
 {{- /*
