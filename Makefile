@@ -36,7 +36,7 @@ KUBE_NEWEST := KUBE_VERSION=v1.37.2 ETCD_VERSION=v3.7.3
 # of their own.
 GO_PKGS := ./... ./protocol/... ./worker/... ./worker/jetstream/... ./worker/rabbitmq/... ./worker/redisstreams/... ./worker/river/...
 # The packages whose tests talk to the apiserver, run again on the newest.
-API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
+API_PKGS := ./cmd/handoff ./internal/cli/status ./internal/cli/version ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
 
 .PHONY: all build image release deploy demo test test-newest integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
 
@@ -45,7 +45,7 @@ all: build
 # Static builds, through hack/gobuild.sh: a cold build reports how far it
 # has got (a warm one prints nothing more than go build).
 GOBUILD := CGO_ENABLED=0 bash hack/gobuild.sh -trimpath
-BUILD_SIDECAR = $(GOBUILD) -tags sidecaronly -ldflags "$(LDFLAGS)" -o bin/handoff-sidecar ./cmd/handoff
+BUILD_SIDECAR = $(GOBUILD) -ldflags "$(LDFLAGS)" -o bin/handoff-sidecar ./cmd/handoff-sidecar
 BUILD_PGWORKER = $(GOBUILD) -o bin/pgworker ./examples/pgworker
 
 build:
