@@ -36,7 +36,7 @@ KUBE_NEWEST := KUBE_VERSION=v1.37.2 ETCD_VERSION=v3.7.3
 # of their own.
 GO_PKGS := ./... ./protocol/... ./worker/... ./worker/jetstream/... ./worker/rabbitmq/... ./worker/redisstreams/... ./worker/river/...
 # The packages whose tests talk to the apiserver, run again on the newest.
-API_PKGS := ./cmd/handoff ./internal/cli/status ./internal/cli/version ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
+API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
 
 .PHONY: all build image release deploy demo test test-newest integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
 

@@ -62,9 +62,9 @@ func sidecarPhase(p *corev1.Pod) (string, bool) {
 
 // buildStatus makes the view at now of the injected pods, the Events about
 // pods of the namespace, and the Leases by name.
-func buildStatus(now time.Time, ns, selector string, pods []corev1.Pod, events []corev1.Event, leases map[string]*coordinationv1.Lease) statusReport {
-	r := statusReport{Time: now.UTC().Truncate(time.Millisecond), Namespace: ns, Selector: selector,
-		Leases: []leaseView{}, ShardSets: []shardSetView{}, Pods: []podView{}}
+func buildStatus(now time.Time, ns, selector string, pods []corev1.Pod, events []corev1.Event, leases map[string]*coordinationv1.Lease) Report {
+	r := Report{Time: now.UTC().Truncate(time.Millisecond), Namespace: ns, Selector: selector,
+		Leases: []LeaseView{}, ShardSets: []ShardSetView{}, Pods: []PodView{}}
 	slices.SortFunc(pods, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
 	byIdentity := map[string]string{}
 	kinds := map[string]protocol.LeaseKind{}
@@ -92,7 +92,7 @@ func buildStatus(now time.Time, ns, selector string, pods []corev1.Pod, events [
 	}
 	held := map[string][]string{} // pod -> Leases held
 	for _, name := range slices.Sorted(maps.Keys(kinds)) {
-		v := leaseView{Name: name, Kind: kinds[name], State: leaseMissing}
+		v := LeaseView{Name: name, Kind: kinds[name], State: leaseMissing}
 		if l := leases[name]; l != nil {
 			v.State = leaseFree
 			if l.Spec.LeaseTransitions != nil {
@@ -124,7 +124,7 @@ func buildStatus(now time.Time, ns, selector string, pods []corev1.Pod, events [
 		r.Leases = append(r.Leases, v)
 	}
 	for _, set := range slices.Sorted(maps.Keys(sets)) {
-		s := shardSetView{Shards: set, Leases: sets[set], Owners: []shardOwner{}, Unowned: []string{}}
+		s := ShardSetView{Shards: set, Leases: sets[set], Owners: []ShardOwner{}, Unowned: []string{}}
 		owned := map[string]bool{}
 		for _, i := range setPods[set] {
 			p := &pods[i]
@@ -139,7 +139,7 @@ func buildStatus(now time.Time, ns, selector string, pods []corev1.Pod, events [
 				}
 			}
 			if len(mine) > 0 {
-				s.Owners = append(s.Owners, shardOwner{Pod: p.Name, Shards: mine})
+				s.Owners = append(s.Owners, ShardOwner{Pod: p.Name, Shards: mine})
 			}
 		}
 		if s.Peers > 0 {
@@ -160,7 +160,7 @@ func buildStatus(now time.Time, ns, selector string, pods []corev1.Pod, events [
 	}
 	for i := range pods {
 		p := &pods[i]
-		v := podView{Name: p.Name, Version: p.Annotations[inject.AnnotationVersion], Phase: phaseRunning, Leases: held[p.Name]}
+		v := PodView{Name: p.Name, Version: p.Annotations[inject.AnnotationVersion], Phase: phaseRunning, Leases: held[p.Name]}
 		if v.Leases == nil {
 			v.Leases = []string{}
 		}
@@ -202,7 +202,7 @@ func buildStatus(now time.Time, ns, selector string, pods []corev1.Pod, events [
 // lastHandover is the last shutdown sequence of the Events of one pod: the
 // handover Events after its last Rearmed (a sequence ended, the worker
 // restarted, the sidecar rejoined), in order; nil when there are none.
-func lastHandover(events []corev1.Event) *handoverView {
+func lastHandover(events []corev1.Event) *HandoverView {
 	at := func(e corev1.Event) time.Time {
 		switch {
 		case !e.EventTime.IsZero():
@@ -233,11 +233,11 @@ func lastHandover(events []corev1.Event) *handoverView {
 	if len(events) == 0 {
 		return nil
 	}
-	h := &handoverView{Outcome: handoverInProgress}
+	h := &HandoverView{Outcome: handoverInProgress}
 	seen := map[string]bool{}
 	abandoned := false
 	for _, e := range events {
-		h.Steps = append(h.Steps, stepView{Reason: e.Reason, Time: at(e).UTC(), Message: e.Message, Count: max(e.Count, 0)})
+		h.Steps = append(h.Steps, StepView{Reason: e.Reason, Time: at(e).UTC(), Message: e.Message, Count: max(e.Count, 0)})
 		seen[e.Reason] = true
 		if e.Reason == coord.ReasonDeadlineExceeded && strings.Contains(e.Message, "fallback "+string(config.FallbackAbandon)) {
 			abandoned = true

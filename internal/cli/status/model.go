@@ -7,20 +7,20 @@ import (
 	coord "github.com/handoff-dev/handoff/sidecar"
 )
 
-// statusReport is what `handoff status` prints; with -o json exactly this
+// Report is what `handoff status` prints; with -o json exactly this
 // shape (statusLong).
-type statusReport struct {
+type Report struct {
 	Time      time.Time      `json:"time"`
 	Namespace string         `json:"namespace"`
 	Selector  string         `json:"selector"`
-	Leases    []leaseView    `json:"leases"`
-	ShardSets []shardSetView `json:"shardSets"`
-	Pods      []podView      `json:"pods"`
+	Leases    []LeaseView    `json:"leases"`
+	ShardSets []ShardSetView `json:"shardSets"`
+	Pods      []PodView      `json:"pods"`
 	// Warnings say what the view could not read in full.
 	Warnings []string `json:"warnings,omitempty"`
 }
 
-// Lease states, as leaseView.State.
+// Lease states, as LeaseView.State.
 const (
 	leaseHeld    = "Held"
 	leaseFree    = "Free"
@@ -28,8 +28,8 @@ const (
 	leaseMissing = "Missing"
 )
 
-// leaseView is one Lease as status shows it.
-type leaseView struct {
+// LeaseView is one Lease as status shows it.
+type LeaseView struct {
 	Name string             `json:"name"`
 	Kind protocol.LeaseKind `json:"kind"`
 	// State is Held, Free, Expired or Missing (statusLong).
@@ -46,8 +46,8 @@ type leaseView struct {
 	LeaseDurationSeconds int32      `json:"leaseDurationSeconds,omitempty"`
 }
 
-// shardSetView is one set of shard Leases and who holds them.
-type shardSetView struct {
+// ShardSetView is one set of shard Leases and who holds them.
+type ShardSetView struct {
 	// Shards is the set as the pods configure it (HANDOFF_SHARDS).
 	Shards string   `json:"shards"`
 	Leases []string `json:"leases"`
@@ -55,18 +55,18 @@ type shardSetView struct {
 	// FairShare is ceil(len(Leases)/Peers), 0 without peers.
 	Peers     int          `json:"peers"`
 	FairShare int          `json:"fairShare"`
-	Owners    []shardOwner `json:"owners"`
+	Owners    []ShardOwner `json:"owners"`
 	// Unowned are the shards no pod holds (Free, Expired or Missing).
 	Unowned []string `json:"unowned"`
 }
 
-// shardOwner is the shards one pod holds.
-type shardOwner struct {
+// ShardOwner is the shards one pod holds.
+type ShardOwner struct {
 	Pod    string   `json:"pod"`
 	Shards []string `json:"shards"`
 }
 
-// Pod phases, as podView.Phase (besides the pod's own, while Pending).
+// Pod phases, as PodView.Phase (besides the pod's own, while Pending).
 const (
 	phaseRunning      = string(protocol.PhaseRunning)
 	phaseShuttingDown = string(protocol.PhaseShuttingDown)
@@ -74,14 +74,14 @@ const (
 	phaseDone         = string(protocol.PhaseDone)
 )
 
-// Where podView.Phase comes from.
+// Where PodView.Phase comes from.
 const (
 	phaseFromSidecar = "sidecar"  // the pod's condition handoff.dev/Coordinating, which the sidecar writes
 	phaseInferred    = "inferred" // the pod's deletion, its Leases and its Events (a sidecar that writes no condition)
 )
 
-// podView is one injected pod.
-type podView struct {
+// PodView is one injected pod.
+type PodView struct {
 	Name    string `json:"name"`
 	Version string `json:"version"`
 	// Phase is Running, ShuttingDown, Rearming, Done, or the pod's phase
@@ -94,30 +94,30 @@ type podView struct {
 	// Leases are the Leases the pod holds now (State Held), shards among
 	// them.
 	Leases       []string      `json:"leases"`
-	LastHandover *handoverView `json:"lastHandover,omitempty"`
+	LastHandover *HandoverView `json:"lastHandover,omitempty"`
 	// DeletionCost is the pod's controller.kubernetes.io/pod-deletion-cost,
 	// which its sidecar keeps with the setting deletion-cost
 	// (docs/scale-in.md); nil when the pod has none.
 	DeletionCost *int32 `json:"deletionCost,omitempty"`
 }
 
-// handoverInProgress is handoverView.Outcome until an Event ends the
+// handoverInProgress is HandoverView.Outcome until an Event ends the
 // sequence.
 const handoverInProgress = "InProgress"
 
-// handoverFailed is handoverView.Outcome when a Lease was not released.
+// handoverFailed is HandoverView.Outcome when a Lease was not released.
 const handoverFailed = "Failed"
 
-// handoverView is a pod's last shutdown sequence, from its Events.
-type handoverView struct {
+// HandoverView is a pod's last shutdown sequence, from its Events.
+type HandoverView struct {
 	// Outcome is Drained, Returned (or Canceled), Abandoned, Failed (a
 	// Lease not released), or InProgress while no Event has ended it.
 	Outcome string     `json:"outcome"`
-	Steps   []stepView `json:"steps"`
+	Steps   []StepView `json:"steps"`
 }
 
-// stepView is one Event of a handover.
-type stepView struct {
+// StepView is one Event of a handover.
+type StepView struct {
 	Reason  string    `json:"reason"`
 	Time    time.Time `json:"time"`
 	Message string    `json:"message"`

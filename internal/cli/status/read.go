@@ -36,28 +36,28 @@ type statusQuery struct {
 
 // read makes one view within q.timeout, from lists of the injected pods,
 // the namespace's Events about pods, and the Leases the pods name.
-func (q statusQuery) read(ctx context.Context) (statusReport, error) {
+func (q statusQuery) read(ctx context.Context) (Report, error) {
 	r, _, err := q.readAt(ctx)
 	return r, err
 }
 
 // readAt is read, with the resource versions of its pod and Event lists
 // (for watch).
-func (q statusQuery) readAt(ctx context.Context) (statusReport, [2]string, error) {
+func (q statusQuery) readAt(ctx context.Context) (Report, [2]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, q.timeout)
 	defer cancel()
 	var rvs [2]string
 	pods, err := q.client.CoreV1().Pods(q.namespace).List(ctx, metav1.ListOptions{LabelSelector: q.selector, Limit: statusMaxPods})
 	if err != nil {
-		return statusReport{}, rvs, fmt.Errorf("listing the injected pods (%s) in namespace %s: %w", q.selector, q.namespace, err)
+		return Report{}, rvs, fmt.Errorf("listing the injected pods (%s) in namespace %s: %w", q.selector, q.namespace, err)
 	}
 	if pods.Continue != "" {
-		return statusReport{}, rvs, fmt.Errorf("namespace %s has more than %d injected pods matching %s: narrow it with --selector", q.namespace, statusMaxPods, q.selector)
+		return Report{}, rvs, fmt.Errorf("namespace %s has more than %d injected pods matching %s: narrow it with --selector", q.namespace, statusMaxPods, q.selector)
 	}
 	events, err := q.client.CoreV1().Events(q.namespace).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("involvedObject.kind", "Pod").String(), Limit: statusMaxEvents})
 	if err != nil {
-		return statusReport{}, rvs, fmt.Errorf("listing the Events about pods in namespace %s: %w", q.namespace, err)
+		return Report{}, rvs, fmt.Errorf("listing the Events about pods in namespace %s: %w", q.namespace, err)
 	}
 	rvs = [2]string{pods.ResourceVersion, events.ResourceVersion}
 	names := map[string]bool{}
@@ -68,14 +68,14 @@ func (q statusQuery) readAt(ctx context.Context) (statusReport, [2]string, error
 		}
 	}
 	if len(names) > statusMaxLeases {
-		return statusReport{}, rvs, fmt.Errorf("the injected pods in namespace %s name %d Leases, more than %d: narrow it with --selector", q.namespace, len(names), statusMaxLeases)
+		return Report{}, rvs, fmt.Errorf("the injected pods in namespace %s name %d Leases, more than %d: narrow it with --selector", q.namespace, len(names), statusMaxLeases)
 	}
 	leases := map[string]*coordinationv1.Lease{}
 	opts := metav1.ListOptions{Limit: kube.ListPage}
 	for read := 0; len(names) > 0; {
 		list, err := q.client.CoordinationV1().Leases(q.namespace).List(ctx, opts)
 		if err != nil {
-			return statusReport{}, rvs, fmt.Errorf("listing the Leases in namespace %s: %w", q.namespace, err)
+			return Report{}, rvs, fmt.Errorf("listing the Leases in namespace %s: %w", q.namespace, err)
 		}
 		for i := range list.Items {
 			if l := &list.Items[i]; names[l.Name] {
@@ -86,7 +86,7 @@ func (q statusQuery) readAt(ctx context.Context) (statusReport, [2]string, error
 			break
 		}
 		if read += len(list.Items); read >= statusMaxNamespaceLeases {
-			return statusReport{}, rvs, fmt.Errorf("namespace %s has more than %d Leases: status reads them all to find its pods'", q.namespace, statusMaxNamespaceLeases)
+			return Report{}, rvs, fmt.Errorf("namespace %s has more than %d Leases: status reads them all to find its pods'", q.namespace, statusMaxNamespaceLeases)
 		}
 	}
 	r := buildStatus(time.Now(), q.namespace, q.selector, pods.Items, events.Items, leases)
@@ -99,7 +99,7 @@ func (q statusQuery) readAt(ctx context.Context) (statusReport, [2]string, error
 // watch calls show with a view, then again each time a pod, an Event or a
 // Lease of the namespace changes (at most twice a second), until ctx ends
 // (nil) or a view cannot be read (its error).
-func (q statusQuery) watch(ctx context.Context, show func(statusReport) error) error {
+func (q statusQuery) watch(ctx context.Context, show func(Report) error) error {
 	for {
 		r, rvs, err := q.readAt(ctx)
 		if err != nil {

@@ -15,7 +15,7 @@ import (
 
 // writeStatus prints r as format: "" (text), "wide", "json" (one line,
 // so that --watch prints one object a line) or "yaml".
-func writeStatus(w io.Writer, r statusReport, format string) error {
+func writeStatus(w io.Writer, r Report, format string) error {
 	switch format {
 	case "json":
 		b, err := json.Marshal(r)

@@ -130,7 +130,7 @@ var Command = command.Command{
 				}
 				return writeStatus(inv.Out, r, format)
 			}
-			return q.watch(inv.Ctx, func(r statusReport) error { return writeStatus(inv.Out, r, format) })
+			return q.watch(inv.Ctx, func(r Report) error { return writeStatus(inv.Out, r, format) })
 		}
 	},
 }

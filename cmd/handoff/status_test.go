@@ -1,4 +1,4 @@
-package status
+package main
 
 import (
 	"bufio"
@@ -21,6 +21,7 @@ import (
 	"github.com/handoff-dev/handoff/inject"
 	"github.com/handoff-dev/handoff/internal/cli/clitest"
 	"github.com/handoff-dev/handoff/internal/cli/command"
+	"github.com/handoff-dev/handoff/internal/cli/status"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/protocol"
 	coord "github.com/handoff-dev/handoff/sidecar"
@@ -42,7 +43,7 @@ type statusFixture struct {
 func (f *statusFixture) injectedPod(t *testing.T, name string, ready, deleting bool) {
 	t.Helper()
 	ctx := context.Background()
-	env := []corev1.EnvVar{{Name: "HANDOFF_LEASES", Value: "orders-leader,orders-audit,orders-report"}, {Name: "HANDOFF_ROLE_LEASES", Value: "orders-leader"}, {Name: "HANDOFF_SHARDS", Value: "orders-{0..3}"}}
+	env := []corev1.EnvVar{{Name: "HANDOFF_LEASES", Value: "orders-leader,orders-audit,orders-report"}, {Name: "HANDOFF_ROLE_LEASES", Value: "orders-leader"}, {Name: "HANDOFF_SHARDS", Value: "orders-{0..3}"}, {Name: "HANDOFF_SHARD_PEERS", Value: "app=orders"}}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{inject.LabelInjected: "true", "app": "orders"},
 			Annotations: map[string]string{inject.AnnotationVersion: "v0.2.0"}, Finalizers: []string{"handoff.dev/test"}},
@@ -128,15 +129,15 @@ func (f *statusFixture) event(t *testing.T, pod, reason, message string, at time
 func runStatus(t *testing.T, args ...string) string {
 	t.Helper()
 	var out bytes.Buffer
-	if err := command.Execute(context.Background(), Command, args, nil, &out, &out); err != nil {
+	if err := command.Execute(context.Background(), status.Command, args, nil, &out, &out); err != nil {
 		t.Fatalf("handoff status %s: %v\n%s", strings.Join(args, " "), err, out.String())
 	}
 	return out.String()
 }
 
-func decodeStatus(t *testing.T, line string) statusReport {
+func decodeStatus(t *testing.T, line string) status.Report {
 	t.Helper()
-	var r statusReport
+	var r status.Report
 	dec := json.NewDecoder(strings.NewReader(line))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
@@ -216,27 +217,27 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 	var leases []lease
 	for _, l := range r.Leases {
 		leases = append(leases, lease{l.Name, string(l.Kind), l.State, l.HolderPod, l.FencingToken})
-		if l.State == leaseHeld && (l.TermLeftSeconds <= 10 || l.TermLeftSeconds > 15) {
+		if l.State == "Held" && (l.TermLeftSeconds <= 10 || l.TermLeftSeconds > 15) {
 			t.Errorf("Lease %s: term left %vs, want renewTime + 15s - now (up to 15s; the test renewed it at most a second ago)", l.Name, l.TermLeftSeconds)
 		}
-		if l.State != leaseHeld && l.TermLeftSeconds != 0 {
+		if l.State != "Held" && l.TermLeftSeconds != 0 {
 			t.Errorf("Lease %s (%s): term left %v, want 0", l.Name, l.State, l.TermLeftSeconds)
 		}
 	}
 	wantLeases := []lease{
-		{"orders-0", "partition", leaseHeld, "orders-a", 1},
-		{"orders-1", "partition", leaseHeld, "orders-b", 2},
-		{"orders-2", "partition", leaseHeld, "orders-old", 3},
-		{"orders-3", "partition", leaseExpired, "", 5},
-		{"orders-audit", "partition", leaseFree, "", 6},
-		{"orders-leader", "role", leaseHeld, "orders-a", 4},
-		{"orders-report", "partition", leaseMissing, "", 0},
+		{"orders-0", "partition", "Held", "orders-a", 1},
+		{"orders-1", "partition", "Held", "orders-b", 2},
+		{"orders-2", "partition", "Held", "orders-old", 3},
+		{"orders-3", "partition", "Expired", "", 5},
+		{"orders-audit", "partition", "Free", "", 6},
+		{"orders-leader", "role", "Held", "orders-a", 4},
+		{"orders-report", "partition", "Missing", "", 0},
 	}
 	if !reflect.DeepEqual(leases, wantLeases) {
 		t.Errorf("leases:\n%+v\nwant\n%+v", leases, wantLeases)
 	}
-	wantShards := []shardSetView{{Shards: "orders-{0..3}", Leases: []string{"orders-0", "orders-1", "orders-2", "orders-3"},
-		Peers: 3, FairShare: 2, Owners: []shardOwner{{"orders-a", []string{"orders-0"}}, {"orders-b", []string{"orders-1"}}, {"orders-old", []string{"orders-2"}}},
+	wantShards := []status.ShardSetView{{Shards: "orders-{0..3}", Leases: []string{"orders-0", "orders-1", "orders-2", "orders-3"},
+		Peers: 3, FairShare: 2, Owners: []status.ShardOwner{{Pod: "orders-a", Shards: []string{"orders-0"}}, {Pod: "orders-b", Shards: []string{"orders-1"}}, {Pod: "orders-old", Shards: []string{"orders-2"}}},
 		Unowned: []string{"orders-3"}}}
 	if !reflect.DeepEqual(r.ShardSets, wantShards) {
 		t.Errorf("shard sets:\n%+v\nwant\n%+v", r.ShardSets, wantShards)
@@ -257,18 +258,18 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 		if p.Version != "v0.2.0" {
 			t.Errorf("pod %s: version %q, want its handoff.dev/version", p.Name, p.Version)
 		}
-		if (p.DeletionTimestamp != nil) != (p.Phase == phaseShuttingDown || p.Phase == phaseDone) {
+		if (p.DeletionTimestamp != nil) != (p.Phase == "ShuttingDown" || p.Phase == "Done") {
 			t.Errorf("pod %s: deletionTimestamp %v with phase %s", p.Name, p.DeletionTimestamp, p.Phase)
 		}
 		pods = append(pods, v)
 	}
 	wantPods := []pod{
-		{"orders-a", phaseRunning, phaseInferred, true, "orders-0,orders-leader", "Abandoned", 2},
-		{"orders-b", phaseRunning, phaseInferred, true, "orders-1", "", 0},
-		{"orders-done", phaseDone, phaseFromSidecar, false, "", "Drained", 3},
-		{"orders-draining", phaseShuttingDown, phaseInferred, false, "", "InProgress", 2},
-		{"orders-old", phaseShuttingDown, phaseInferred, false, "orders-2", "InProgress", 1},
-		{"orders-rearming", phaseRearming, phaseFromSidecar, true, "", "", 0},
+		{"orders-a", "Running", "inferred", true, "orders-0,orders-leader", "Abandoned", 2},
+		{"orders-b", "Running", "inferred", true, "orders-1", "", 0},
+		{"orders-done", "Done", "sidecar", false, "", "Drained", 3},
+		{"orders-draining", "ShuttingDown", "inferred", false, "", "InProgress", 2},
+		{"orders-old", "ShuttingDown", "inferred", false, "orders-2", "InProgress", 1},
+		{"orders-rearming", "Rearming", "sidecar", true, "", "", 0},
 	}
 	if !reflect.DeepEqual(pods, wantPods) {
 		t.Errorf("pods:\n%+v\nwant\n%+v", pods, wantPods)
@@ -309,7 +310,7 @@ func TestStatusWatchShowsTheLeaseMove(t *testing.T) {
 	pr, pw := io.Pipe()
 	args := []string{"--kubeconfig", env.Kubeconfig, "-n", f.ns, "--watch", "-o", "json"}
 	done := make(chan error, 1)
-	go func() { done <- command.Execute(ctx, Command, args, nil, pw, pw); _ = pw.Close() }()
+	go func() { done <- command.Execute(ctx, status.Command, args, nil, pw, pw); _ = pw.Close() }()
 
 	lines := bufio.NewScanner(pr)
 	lines.Buffer(nil, 1<<20)
@@ -341,5 +342,3 @@ func TestStatusWatchShowsTheLeaseMove(t *testing.T) {
 		t.Errorf("handoff status --watch ended with %v, want nil once interrupted", err)
 	}
 }
-
-func TestMain(m *testing.M) { kubetest.Main(m) }

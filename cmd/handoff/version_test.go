@@ -1,4 +1,4 @@
-package version
+package main
 
 import (
 	"bytes"
@@ -24,21 +24,22 @@ import (
 	"github.com/handoff-dev/handoff/internal/cli/clitest"
 	"github.com/handoff-dev/handoff/internal/cli/command"
 	"github.com/handoff-dev/handoff/internal/cli/kube"
+	"github.com/handoff-dev/handoff/internal/cli/version"
 	"github.com/handoff-dev/handoff/internal/cli/version/client"
 	"github.com/handoff-dev/handoff/internal/kubetest"
-	"github.com/handoff-dev/handoff/version"
+	hversion "github.com/handoff-dev/handoff/version"
 )
 
 // runVersion runs `handoff version args...` in this process; it fails the
 // test if the command fails.
 func runVersionCommand(t *testing.T, args ...string) string {
 	t.Helper()
-	return run(t, Command, args...)
+	return runCommand(t, version.Command, args...)
 }
 
 // run runs c with args in this process and returns what it wrote; it
 // fails the test if the command fails.
-func run(t *testing.T, c command.Command, args ...string) string {
+func runCommand(t *testing.T, c command.Command, args ...string) string {
 	t.Helper()
 	var out bytes.Buffer
 	if err := command.Execute(context.Background(), c, args, nil, &out, &out); err != nil {
@@ -46,8 +47,6 @@ func run(t *testing.T, c command.Command, args ...string) string {
 	}
 	return out.String()
 }
-
-func TestMain(m *testing.M) { kubetest.Main(m) }
 
 func versionJSON(t *testing.T, args ...string) client.Report {
 	t.Helper()
@@ -98,7 +97,7 @@ func TestVersionCommandReadsTheCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := versionJSON(t, "--kubeconfig", env.Kubeconfig, "-n", ns, "--webhook-namespace", hooks)
-	want := client.Report{Client: version.GetInfo(), Cluster: &client.Cluster{
+	want := client.Report{Client: hversion.GetInfo(), Cluster: &client.Cluster{
 		Reachable: true, Kubernetes: server.GitVersion,
 		Webhook: &client.PodVersions{Namespace: hooks, Selector: kube.WebhookSelector, Versions: []client.VersionCount{
 			{Version: "v0.10.0", Pods: 1}, {Version: "v0.9.0", Pods: 1}, {Version: kube.UnknownVersion, Pods: 1}}},
@@ -139,7 +138,7 @@ func TestVersionCommandReadsTheCluster(t *testing.T) {
 		t.Errorf("handoff version in an empty namespace:\n%s\nwant a line saying no injected pods were found", text)
 	}
 	// --client asks the cluster nothing.
-	if r := versionJSON(t, "--kubeconfig", env.Kubeconfig, "--client"); r.Cluster != nil || r.Client != version.GetInfo() {
+	if r := versionJSON(t, "--kubeconfig", env.Kubeconfig, "--client"); r.Cluster != nil || r.Client != hversion.GetInfo() {
 		t.Errorf("handoff version --client: %+v; want the client alone", r)
 	}
 }
@@ -248,7 +247,7 @@ func TestVersionCommandWhenTheClusterIsUnreachable(t *testing.T) {
 		if took > d+2*time.Second {
 			t.Errorf("%s: took %s with --timeout %s", tc.what, took, tc.timeout)
 		}
-		if !strings.HasPrefix(text, "Client version: "+version.Get()+" (") ||
+		if !strings.HasPrefix(text, "Client version: "+hversion.Get()+" (") ||
 			!strings.Contains(text, "\nCluster: unreachable, so only the client's version is known: ") || !strings.Contains(text, tc.want) {
 			t.Errorf("%s:\n%s\nwant the client's version, then a line saying the cluster is unreachable: %s", tc.what, text, tc.want)
 		}
@@ -283,7 +282,7 @@ func TestVersionCommandRefusesBadFlags(t *testing.T) {
 		{[]string{"--kubeconfig", "/nonexistent/kubeconfig"}, "--kubeconfig: want a kubeconfig file: stat /nonexistent/kubeconfig"},
 		{[]string{"extra"}, `unknown command "extra" for "handoff version"`},
 	} {
-		if err := command.Execute(context.Background(), Command, tc.args, nil, &bytes.Buffer{}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if err := command.Execute(context.Background(), version.Command, tc.args, nil, &bytes.Buffer{}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("handoff version %s: %v; want an error with %q", strings.Join(tc.args, " "), err, tc.want)
 		}
 	}
