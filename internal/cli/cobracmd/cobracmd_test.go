@@ -25,7 +25,9 @@ func TestCobraRunsCommandsAsThePflagRunner(t *testing.T) {
 				return err
 			}
 		}}
-	none := command.Command{Use: "none", Setup: func(*pflag.FlagSet) func(command.Invocation) error { return func(command.Invocation) error { return nil } }}
+	none := command.Command{Use: "none", Setup: func(*pflag.FlagSet) func(command.Invocation) error {
+		return func(command.Invocation) error { return nil }
+	}}
 	r := command.Root{Short: "root", Commands: []command.Command{c, none}}
 	for _, args := range [][]string{{"echo", "--upper", "a"}, {"echo", "a", "b"}, {"echo", "--bogus"}, {"none", "x"}} {
 		var viaCobra, viaPflag strings.Builder
