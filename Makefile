@@ -45,7 +45,7 @@ all: build
 # Static builds, through hack/gobuild.sh: a cold build reports how far it
 # has got (a warm one prints nothing more than go build).
 GOBUILD := CGO_ENABLED=0 bash hack/gobuild.sh -trimpath
-BUILD_SIDECAR = $(GOBUILD) -tags sidecaronly -ldflags "$(LDFLAGS)" -o bin/handoff-sidecar ./cmd/handoff
+BUILD_SIDECAR = $(GOBUILD) -ldflags "$(LDFLAGS)" -o bin/handoff-sidecar ./cmd/handoff-sidecar
 BUILD_PGWORKER = $(GOBUILD) -o bin/pgworker ./examples/pgworker
 
 build:

@@ -140,7 +140,7 @@ func TestSupportedKubernetesVersionsAgree(t *testing.T) {
 	makefile := read("Makefile")
 	oldest := find("Makefile", makefile, regexp.MustCompile(`(?m)^KUBE_OLDEST := KUBE_VERSION=v(1\.\d+)\.`))
 	newest := find("Makefile", makefile, regexp.MustCompile(`(?m)^KUBE_NEWEST := KUBE_VERSION=v(1\.\d+)\.`))
-	check := find("cmd/handoff/check.go", read("cmd/handoff/check.go"), regexp.MustCompile(`(?m)^const minKubernetes = "(1\.\d+)\.0"`))
+	check := find("internal/cli/check/runner.go", read("internal/cli/check/runner.go"), regexp.MustCompile(`(?m)^const minKubernetes = "(1\.\d+)\.0"`))
 	if readme[0] != chart[0] || readme[0] != oldest[0] || readme[0] != check[0] {
 		t.Errorf("oldest supported Kubernetes: README %s, Chart.yaml kubeVersion >=%s, Makefile KUBE_OLDEST %s, handoff check's minKubernetes %s; want one version", readme[0], chart[0], oldest[0], check[0])
 	}

@@ -19,7 +19,7 @@ import (
 // image, a tampered copy of a signed one (one label added: another
 // digest) and a signed image checked against another key are refused.
 // The images carry the OCI labels, run as user 65532 from ko's
-// /ko-app/handoff, and have ko's SPDX SBOM attached.
+// /ko-app/handoff (handoff-sidecar: /ko-app/handoff-sidecar), and have ko's SPDX SBOM attached.
 func TestReleaseSignaturesVerify(t *testing.T) {
 	tools, err := exec.Command("bash", "../hack/tools.sh").Output()
 	if err != nil {
@@ -83,7 +83,8 @@ func TestReleaseSignaturesVerify(t *testing.T) {
 
 	// Labels, user, entrypoint; the SBOM ko attached (cosign's tag scheme:
 	// sha256-<hex>.sbom).
-	for _, ref := range []string{images.release.handoff, images.release.sidecar} {
+	// ko names each image's binary after its main package's folder.
+	for ref, entrypoint := range map[string]string{images.release.handoff: "/ko-app/handoff", images.release.sidecar: "/ko-app/handoff-sidecar"} {
 		out, err := stdout("crane", "config", ref)
 		if err != nil {
 			t.Fatalf("crane config %s: %v\n%s", ref, err, out)
@@ -99,10 +100,10 @@ func TestReleaseSignaturesVerify(t *testing.T) {
 			t.Fatalf("crane config %s: %v\n%s", ref, err, out)
 		}
 		c := cfg.Config
-		if c.User != "65532:65532" || len(c.Entrypoint) != 1 || c.Entrypoint[0] != "/ko-app/handoff" ||
+		if c.User != "65532:65532" || len(c.Entrypoint) != 1 || c.Entrypoint[0] != entrypoint ||
 			c.Labels["org.opencontainers.image.version"] != releaseVersion || c.Labels["org.opencontainers.image.source"] == "" ||
 			c.Labels["org.opencontainers.image.revision"] == "" || c.Labels["org.opencontainers.image.licenses"] != "Apache-2.0" {
-			t.Errorf("%s: config %+v, want user 65532:65532, entrypoint /ko-app/handoff, OCI labels version %s, source, revision and licenses Apache-2.0", ref, c, releaseVersion)
+			t.Errorf("%s: config %+v, want user 65532:65532, entrypoint %s, OCI labels version %s, source, revision and licenses Apache-2.0", ref, c, entrypoint, releaseVersion)
 		}
 		repo, digest, _ := strings.Cut(ref, "@sha256:")
 		if out, err := stdout("crane", "manifest", repo+":sha256-"+digest+".sbom"); err != nil {

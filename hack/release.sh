@@ -6,7 +6,7 @@
 #   images    the base (an empty multi-arch image made with crane: no shell,
 #             no libc, user 65532, an empty /tmp), then with ko the images
 #             handoff (bin/handoff: webhook and CLI) and handoff-sidecar
-#             (-tags sidecaronly: what injected pods run), each an OCI image
+#             (./cmd/handoff-sidecar: what injected pods run), each an OCI image
 #             index over PLATFORMS with OCI labels and ko's SPDX SBOM
 #             attached, signed with cosign and verified.
 #   chart     charts/handoff and charts/handoff-workload packaged at
@@ -173,20 +173,19 @@ images() {
     # (ko splits a label flag at commas: none in the values)
   )
   : >"$DIST/images.txt"
-  local name tags title p
+  local name title p
   for name in handoff handoff-sidecar; do
-    tags=""
     title="handoff: the webhook and the CLI"
     if [ "$name" = handoff-sidecar ]; then
-      tags=-tags=sidecaronly
       title="handoff-sidecar: the sidecar of injected pods (also their install step and preStop hook)"
     fi
     local start=$SECONDS
     # SOURCE_DATE_EPOCH: the images' creation time is the commit's, so
     # a build of one commit gives the same digests.
-    ref=$(GOFLAGS="${GOFLAGS:-} $tags" SOURCE_DATE_EPOCH=$created \
+    # Each image is its own main package: ./cmd/handoff, ./cmd/handoff-sidecar.
+    ref=$(SOURCE_DATE_EPOCH=$created \
       KO_DOCKER_REPO="$REGISTRY/$name" KO_DEFAULTBASEIMAGE="$base_ref" \
-      ko build ./cmd/handoff --bare --tags "$VERSION" --platform "$PLATFORMS" --sbom spdx \
+      ko build "./cmd/$name" --bare --tags "$VERSION" --platform "$PLATFORMS" --sbom spdx \
       --image-user 65532:65532 "${labels[@]}" --image-label "org.opencontainers.image.title=$title")
     log "built $ref in $((SECONDS - start)) s"
     sign "$ref"

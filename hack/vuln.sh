@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the shipped binary (./cmd/handoff, and the example worker) for known
+# Checks the shipped binaries (./cmd/handoff, ./cmd/handoff-sidecar, and the example worker) for known
 # vulnerabilities reachable from its code: govulncheck, offline, against the
 # Go vulnerability database as the module golang.org/x/vulndb serves it from
 # the Go module proxy (its data/osv folder). Exits non-zero on any finding
@@ -21,4 +21,4 @@ dir=$(cd "$work" && GOFLAGS=-mod=mod go mod download -json "golang.org/x/vulndb@
 
 bin=$(bash hack/tools.sh)
 echo "vuln: $(go version), database golang.org/x/vulndb@$VULNDB_VERSION" >&2
-"$bin/govulncheck" -db "file://$dir/data/osv" ./cmd/handoff ./examples/pgworker
+"$bin/govulncheck" -db "file://$dir/data/osv" ./cmd/handoff ./cmd/handoff-sidecar ./examples/pgworker

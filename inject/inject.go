@@ -74,12 +74,12 @@ const (
 	// package's binary (hack/release.sh); also its entrypoint.
 	ImageBinary = "/ko-app/handoff"
 	// SidecarBinary is the binary's path in the handoff-sidecar image, the
-	// image of Options.Image: bin/handoff built with the tag sidecaronly,
+	// image of Options.Image: bin/handoff-sidecar (cmd/handoff-sidecar),
 	// without the webhook and the injector, which the sidecar, the install
 	// step and the sidecar's preStop hook run (a smaller resident memory;
-	// docs/performance.md, Footprint). ko puts it at the same path as
-	// ImageBinary, in its own image.
-	SidecarBinary = "/ko-app/handoff"
+	// docs/performance.md, Footprint). ko names a main package's binary
+	// after its folder: /ko-app/handoff-sidecar.
+	SidecarBinary = "/ko-app/handoff-sidecar"
 	// MetricsPortName names the sidecar's metrics and probes port.
 	MetricsPortName = "handoff-metrics"
 

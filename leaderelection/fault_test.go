@@ -246,7 +246,7 @@ func TestFaultLeaseWritesAnswered429Or503(t *testing.T) {
 // A slow apiserver for everything but the Leases (each response through
 // the proxy delayed by seconds) does not touch renewals and takeover when
 // the Leases have their own client, as the sidecar's do
-// (cmd/handoff/sidecar.go).
+// (internal/cli/sidecar/client.go).
 func TestFaultSlowNonLeaseRequestsLeaveRenewalsAlone(t *testing.T) {
 	const latency = leaseDuration // more than the renew deadline
 	ns := kubetest.Get(t).Namespace(t)

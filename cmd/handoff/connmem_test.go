@@ -15,6 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/handoff-dev/handoff/internal/cli/serve"
+	clisidecar "github.com/handoff-dev/handoff/internal/cli/sidecar"
 	"github.com/handoff-dev/handoff/internal/connlimit"
 	"github.com/handoff-dev/handoff/internal/procstat"
 	"github.com/handoff-dev/handoff/sidecar"
@@ -31,10 +33,10 @@ const probeServerEnv = "HANDOFF_TEST_PROBE_SERVER"
 func serveProbesUncapped() {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	t := probeTimeouts
-	t.readHeader, t.read = time.Minute, time.Minute
-	t.conns = connlimit.Limits{Total: 1 << 20, PerAddr: 1 << 20}
-	srv, err := listen("127.0.0.1:0", sidecar.ProbesHandler(reg, nil, nil), logr.Discard(), t)
+	t := clisidecar.ProbeTimeouts
+	t.ReadHeader, t.Read = time.Minute, time.Minute
+	t.Conns = connlimit.Limits{Total: 1 << 20, PerAddr: 1 << 20}
+	srv, err := serve.Listen("127.0.0.1:0", sidecar.ProbesHandler(reg, nil, nil), logr.Discard(), t)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

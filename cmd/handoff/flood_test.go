@@ -24,6 +24,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/handoff-dev/handoff/internal/cli/clitest"
+	clisidecar "github.com/handoff-dev/handoff/internal/cli/sidecar"
+	"github.com/handoff-dev/handoff/internal/cli/version/client"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/internal/memlimit"
 	"github.com/handoff-dev/handoff/internal/procstat"
@@ -51,7 +54,7 @@ const (
 )
 
 // TestHandoverUnderConnectionFlood: a real handoff sidecar process (the
-// sidecaronly build injected pods run, without the race detector) on the
+// bin/handoff-sidecar injected pods run, without the race detector) on the
 // real apiserver, with a worker Agent as its app. Another pod (127.0.0.2)
 // opens 16,000 idle TCP connections to the probe and metrics port and holds
 // them; meanwhile the kubelet's probes (127.0.0.1, a new connection each,
@@ -74,7 +77,7 @@ func TestHandoverUnderConnectionFlood(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var report versionReport
+	var report client.Report
 	if err := json.Unmarshal(out, &report); err != nil {
 		t.Fatalf("handoff-sidecar version -o json: %v\n%s", err, out)
 	}
@@ -131,7 +134,7 @@ func TestHandoverUnderConnectionFlood(t *testing.T) {
 }
 
 // sidecarProcess is a real handoff sidecar process as an injected pod runs
-// it (the sidecaronly build, without the race detector; the sockets in a
+// it (bin/handoff-sidecar, without the race detector; the sockets in a
 // run directory; its metrics and probe port on loopback TCP) on the test's
 // apiserver, leading its Lease "work", with a worker Agent as its app.
 type sidecarProcess struct {
@@ -153,7 +156,7 @@ func startSidecarProcess(t *testing.T, env *kubetest.Env) *sidecarProcess {
 	ns := env.Namespace(t)
 	pod := env.Pod(t, ns, "worker-0", 30)
 	identity := "worker-0_" + string(pod.UID)
-	tokenPath, token, agent := tokenAgent(t)
+	tokenPath, token, agent := clitest.TokenAgent(t)
 	// The pod's handoff-run volume: the sockets, as injected.
 	run := sockettest.Dir(t)
 	appAddr := protocol.Endpoint{Network: "unix", Address: filepath.Join(run, "app.sock")}
@@ -188,11 +191,11 @@ func startSidecarProcess(t *testing.T, env *kubetest.Env) *sidecarProcess {
 }
 
 // sidecarBuild builds bin/handoff-sidecar, as the image has it
-// (-tags sidecaronly, no race detector), into a temporary directory.
+// (cmd/handoff-sidecar, no race detector), into a temporary directory.
 func sidecarBuild(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "handoff-sidecar")
-	build := exec.Command("go", "build", "-tags", "sidecaronly", "-o", bin, ".")
+	build := exec.Command("go", "build", "-o", bin, "../handoff-sidecar")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -522,9 +525,9 @@ func TestProbesUnderKeptAliveFloods(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // stops by itself
-			held, wait := holdSlots(ctx, tc.froms, probeTimeouts.conns.PerAddr, sp.metrics, nil)
+			held, wait := holdSlots(ctx, tc.froms, clisidecar.ProbeTimeouts.Conns.PerAddr, sp.metrics, nil)
 			defer func() { cancel(); wait() }()
-			want := int64(len(tc.froms) * probeTimeouts.conns.PerAddr)
+			want := int64(len(tc.froms) * clisidecar.ProbeTimeouts.Conns.PerAddr)
 			kubetest.WaitFor(t, 20*time.Second, fmt.Sprintf("%d kept-alive connections", want), func() bool { return held.Load() >= want })
 			probes := startProber(sp.metrics, 250*time.Millisecond)
 			time.Sleep(5 * time.Second) // past the header timeout, with requests every 2 s

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/handoff-dev/handoff/internal/cli/clitest"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 )
 
@@ -41,7 +42,7 @@ func TestSidecarProcessReleasesOnSIGTERM(t *testing.T) {
 	ns := env.Namespace(t)
 	pod := env.Pod(t, ns, "worker-0", 30)
 	identity := "worker-0_" + string(pod.UID)
-	token := tokenFile(t)
+	token := clitest.TokenFile(t)
 	sidecar := func() (*exec.Cmd, <-chan error) {
 		return runMain(t, "sidecar", "HANDOFF_TOKEN_FILE="+token,
 			"HANDOFF_POD_NAME=worker-0", "HANDOFF_POD_NAMESPACE="+ns, "HANDOFF_POD_UID="+string(pod.UID),

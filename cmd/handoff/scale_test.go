@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/internal/cli/clitest"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/internal/leadtrace"
 )
@@ -33,7 +34,7 @@ func TestSidecarHolds100LeasesAtDefaultTimings(t *testing.T) {
 	defaults := defaultTimings(t)
 
 	trace := leadtrace.New()
-	tokenPath, _, agent := tokenAgent(t)
+	tokenPath, _, agent := clitest.TokenAgent(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

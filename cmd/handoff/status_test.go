@@ -1,9 +1,8 @@
-//go:build !sidecaronly
-
 package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -20,9 +19,12 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/inject"
+	"github.com/handoff-dev/handoff/internal/cli/clitest"
+	"github.com/handoff-dev/handoff/internal/cli/command"
+	"github.com/handoff-dev/handoff/internal/cli/status"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/protocol"
-	"github.com/handoff-dev/handoff/sidecar"
+	coord "github.com/handoff-dev/handoff/sidecar"
 )
 
 // statusFixture is a namespace on the real apiserver with a workload's
@@ -41,7 +43,7 @@ type statusFixture struct {
 func (f *statusFixture) injectedPod(t *testing.T, name string, ready, deleting bool) {
 	t.Helper()
 	ctx := context.Background()
-	env := []corev1.EnvVar{{Name: "HANDOFF_LEASES", Value: "orders-leader,orders-audit,orders-report"}, {Name: "HANDOFF_ROLE_LEASES", Value: "orders-leader"}, {Name: "HANDOFF_SHARDS", Value: "orders-{0..3}"}}
+	env := []corev1.EnvVar{{Name: "HANDOFF_LEASES", Value: "orders-leader,orders-audit,orders-report"}, {Name: "HANDOFF_ROLE_LEASES", Value: "orders-leader"}, {Name: "HANDOFF_SHARDS", Value: "orders-{0..3}"}, {Name: "HANDOFF_SHARD_PEERS", Value: "app=orders"}}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{inject.LabelInjected: "true", "app": "orders"},
 			Annotations: map[string]string{inject.AnnotationVersion: "v0.2.0"}, Finalizers: []string{"handoff.dev/test"}},
@@ -126,12 +128,16 @@ func (f *statusFixture) event(t *testing.T, pod, reason, message string, at time
 
 func runStatus(t *testing.T, args ...string) string {
 	t.Helper()
-	return runCobra(t, statusCommand(), args...)
+	var out bytes.Buffer
+	if err := command.Execute(context.Background(), status.Command, args, nil, &out, &out); err != nil {
+		t.Fatalf("handoff status %s: %v\n%s", strings.Join(args, " "), err, out.String())
+	}
+	return out.String()
 }
 
-func decodeStatus(t *testing.T, line string) statusReport {
+func decodeStatus(t *testing.T, line string) status.Report {
 	t.Helper()
-	var r statusReport
+	var r status.Report
 	dec := json.NewDecoder(strings.NewReader(line))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
@@ -160,7 +166,7 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 	f.phase(t, "orders-rearming", protocol.PhaseRearming)
 	f.phase(t, "orders-done", protocol.PhaseDone)
 	f.phase(t, "orders-old", protocol.PhaseRunning)
-	createPod(t, env, f.ns, "not-injected", "w", map[string]string{"app": "orders"}, nil, "")
+	clitest.CreatePod(t, env, f.ns, "not-injected", "w", map[string]string{"app": "orders"}, nil, "")
 
 	f.lease(t, "orders-leader", "orders-a", time.Second, 4)
 	f.lease(t, "orders-0", "orders-a", 0, 1)
@@ -169,18 +175,18 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 	f.lease(t, "orders-3", "orders-gone_1234", time.Hour, 5) // its holder stopped renewing an hour ago
 	f.lease(t, "orders-audit", "", 0, 6)                     // released; orders-report never created
 	now := time.Now().Truncate(time.Second)
-	f.event(t, "orders-done", sidecar.ReasonDrainStarted, "Stopped claiming with 2 in flight (0 unstarted, handed back by the app at once); drain until ..., fallback return", now.Add(-3*time.Second))
-	f.event(t, "orders-done", sidecar.ReasonDrained, "Drained in 41ms", now.Add(-2*time.Second))
-	f.event(t, "orders-done", sidecar.ReasonLeaseReleased, "Lease orders-leader (role) released at ..., 12ms after the shutdown started", now.Add(-2*time.Second))
-	f.event(t, "orders-draining", sidecar.ReasonDrainStarted, "Stopped claiming with 4 in flight", now.Add(-2*time.Second))
+	f.event(t, "orders-done", coord.ReasonDrainStarted, "Stopped claiming with 2 in flight (0 unstarted, handed back by the app at once); drain until ..., fallback return", now.Add(-3*time.Second))
+	f.event(t, "orders-done", coord.ReasonDrained, "Drained in 41ms", now.Add(-2*time.Second))
+	f.event(t, "orders-done", coord.ReasonLeaseReleased, "Lease orders-leader (role) released at ..., 12ms after the shutdown started", now.Add(-2*time.Second))
+	f.event(t, "orders-draining", coord.ReasonDrainStarted, "Stopped claiming with 4 in flight", now.Add(-2*time.Second))
 	// Its role Lease released during the drain: the drain goes on.
-	f.event(t, "orders-draining", sidecar.ReasonLeaseReleased, "Lease orders-leader (role) released at ..., 9ms after the shutdown started", now.Add(-2*time.Second))
-	f.event(t, "orders-old", sidecar.ReasonDrainStarted, "Stopped claiming with 1 in flight", now.Add(-time.Second))
-	f.event(t, "orders-b", sidecar.ReasonDrainStarted, "Stopped claiming with 3 in flight", now.Add(-time.Minute))
-	f.event(t, "orders-b", sidecar.ReasonDeadlineExceeded, "Drain deadline exceeded with 3 claims in flight; fallback abandon: left to the visibility timeout", now.Add(-50*time.Second))
-	f.event(t, "orders-b", sidecar.ReasonRearmed, "Worker restarted: rejoined the elections for [orders-leader]", now.Add(-40*time.Second))
-	f.event(t, "orders-a", sidecar.ReasonDrainStarted, "Stopped claiming with 1 in flight", now.Add(-30*time.Second))
-	f.event(t, "orders-a", sidecar.ReasonDeadlineExceeded, "Drain deadline exceeded with 1 claims in flight; fallback abandon: left to the visibility timeout", now.Add(-29*time.Second))
+	f.event(t, "orders-draining", coord.ReasonLeaseReleased, "Lease orders-leader (role) released at ..., 9ms after the shutdown started", now.Add(-2*time.Second))
+	f.event(t, "orders-old", coord.ReasonDrainStarted, "Stopped claiming with 1 in flight", now.Add(-time.Second))
+	f.event(t, "orders-b", coord.ReasonDrainStarted, "Stopped claiming with 3 in flight", now.Add(-time.Minute))
+	f.event(t, "orders-b", coord.ReasonDeadlineExceeded, "Drain deadline exceeded with 3 claims in flight; fallback abandon: left to the visibility timeout", now.Add(-50*time.Second))
+	f.event(t, "orders-b", coord.ReasonRearmed, "Worker restarted: rejoined the elections for [orders-leader]", now.Add(-40*time.Second))
+	f.event(t, "orders-a", coord.ReasonDrainStarted, "Stopped claiming with 1 in flight", now.Add(-30*time.Second))
+	f.event(t, "orders-a", coord.ReasonDeadlineExceeded, "Drain deadline exceeded with 1 claims in flight; fallback abandon: left to the visibility timeout", now.Add(-29*time.Second))
 
 	// orders-a's sidecar keeps its pod-deletion-cost (setting deletion-cost).
 	if _, err := env.Client.CoreV1().Pods(f.ns).Patch(context.Background(), "orders-a", types.MergePatchType,
@@ -211,27 +217,27 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 	var leases []lease
 	for _, l := range r.Leases {
 		leases = append(leases, lease{l.Name, string(l.Kind), l.State, l.HolderPod, l.FencingToken})
-		if l.State == leaseHeld && (l.TermLeftSeconds <= 10 || l.TermLeftSeconds > 15) {
+		if l.State == "Held" && (l.TermLeftSeconds <= 10 || l.TermLeftSeconds > 15) {
 			t.Errorf("Lease %s: term left %vs, want renewTime + 15s - now (up to 15s; the test renewed it at most a second ago)", l.Name, l.TermLeftSeconds)
 		}
-		if l.State != leaseHeld && l.TermLeftSeconds != 0 {
+		if l.State != "Held" && l.TermLeftSeconds != 0 {
 			t.Errorf("Lease %s (%s): term left %v, want 0", l.Name, l.State, l.TermLeftSeconds)
 		}
 	}
 	wantLeases := []lease{
-		{"orders-0", "partition", leaseHeld, "orders-a", 1},
-		{"orders-1", "partition", leaseHeld, "orders-b", 2},
-		{"orders-2", "partition", leaseHeld, "orders-old", 3},
-		{"orders-3", "partition", leaseExpired, "", 5},
-		{"orders-audit", "partition", leaseFree, "", 6},
-		{"orders-leader", "role", leaseHeld, "orders-a", 4},
-		{"orders-report", "partition", leaseMissing, "", 0},
+		{"orders-0", "partition", "Held", "orders-a", 1},
+		{"orders-1", "partition", "Held", "orders-b", 2},
+		{"orders-2", "partition", "Held", "orders-old", 3},
+		{"orders-3", "partition", "Expired", "", 5},
+		{"orders-audit", "partition", "Free", "", 6},
+		{"orders-leader", "role", "Held", "orders-a", 4},
+		{"orders-report", "partition", "Missing", "", 0},
 	}
 	if !reflect.DeepEqual(leases, wantLeases) {
 		t.Errorf("leases:\n%+v\nwant\n%+v", leases, wantLeases)
 	}
-	wantShards := []shardSetView{{Shards: "orders-{0..3}", Leases: []string{"orders-0", "orders-1", "orders-2", "orders-3"},
-		Peers: 3, FairShare: 2, Owners: []shardOwner{{"orders-a", []string{"orders-0"}}, {"orders-b", []string{"orders-1"}}, {"orders-old", []string{"orders-2"}}},
+	wantShards := []status.ShardSetView{{Shards: "orders-{0..3}", Leases: []string{"orders-0", "orders-1", "orders-2", "orders-3"},
+		Peers: 3, FairShare: 2, Owners: []status.ShardOwner{{Pod: "orders-a", Shards: []string{"orders-0"}}, {Pod: "orders-b", Shards: []string{"orders-1"}}, {Pod: "orders-old", Shards: []string{"orders-2"}}},
 		Unowned: []string{"orders-3"}}}
 	if !reflect.DeepEqual(r.ShardSets, wantShards) {
 		t.Errorf("shard sets:\n%+v\nwant\n%+v", r.ShardSets, wantShards)
@@ -252,18 +258,18 @@ func TestStatusCommandShowsLeasesShardsAndHandovers(t *testing.T) {
 		if p.Version != "v0.2.0" {
 			t.Errorf("pod %s: version %q, want its handoff.dev/version", p.Name, p.Version)
 		}
-		if (p.DeletionTimestamp != nil) != (p.Phase == phaseShuttingDown || p.Phase == phaseDone) {
+		if (p.DeletionTimestamp != nil) != (p.Phase == "ShuttingDown" || p.Phase == "Done") {
 			t.Errorf("pod %s: deletionTimestamp %v with phase %s", p.Name, p.DeletionTimestamp, p.Phase)
 		}
 		pods = append(pods, v)
 	}
 	wantPods := []pod{
-		{"orders-a", phaseRunning, phaseInferred, true, "orders-0,orders-leader", "Abandoned", 2},
-		{"orders-b", phaseRunning, phaseInferred, true, "orders-1", "", 0},
-		{"orders-done", phaseDone, phaseFromSidecar, false, "", "Drained", 3},
-		{"orders-draining", phaseShuttingDown, phaseInferred, false, "", "InProgress", 2},
-		{"orders-old", phaseShuttingDown, phaseInferred, false, "orders-2", "InProgress", 1},
-		{"orders-rearming", phaseRearming, phaseFromSidecar, true, "", "", 0},
+		{"orders-a", "Running", "inferred", true, "orders-0,orders-leader", "Abandoned", 2},
+		{"orders-b", "Running", "inferred", true, "orders-1", "", 0},
+		{"orders-done", "Done", "sidecar", false, "", "Drained", 3},
+		{"orders-draining", "ShuttingDown", "inferred", false, "", "InProgress", 2},
+		{"orders-old", "ShuttingDown", "inferred", false, "orders-2", "InProgress", 1},
+		{"orders-rearming", "Rearming", "sidecar", true, "", "", 0},
 	}
 	if !reflect.DeepEqual(pods, wantPods) {
 		t.Errorf("pods:\n%+v\nwant\n%+v", pods, wantPods)
@@ -302,13 +308,9 @@ func TestStatusWatchShowsTheLeaseMove(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pr, pw := io.Pipe()
-	cmd := statusCommand()
-	cmd.SilenceUsage = true
-	cmd.SetOut(pw)
-	cmd.SetErr(pw)
-	cmd.SetArgs([]string{"--kubeconfig", env.Kubeconfig, "-n", f.ns, "--watch", "-o", "json"})
+	args := []string{"--kubeconfig", env.Kubeconfig, "-n", f.ns, "--watch", "-o", "json"}
 	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(ctx); _ = pw.Close() }()
+	go func() { done <- command.Execute(ctx, status.Command, args, nil, pw, pw); _ = pw.Close() }()
 
 	lines := bufio.NewScanner(pr)
 	lines.Buffer(nil, 1<<20)

@@ -1,5 +1,3 @@
-//go:build !sidecaronly
-
 package main
 
 import (
@@ -17,69 +15,49 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/handoff-dev/handoff/inject"
+	"github.com/handoff-dev/handoff/internal/cli/clitest"
+	"github.com/handoff-dev/handoff/internal/cli/command"
+	"github.com/handoff-dev/handoff/internal/cli/kube"
+	"github.com/handoff-dev/handoff/internal/cli/version"
+	"github.com/handoff-dev/handoff/internal/cli/version/client"
 	"github.com/handoff-dev/handoff/internal/kubetest"
-	"github.com/handoff-dev/handoff/version"
+	hversion "github.com/handoff-dev/handoff/version"
 )
 
 // runVersion runs `handoff version args...` in this process; it fails the
 // test if the command fails.
 func runVersionCommand(t *testing.T, args ...string) string {
 	t.Helper()
-	return runCobra(t, versionCommand(), args...)
+	return runCommand(t, version.Command, args...)
 }
 
-// runCobra runs cmd with args in this process and returns what it wrote;
-// it fails the test if the command fails.
-func runCobra(t *testing.T, cmd *cobra.Command, args ...string) string {
+// run runs c with args in this process and returns what it wrote; it
+// fails the test if the command fails.
+func runCommand(t *testing.T, c command.Command, args ...string) string {
 	t.Helper()
-	cmd.SilenceUsage = true
 	var out bytes.Buffer
-	cmd.SetOut(&out)
-	cmd.SetErr(&out)
-	cmd.SetArgs(args)
-	if err := cmd.Execute(); err != nil {
-		t.Fatalf("handoff %s %s: %v\n%s", cmd.Name(), strings.Join(args, " "), err, out.String())
+	if err := command.Execute(context.Background(), c, args, nil, &out, &out); err != nil {
+		t.Fatalf("handoff %s %s: %v\n%s", c.Name(), strings.Join(args, " "), err, out.String())
 	}
 	return out.String()
 }
 
-func versionJSON(t *testing.T, args ...string) versionReport {
+func versionJSON(t *testing.T, args ...string) client.Report {
 	t.Helper()
 	out := runVersionCommand(t, append(args, "-o", "json")...)
-	var r versionReport
+	var r client.Report
 	dec := json.NewDecoder(strings.NewReader(out))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
 		t.Fatalf("handoff version -o json: %v\n%s", err, out)
 	}
 	return r
-}
-
-// createPod creates a pod in ns with labels, annotations and image, and
-// sets its phase when given.
-func createPod(t *testing.T, env *kubetest.Env, ns, name, image string, labels, annotations map[string]string, phase corev1.PodPhase) {
-	t.Helper()
-	ctx := context.Background()
-	pod, err := env.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: annotations},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "sidecar-or-not", Image: "other:1"}, {Name: "webhook", Image: image}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("create pod %s/%s: %v", ns, name, err)
-	}
-	if phase != "" {
-		pod.Status.Phase = phase
-		if _, err := env.Client.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // On the real apiserver: the webhook's pods counted by their version label,
@@ -97,34 +75,34 @@ func TestVersionCommandReadsTheCluster(t *testing.T) {
 		}
 		return l
 	}
-	createPod(t, env, hooks, "labelled", "ghcr.io/handoff-dev/handoff:v0.9.0", chartLabels("v0.10.0"), nil, "")
-	createPod(t, env, hooks, "tagged", "registry.local:5000/handoff-dev/handoff:v0.9.0@sha256:"+strings.Repeat("a", 64), chartLabels(""), nil, "")
-	createPod(t, env, hooks, "digest", "registry.local:5000/handoff-dev/handoff@sha256:"+strings.Repeat("b", 64), chartLabels(""), nil, "")
-	createPod(t, env, hooks, "old", "ghcr.io/handoff-dev/handoff:v0.8.0", chartLabels(""), nil, corev1.PodFailed)
-	createPod(t, env, hooks, "not-the-webhook", "ghcr.io/handoff-dev/handoff:v0.7.0", map[string]string{"app.kubernetes.io/part-of": "handoff"}, nil, "")
+	clitest.CreatePod(t, env, hooks, "labelled", "ghcr.io/handoff-dev/handoff:v0.9.0", chartLabels("v0.10.0"), nil, "")
+	clitest.CreatePod(t, env, hooks, "tagged", "registry.local:5000/handoff-dev/handoff:v0.9.0@sha256:"+strings.Repeat("a", 64), chartLabels(""), nil, "")
+	clitest.CreatePod(t, env, hooks, "digest", "registry.local:5000/handoff-dev/handoff@sha256:"+strings.Repeat("b", 64), chartLabels(""), nil, "")
+	clitest.CreatePod(t, env, hooks, "old", "ghcr.io/handoff-dev/handoff:v0.8.0", chartLabels(""), nil, corev1.PodFailed)
+	clitest.CreatePod(t, env, hooks, "not-the-webhook", "ghcr.io/handoff-dev/handoff:v0.7.0", map[string]string{"app.kubernetes.io/part-of": "handoff"}, nil, "")
 
 	injected := map[string]string{inject.LabelInjected: "true"}
 	at := func(v string) map[string]string { return map[string]string{inject.AnnotationVersion: v} }
-	createPod(t, env, ns, "a", "w", injected, at("v0.2.0"), "")
-	createPod(t, env, ns, "b", "w", injected, at("v0.2.0"), corev1.PodRunning)
-	createPod(t, env, ns, "c", "w", injected, at("v0.10.0-rc.1"), "")
-	createPod(t, env, ns, "d", "w", injected, nil, "") // injected before handoff.dev/version
-	createPod(t, env, ns, "e", "w", injected, at("v0.2.1-dev.3.g1a2b3c4"), "")
-	createPod(t, env, ns, "done", "w", injected, at("v0.1.0"), corev1.PodSucceeded)
-	createPod(t, env, ns, "not-injected", "w", nil, at("v0.1.0"), "")
-	createPod(t, env, other, "f", "w", injected, at("v0.2.0"), "")
+	clitest.CreatePod(t, env, ns, "a", "w", injected, at("v0.2.0"), "")
+	clitest.CreatePod(t, env, ns, "b", "w", injected, at("v0.2.0"), corev1.PodRunning)
+	clitest.CreatePod(t, env, ns, "c", "w", injected, at("v0.10.0-rc.1"), "")
+	clitest.CreatePod(t, env, ns, "d", "w", injected, nil, "") // injected before handoff.dev/version
+	clitest.CreatePod(t, env, ns, "e", "w", injected, at("v0.2.1-dev.3.g1a2b3c4"), "")
+	clitest.CreatePod(t, env, ns, "done", "w", injected, at("v0.1.0"), corev1.PodSucceeded)
+	clitest.CreatePod(t, env, ns, "not-injected", "w", nil, at("v0.1.0"), "")
+	clitest.CreatePod(t, env, other, "f", "w", injected, at("v0.2.0"), "")
 
 	server, err := env.Client.Discovery().ServerVersion()
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := versionJSON(t, "--kubeconfig", env.Kubeconfig, "-n", ns, "--webhook-namespace", hooks)
-	want := versionReport{Client: version.GetInfo(), Cluster: &clusterVersions{
+	want := client.Report{Client: hversion.GetInfo(), Cluster: &client.Cluster{
 		Reachable: true, Kubernetes: server.GitVersion,
-		Webhook: &podVersions{Namespace: hooks, Selector: webhookSelector, Versions: []versionCount{
-			{"v0.10.0", 1}, {"v0.9.0", 1}, {unknownVersion, 1}}},
-		Sidecars: &podVersions{Namespace: ns, Selector: "handoff.dev/injected=true", Versions: []versionCount{
-			{"v0.10.0-rc.1", 1}, {"v0.2.1-dev.3.g1a2b3c4", 1}, {"v0.2.0", 2}, {unknownVersion, 1}}},
+		Webhook: &client.PodVersions{Namespace: hooks, Selector: kube.WebhookSelector, Versions: []client.VersionCount{
+			{Version: "v0.10.0", Pods: 1}, {Version: "v0.9.0", Pods: 1}, {Version: kube.UnknownVersion, Pods: 1}}},
+		Sidecars: &client.PodVersions{Namespace: ns, Selector: "handoff.dev/injected=true", Versions: []client.VersionCount{
+			{Version: "v0.10.0-rc.1", Pods: 1}, {Version: "v0.2.1-dev.3.g1a2b3c4", Pods: 1}, {Version: "v0.2.0", Pods: 2}, {Version: kube.UnknownVersion, Pods: 1}}},
 	}}
 	if !reflect.DeepEqual(r, want) {
 		got, _ := json.Marshal(r)
@@ -136,8 +114,8 @@ func TestVersionCommandReadsTheCluster(t *testing.T) {
 	// injected pods may be there as well, of other versions).
 	all := versionJSON(t, "--kubeconfig", env.Kubeconfig)
 	// (At least: a run with -count leaves its pods to the next.)
-	atLeast := func(p *podVersions, v string, n int) bool {
-		return p != nil && slices.ContainsFunc(p.Versions, func(c versionCount) bool { return c.Version == v && c.Pods >= n })
+	atLeast := func(p *client.PodVersions, v string, n int) bool {
+		return p != nil && slices.ContainsFunc(p.Versions, func(c client.VersionCount) bool { return c.Version == v && c.Pods >= n })
 	}
 	if all.Cluster == nil || all.Cluster.Sidecars == nil || all.Cluster.Sidecars.Namespace != "" ||
 		!atLeast(all.Cluster.Sidecars, "v0.2.0", 3) || !atLeast(all.Cluster.Webhook, "v0.10.0", 1) {
@@ -160,7 +138,7 @@ func TestVersionCommandReadsTheCluster(t *testing.T) {
 		t.Errorf("handoff version in an empty namespace:\n%s\nwant a line saying no injected pods were found", text)
 	}
 	// --client asks the cluster nothing.
-	if r := versionJSON(t, "--kubeconfig", env.Kubeconfig, "--client"); r.Cluster != nil || r.Client != version.GetInfo() {
+	if r := versionJSON(t, "--kubeconfig", env.Kubeconfig, "--client"); r.Cluster != nil || r.Client != hversion.GetInfo() {
 		t.Errorf("handoff version --client: %+v; want the client alone", r)
 	}
 }
@@ -179,7 +157,7 @@ func TestVersionCommandWithoutRightsToListPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	token := serviceAccountToken(t, env, ns, "nobody")
+	token := clitest.ServiceAccountToken(t, env, ns, "nobody")
 	for k := range cfg.AuthInfos {
 		cfg.AuthInfos[k] = &clientcmdapi.AuthInfo{Token: token}
 	}
@@ -269,7 +247,7 @@ func TestVersionCommandWhenTheClusterIsUnreachable(t *testing.T) {
 		if took > d+2*time.Second {
 			t.Errorf("%s: took %s with --timeout %s", tc.what, took, tc.timeout)
 		}
-		if !strings.HasPrefix(text, "Client version: "+version.Get()+" (") ||
+		if !strings.HasPrefix(text, "Client version: "+hversion.Get()+" (") ||
 			!strings.Contains(text, "\nCluster: unreachable, so only the client's version is known: ") || !strings.Contains(text, tc.want) {
 			t.Errorf("%s:\n%s\nwant the client's version, then a line saying the cluster is unreachable: %s", tc.what, text, tc.want)
 		}
@@ -300,33 +278,12 @@ func TestVersionCommandRefusesBadFlags(t *testing.T) {
 	}{
 		{[]string{"-o", "xml"}, `--output "xml": want json or yaml, or none for text`},
 		{[]string{"--timeout", "0s"}, "--timeout 0s: want a duration above 0, like 5s"},
-		{[]string{"--webhook-selector", "a in (b"}, `--webhook-selector "a in (b": want a label selector, like ` + webhookSelector},
+		{[]string{"--webhook-selector", "a in (b"}, `--webhook-selector "a in (b": want a label selector, like ` + kube.WebhookSelector},
 		{[]string{"--kubeconfig", "/nonexistent/kubeconfig"}, "--kubeconfig: want a kubeconfig file: stat /nonexistent/kubeconfig"},
-		{[]string{"extra"}, `unknown command "extra" for "version"`},
+		{[]string{"extra"}, `unknown command "extra" for "handoff version"`},
 	} {
-		cmd := versionCommand()
-		cmd.SilenceUsage = true
-		cmd.SetOut(&bytes.Buffer{})
-		cmd.SetErr(&bytes.Buffer{})
-		cmd.SetArgs(tc.args)
-		if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if err := command.Execute(context.Background(), version.Command, tc.args, nil, &bytes.Buffer{}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("handoff version %s: %v; want an error with %q", strings.Join(tc.args, " "), err, tc.want)
-		}
-	}
-}
-
-func TestImageTag(t *testing.T) {
-	for ref, want := range map[string]string{
-		"ghcr.io/handoff-dev/handoff:v0.2.0":            "v0.2.0",
-		"ghcr.io/handoff-dev/handoff:v0.2.0@sha256:abc": "v0.2.0",
-		"ghcr.io/handoff-dev/handoff@sha256:abc":        "",
-		"localhost:5000/handoff":                        "",
-		"localhost:5000/handoff:v0.2.1-dev.3.g1a2b3c4":  "v0.2.1-dev.3.g1a2b3c4",
-		"handoff":     "",
-		"handoff:e2e": "e2e",
-	} {
-		if got := imageTag(ref); got != want {
-			t.Errorf("imageTag(%q) = %q, want %q", ref, got, want)
 		}
 	}
 }

@@ -1,5 +1,3 @@
-//go:build !sidecaronly
-
 package main
 
 import (
@@ -26,9 +24,11 @@ import (
 
 	"github.com/handoff-dev/handoff/inject"
 	"github.com/handoff-dev/handoff/internal/charttest"
+	"github.com/handoff-dev/handoff/internal/cli/clitest"
+	"github.com/handoff-dev/handoff/internal/cli/webhook"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/version"
-	"github.com/handoff-dev/handoff/webhook"
+	admission "github.com/handoff-dev/handoff/webhook"
 )
 
 // webhookFloodConns is the flood TestWebhookProcessRotatesItsCertificateWithTheChartsRights
@@ -76,7 +76,7 @@ func TestWebhookProcessRotatesItsCertificateWithTheChartsRights(t *testing.T) {
 	injected("a pod to be created through the webhook")
 
 	// A flood from another pod (127.0.0.2): the webhook keeps at most
-	// webhookTimeouts.conns.PerAddr of its connections and resets the
+	// webhook.Timeouts.Conns.PerAddr of its connections and resets the
 	// rest, and the apiserver's calls are still served. A connection the
 	// kernel has completed but the webhook not yet accepted looks open to
 	// its client until the webhook takes it from the queue and resets it:
@@ -84,11 +84,11 @@ func TestWebhookProcessRotatesItsCertificateWithTheChartsRights(t *testing.T) {
 	f := openFlood(t, "127.0.0.2", fmt.Sprintf("127.0.0.1:%d", port), webhookFloodConns)
 	t.Cleanup(f.close)
 	open := f.open()
-	for deadline := time.Now().Add(10 * time.Second); open > webhookTimeouts.conns.PerAddr && time.Now().Before(deadline); open = f.open() {
+	for deadline := time.Now().Add(10 * time.Second); open > webhook.Timeouts.Conns.PerAddr && time.Now().Before(deadline); open = f.open() {
 		time.Sleep(100 * time.Millisecond)
 	}
-	if open > webhookTimeouts.conns.PerAddr {
-		t.Errorf("the webhook holds %d of %d connections from one address 10 s after the flood; want at most %d", open, len(f.conns), webhookTimeouts.conns.PerAddr)
+	if open > webhook.Timeouts.Conns.PerAddr {
+		t.Errorf("the webhook holds %d of %d connections from one address 10 s after the flood; want at most %d", open, len(f.conns), webhook.Timeouts.Conns.PerAddr)
 	}
 	injected("a pod to be created through the webhook during a flood")
 	f.close()
@@ -103,10 +103,10 @@ func TestWebhookProcessRotatesItsCertificateWithTheChartsRights(t *testing.T) {
 	// for it are bounds on the setup, not on what the test asserts.
 	hctx, hcancel := context.WithTimeout(ctx, 3*time.Minute)                             // stops by itself
 	tlsConfig := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}} //nolint:gosec // a test's flood
-	held, wait := holdSlots(hctx, []string{"127.0.2.1", "127.0.2.2", "127.0.2.3", "127.0.2.4"}, webhookTimeouts.conns.PerAddr,
+	held, wait := holdSlots(hctx, []string{"127.0.2.1", "127.0.2.2", "127.0.2.3", "127.0.2.4"}, webhook.Timeouts.Conns.PerAddr,
 		fmt.Sprintf("127.0.0.1:%d", port), tlsConfig)
 	// The apiserver's own kept-alive connections hold a few slots.
-	kubetest.WaitFor(t, 2*time.Minute, "nearly 512 kept-alive connections", func() bool { return held.Load() >= int64(webhookTimeouts.conns.Total-8) })
+	kubetest.WaitFor(t, 2*time.Minute, "nearly 512 kept-alive connections", func() bool { return held.Load() >= int64(webhook.Timeouts.Conns.Total-8) })
 	fresh := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig, DisableKeepAlives: true,
 		DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.3.1")}}).DialContext}}
 	for i := range 3 {
@@ -165,7 +165,7 @@ func TestWebhookMetricsNeedAnAuthorizedToken(t *testing.T) {
 	t.Cleanup(func() {
 		_ = env.Client.RbacV1().ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
 	})
-	kubeconfig := serviceAccountKubeconfig(t, env, ns, sa, authorizationv1.ResourceAttributes{Verb: "create", Group: "authentication.k8s.io", Resource: "tokenreviews"})
+	kubeconfig := clitest.ServiceAccountKubeconfig(t, env, ns, sa, authorizationv1.ResourceAttributes{Verb: "create", Group: "authentication.k8s.io", Resource: "tokenreviews"})
 
 	// cert-manager's certificate, as the kubelet would mount it.
 	certDir := t.TempDir()
@@ -214,7 +214,7 @@ func TestWebhookMetricsNeedAnAuthorizedToken(t *testing.T) {
 		return code != 0
 	})
 
-	scraper, stranger := serviceAccountToken(t, env, ns, "scraper"), serviceAccountToken(t, env, ns, "stranger")
+	scraper, stranger := clitest.ServiceAccountToken(t, env, ns, "scraper"), clitest.ServiceAccountToken(t, env, ns, "stranger")
 	// The scraper's token with its signature's last bytes changed.
 	forged := scraper[:len(scraper)-4] + "AAAA"
 	for _, tc := range []struct {
@@ -259,13 +259,8 @@ func TestWebhookRefusesPlainMetricsOffLoopback(t *testing.T) {
 }
 
 // A --log-level that is not one of zap's level names is refused, naming the
-// flag; each of the four is taken.
+// flag (internal/cli/webhook tests that each of the four is taken).
 func TestWebhookLogLevel(t *testing.T) {
-	for _, s := range []string{"error", "warn", "info", "debug"} {
-		if l, err := webhookLogLevel(s); err != nil || l.String() != s {
-			t.Errorf("webhookLogLevel(%q) = %v, %v; want %s", s, l, err, s)
-		}
-	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "HANDOFF_TEST_RUN_MAIN=webhook --namespace n --log-level verbose")
 	out, err := cmd.CombinedOutput()
@@ -320,12 +315,12 @@ func startChartWebhook(t *testing.T, env *kubetest.Env, failurePolicy string) *c
 		// configuration at the process, before the webhook runs.
 		hooks, _, _ := unstructured.NestedSlice(obj.Object, "webhooks")
 		for i := range hooks {
-			_ = unstructured.SetNestedMap(hooks[i].(map[string]any), map[string]any{"url": fmt.Sprintf("https://localhost:%d%s", w.port, webhook.Path)}, "clientConfig")
+			_ = unstructured.SetNestedMap(hooks[i].(map[string]any), map[string]any{"url": fmt.Sprintf("https://localhost:%d%s", w.port, admission.Path)}, "clientConfig")
 		}
 		_ = unstructured.SetNestedSlice(obj.Object, hooks, "webhooks")
 	}
 	charttest.Create(t, env.Config, objs)
-	kubeconfig := serviceAccountKubeconfig(t, env, w.ns, sa, authorizationv1.ResourceAttributes{Namespace: w.ns, Verb: "list", Resource: "secrets", Name: w.secretName})
+	kubeconfig := clitest.ServiceAccountKubeconfig(t, env, w.ns, sa, authorizationv1.ResourceAttributes{Namespace: w.ns, Verb: "list", Resource: "secrets", Name: w.secretName})
 	w.cmd, w.exited = runMain(t, fmt.Sprintf("webhook --kubeconfig %s --port %d --cert-dir %s --namespace %s --cert-secret %s --webhook-config %s --service %s --cert-dns-names localhost --metrics-addr 0 --health-addr 127.0.0.1:0 --image handoff:test",
 		kubeconfig, w.port, w.certDir, w.ns, w.secretName, w.release, sa))
 	return w

@@ -7,7 +7,7 @@
 // what the container's memory cgroup counts and the runtime does not: the
 // binary's file-backed pages (about 21 MiB resident for the sidecar build,
 // reclaimable), the kernel's memory for sockets (about 3.7 KiB a
-// connection, at most 2.1 MiB for the capped listeners of cmd/handoff),
+// connection, at most 2.1 MiB for the capped listeners of internal/cli/serve),
 // and the page cache of files the sidecar reads. At the injected 128 MiB
 // that is 96 MiB for the runtime and 32 MiB beside it; at 64 MiB, 48 and
 // 16. A soft limit is not a cap: live memory past it is not refused, the

@@ -1,0 +1,43 @@
+// Package clitest has the helpers the tests of handoff's commands share:
+// the pod's token, as the install step writes it, and a worker keyed with
+// it.
+package clitest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/handoff-dev/handoff/protocol"
+	"github.com/handoff-dev/handoff/worker"
+)
+
+// TokenFile writes a token file as the install step does (64 hex digits,
+// mode 0644) in a temporary directory and returns its path.
+func TokenFile(t testing.TB) string {
+	t.Helper()
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	path := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(path, []byte(hex.EncodeToString(b[:])+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TokenAgent writes a token file (TokenFile) and returns its path, its
+// token and a Go worker Agent keyed with it, as an injected worker's.
+func TokenAgent(t testing.TB) (path, token string, agent *worker.Agent) {
+	t.Helper()
+	path = TokenFile(t)
+	token, err := protocol.ReadTokenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if agent, err = worker.New(worker.Options{Token: token}); err != nil {
+		t.Fatal(err)
+	}
+	return path, token, agent
+}
