@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -152,4 +153,35 @@ func slug(text string) string {
 func normalize(md string) string {
 	md = strings.NewReplacer("`", "", "**", "").Replace(md)
 	return strings.Join(strings.Fields(md), " ")
+}
+
+// WriteCatalog writes a line per case, ID, group and rule in columns, and
+// WriteCatalogJSON the same cases as JSON.
+func TestWriteCatalog(t *testing.T) {
+	var text, js strings.Builder
+	if err := WriteCatalog(&text); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(text.String(), "\n"), "\n")
+	cat := Catalog()
+	if len(lines) != len(cat) {
+		t.Fatalf("%d lines for %d cases:\n%s", len(lines), len(cat), text.String())
+	}
+	col := strings.Index(lines[0], cat[0].Group)
+	for i, c := range cat {
+		f := strings.Fields(lines[i])
+		if f[0] != c.ID || f[1] != c.Group || !strings.HasSuffix(lines[i], " "+c.Rule+" ("+c.Anchor+")") || strings.Index(lines[i], "  "+c.Group+"  ") != col-2 {
+			t.Errorf("line %q: want %s, %s in the group column, then %q (%s)", lines[i], c.ID, c.Group, c.Rule, c.Anchor)
+		}
+	}
+	if err := WriteCatalogJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var got struct{ Cases []CaseInfo }
+	if err := json.Unmarshal([]byte(js.String()), &got); err != nil || !slices.Equal(got.Cases, cat) {
+		t.Errorf("WriteCatalogJSON = %s (%v), want Catalog()", js.String(), err)
+	}
+	if !strings.Contains(js.String(), `"id":"transport/socket","group":"idle"`) {
+		t.Errorf("WriteCatalogJSON = %s: want the fields id, group, rule, anchor", js.String())
+	}
 }
