@@ -61,7 +61,7 @@ func FuzzLoad(f *testing.F) {
 		{"app-url", "http://127.0.0.1:7452/app", "pod-name", "p"},
 		{"app-url", "unix:///handoff-run/app.sock", "control-addr", "unix://relative.sock"},
 		{"app-url", "unix:///a/../b.sock", "control-addr", "unix:///" + strings.Repeat("x", 200)},
-		// Issue 20: durations whose sum, or whose conversion, wraps.
+		// Durations whose sum, or whose conversion, wraps.
 		{"deadline-margin", "2000000h", "handback-reserve", "2000000h"},
 		{"deadline-margin", "1h", "handback-reserve", "1h0m0.000000001s"},
 		{"grace-period", "9223372036854775807s", "deadline-margin", "2s"},

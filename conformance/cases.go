@@ -683,301 +683,343 @@ func (s *suite) newInstance(ctx context.Context) (string, error) {
 	return fmt.Sprintf("instance %q, then %q after the restart", before.Instance, after.Instance), nil
 }
 
-// drainCases are the cases of the drain group, in order.
-var drainCases = []string{CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseRunningMillis, CaseLeadDuringDrain, CaseDrainReturnsDrained, CaseDrainLarge}
-
 // drainGroup: stop-claiming and the drain long poll. With a Fixture, on a
 // fresh process holding `held` claims; without, on the app as given (then
-// the cases that need claims are skipped).
-func (s *suite) drainGroup(ctx context.Context) {
+// the cases that need claims are skipped: needsClaims). Once a case has
+// not stopped the app's claiming (s.stopped), the rest are skipped.
+func (s *suite) drainGroup(ctx context.Context, cases []entry) {
+	names := ids(cases)
 	f := s.t.Fixture
-	want := 0
-	// The claims were started between heldFrom and heldBy (Fixture.Hold
-	// returns once they are).
-	var heldFrom, heldBy time.Time
+	s.drainHeld, s.stopped, s.first = 0, false, protocol.DrainStatus{}
 	if f != nil {
 		if err := f.Restart(ctx); err != nil {
-			s.failAll(drainCases, "Fixture.Restart: "+err.Error())
+			s.failAll(names, "Fixture.Restart: "+err.Error())
 			return
 		}
-		heldFrom = time.Now()
+		s.heldFrom = time.Now()
 		if err := f.Hold(ctx, held); err != nil {
-			s.failAll(drainCases, fmt.Sprintf("Fixture.Hold(%d): %v", held, err))
+			s.failAll(names, fmt.Sprintf("Fixture.Hold(%d): %v", held, err))
 			return
 		}
-		heldBy = time.Now()
+		s.heldBy = time.Now()
 		defer func() { _ = f.Finish(ctx) }()
-		want = held
-		if st, err := s.status(ctx); err != nil || st.InFlight != want {
-			s.failAll(drainCases, fmt.Sprintf("before stop-claiming, with %d claims held by the fixture: status %+v, %v; want inFlight %d (the app must be idle but for the fixture)", held, st, err, held))
+		s.drainHeld = held
+		if st, err := s.status(ctx); err != nil || st.InFlight != s.drainHeld {
+			s.failAll(names, fmt.Sprintf("before stop-claiming, with %d claims held by the fixture: status %+v, %v; want inFlight %d (the app must be idle but for the fixture)", held, st, err, held))
 			return
 		}
 	}
-	var first protocol.DrainStatus
-	stopped := false
-	s.run(ctx, CaseStopClaiming, func(ctx context.Context) (string, error) {
-		st, _, err := s.stopClaiming(ctx)
-		if err != nil {
-			return "", err
+	for i, c := range cases {
+		if i > 0 && !s.stopped {
+			s.skipAll(names[i:], "stop-claiming did not stop claiming")
+			return
 		}
-		if !st.Stopping {
-			return "", fmt.Errorf("stop-claiming answered %+v, want stopping true", st)
-		}
-		stopped = true
-		if err := consistent(st); err != nil {
-			return "", err
-		}
-		if f != nil && st.InFlight != want {
-			return "", fmt.Errorf("stop-claiming answered inFlight %d with %d claims held, want %d", st.InFlight, held, held)
-		}
-		first = st
-		return fmt.Sprintf("stopping, %d in flight", st.InFlight), nil
-	})
-	if !stopped {
-		s.skipAll(drainCases[1:], "stop-claiming did not stop claiming")
-		return
+		s.run(ctx, c.id, c.bound(s))
 	}
-	s.run(ctx, CaseStopIdempotent, func(ctx context.Context) (string, error) {
-		st, _, err := s.stopClaiming(ctx)
-		if err != nil {
-			return "", err
-		}
-		if !st.Stopping || st.Instance != first.Instance || st.InFlight > first.InFlight || (f != nil && st.InFlight != want) {
-			return "", fmt.Errorf("a second stop-claiming answered %+v after %+v, want stopping, the same instance and in-flight count", st, first)
-		}
-		return "a second stop-claiming answered the same", nil
-	})
-	needs := func(f func(context.Context) (string, error)) func(context.Context) (string, error) {
-		if s.t.Fixture == nil {
-			return func(context.Context) (string, error) {
-				return "", errSkip{"needs a Fixture (--fixture-cmd): a long poll shows only with claims in flight"}
-			}
-		}
-		return f
-	}
-	s.run(ctx, CaseDrainAtOnce, needs(func(ctx context.Context) (string, error) {
-		for _, q := range []string{"", "?waitMillis=", "?waitMillis=0"} {
-			st, a, err := s.drain(ctx, q, 0)
-			if err != nil {
-				return "", err
-			}
-			if st.Drained || st.InFlight != want || !st.Stopping {
-				return "", fmt.Errorf("drain%s answered %+v with %d claims held after stop-claiming, want stopping, %d in flight, not drained", q, st, held, held)
-			}
-			if a.took > atOnce {
-				return "", fmt.Errorf("drain%s answered after %s, want at once", q, a.took.Round(time.Millisecond))
-			}
-		}
-		return "absent, empty and 0 answered at once, not drained", nil
-	}))
-	s.run(ctx, CaseDrainWaits, needs(func(ctx context.Context) (string, error) {
-		q := fmt.Sprintf("?waitMillis=%d", drainWait.Milliseconds())
-		st, a, err := s.drain(ctx, q, drainWait)
-		if err != nil {
-			return "", err
-		}
-		if st.Drained || st.InFlight != want {
-			return "", fmt.Errorf("drain%s answered %+v with %d claims held, want not drained", q, st, held)
-		}
-		if a.took < drainWait {
-			return "", fmt.Errorf("drain%s answered after %s, not drained: want the answer once drained or after %s", q, a.took.Round(time.Millisecond), drainWait)
-		}
-		return fmt.Sprintf("waited %s for waitMillis %d", a.took.Round(time.Millisecond), drainWait.Milliseconds()), nil
-	}))
-	s.run(ctx, CaseRunningMillis, needs(func(ctx context.Context) (string, error) {
-		return s.runningMillis(ctx, heldFrom, heldBy)
-	}))
-	s.run(ctx, CaseLeadDuringDrain, func(ctx context.Context) (string, error) {
-		lease := s.lease("draining")
-		if err := s.grant(ctx, lease, s.next()); err != nil {
-			return "", fmt.Errorf("after stop-claiming: %w", err)
-		}
-		if err := s.grant(ctx, lease, s.next()); err != nil {
-			return "", fmt.Errorf("a renewal after stop-claiming: %w", err)
-		}
-		how := "grants and renewals applied after stop-claiming"
-		if s.t.Leader != nil {
-			if err := s.leads(ctx, lease, "after a grant during the drain"); err != nil {
-				return "", err
-			}
-			_ = s.t.Leader.Release(ctx, lease)
-			how += "; leader work begins"
-		}
-		if err := s.revoke(ctx, lease, s.next()); err != nil {
-			return "", err
-		}
-		return how, nil
-	})
-	s.run(ctx, CaseDrainReturnsDrained, needs(func(ctx context.Context) (string, error) {
-		const long = 20 * time.Second
-		type result struct {
-			st  protocol.DrainStatus
-			a   answer
-			err error
-		}
-		done := make(chan result, 1)
-		go func() {
-			st, a, err := s.drain(ctx, fmt.Sprintf("?waitMillis=%d", long.Milliseconds()), long)
-			done <- result{st, a, err}
-		}()
-		// Give the long poll time to reach the app; should it come after
-		// Finish it answers drained at once, which passes too.
-		select {
-		case r := <-done:
-			return "", fmt.Errorf("drain answered %s before the claims were finished, with %d held", r.a, held)
-		case <-time.After(early):
-		}
-		if err := f.Finish(ctx); err != nil {
-			return "", fmt.Errorf("Fixture.Finish: %w", err)
-		}
-		r := <-done
-		if r.err != nil {
-			return "", r.err
-		}
-		if !r.st.Drained || r.st.InFlight != 0 {
-			return "", fmt.Errorf("drain answered %+v once the claims were finished, want drained", r.st)
-		}
-		if r.st.RunningMillis != 0 {
-			return "", fmt.Errorf("drain answered runningMillis %d once the claims were finished, want 0 or none: no claim is in progress", r.st.RunningMillis)
-		}
-		return fmt.Sprintf("a long poll of %s answered drained once the claims were finished", long), nil
-	}))
-	s.run(ctx, CaseDrainLarge, func(ctx context.Context) (string, error) {
-		if f == nil {
-			st, _, err := s.drain(ctx, "?waitMillis=5000", 5*time.Second)
-			if err != nil {
-				return "", err
-			}
-			if !st.Drained {
-				return "", fmt.Errorf("an idle app is not drained 5 s after stop-claiming: %+v (the app must be idle, or stop its waits at stop-claiming)", st)
-			}
-		}
-		for _, v := range []string{"30000", "30001", "9223372036854775807", "99999999999999999999"} {
-			st, a, err := s.drain(ctx, "?waitMillis="+v, 0)
-			if err != nil {
-				return "", fmt.Errorf("drained, waitMillis %s: %w", v, err)
-			}
-			if !st.Drained {
-				return "", fmt.Errorf("drain ?waitMillis=%s answered %s, want drained", v, a)
-			}
-		}
-		return "waitMillis beyond the bound (and beyond int64) answered 200 when drained", nil
-	})
 }
 
-var returnCases = []string{CaseReturnCounts, CaseReturnRepeat}
+// needsClaims skips the case run without a Fixture: in the drain group,
+// the cases that need claims held.
+func needsClaims(run func(*suite, context.Context) (string, error)) func(*suite, context.Context) (string, error) {
+	return func(s *suite, ctx context.Context) (string, error) {
+		if s.t.Fixture == nil {
+			return "", errSkip{"needs a Fixture (--fixture-cmd): a long poll shows only with claims in flight"}
+		}
+		return run(s, ctx)
+	}
+}
 
-// returnGroup: the return fallback hands back every claim held and counts
-// it; a second return is answered too.
-func (s *suite) returnGroup(ctx context.Context) {
+// stopClaimingCase: stop-claiming answers stopping, with the claims held
+// in flight; it sets s.stopped and s.first.
+func (s *suite) stopClaimingCase(ctx context.Context) (string, error) {
+	st, _, err := s.stopClaiming(ctx)
+	if err != nil {
+		return "", err
+	}
+	if !st.Stopping {
+		return "", fmt.Errorf("stop-claiming answered %+v, want stopping true", st)
+	}
+	s.stopped = true
+	if err := consistent(st); err != nil {
+		return "", err
+	}
+	if s.t.Fixture != nil && st.InFlight != s.drainHeld {
+		return "", fmt.Errorf("stop-claiming answered inFlight %d with %d claims held, want %d", st.InFlight, held, held)
+	}
+	s.first = st
+	return fmt.Sprintf("stopping, %d in flight", st.InFlight), nil
+}
+
+// stopIdempotent: a second stop-claiming answers as the first.
+func (s *suite) stopIdempotent(ctx context.Context) (string, error) {
+	st, _, err := s.stopClaiming(ctx)
+	if err != nil {
+		return "", err
+	}
+	first := s.first
+	if !st.Stopping || st.Instance != first.Instance || st.InFlight > first.InFlight || (s.t.Fixture != nil && st.InFlight != s.drainHeld) {
+		return "", fmt.Errorf("a second stop-claiming answered %+v after %+v, want stopping, the same instance and in-flight count", st, first)
+	}
+	return "a second stop-claiming answered the same", nil
+}
+
+// drainAtOnce: a drain with waitMillis absent, empty or 0 answers at once.
+func (s *suite) drainAtOnce(ctx context.Context) (string, error) {
+	for _, q := range []string{"", "?waitMillis=", "?waitMillis=0"} {
+		st, a, err := s.drain(ctx, q, 0)
+		if err != nil {
+			return "", err
+		}
+		if st.Drained || st.InFlight != s.drainHeld || !st.Stopping {
+			return "", fmt.Errorf("drain%s answered %+v with %d claims held after stop-claiming, want stopping, %d in flight, not drained", q, st, held, held)
+		}
+		if a.took > atOnce {
+			return "", fmt.Errorf("drain%s answered after %s, want at once", q, a.took.Round(time.Millisecond))
+		}
+	}
+	return "absent, empty and 0 answered at once, not drained", nil
+}
+
+// drainWaits: with claims held, a drain long poll waits waitMillis.
+func (s *suite) drainWaits(ctx context.Context) (string, error) {
+	q := fmt.Sprintf("?waitMillis=%d", drainWait.Milliseconds())
+	st, a, err := s.drain(ctx, q, drainWait)
+	if err != nil {
+		return "", err
+	}
+	if st.Drained || st.InFlight != s.drainHeld {
+		return "", fmt.Errorf("drain%s answered %+v with %d claims held, want not drained", q, st, held)
+	}
+	if a.took < drainWait {
+		return "", fmt.Errorf("drain%s answered after %s, not drained: want the answer once drained or after %s", q, a.took.Round(time.Millisecond), drainWait)
+	}
+	return fmt.Sprintf("waited %s for waitMillis %d", a.took.Round(time.Millisecond), drainWait.Milliseconds()), nil
+}
+
+// leadDuringDrain: grants and renewals after stop-claiming are applied,
+// and leader work begins under them.
+func (s *suite) leadDuringDrain(ctx context.Context) (string, error) {
+	lease := s.lease("draining")
+	if err := s.grant(ctx, lease, s.next()); err != nil {
+		return "", fmt.Errorf("after stop-claiming: %w", err)
+	}
+	if err := s.grant(ctx, lease, s.next()); err != nil {
+		return "", fmt.Errorf("a renewal after stop-claiming: %w", err)
+	}
+	how := "grants and renewals applied after stop-claiming"
+	if s.t.Leader != nil {
+		if err := s.leads(ctx, lease, "after a grant during the drain"); err != nil {
+			return "", err
+		}
+		_ = s.t.Leader.Release(ctx, lease)
+		how += "; leader work begins"
+	}
+	if err := s.revoke(ctx, lease, s.next()); err != nil {
+		return "", err
+	}
+	return how, nil
+}
+
+// drainReturnsDrained: a long poll answers drained once the claims are
+// finished, with no runningMillis.
+func (s *suite) drainReturnsDrained(ctx context.Context) (string, error) {
+	const long = 20 * time.Second
+	type result struct {
+		st  protocol.DrainStatus
+		a   answer
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		st, a, err := s.drain(ctx, fmt.Sprintf("?waitMillis=%d", long.Milliseconds()), long)
+		done <- result{st, a, err}
+	}()
+	// Give the long poll time to reach the app; should it come after
+	// Finish it answers drained at once, which passes too.
+	select {
+	case r := <-done:
+		return "", fmt.Errorf("drain answered %s before the claims were finished, with %d held", r.a, held)
+	case <-time.After(early):
+	}
+	if err := s.t.Fixture.Finish(ctx); err != nil {
+		return "", fmt.Errorf("Fixture.Finish: %w", err)
+	}
+	r := <-done
+	if r.err != nil {
+		return "", r.err
+	}
+	if !r.st.Drained || r.st.InFlight != 0 {
+		return "", fmt.Errorf("drain answered %+v once the claims were finished, want drained", r.st)
+	}
+	if r.st.RunningMillis != 0 {
+		return "", fmt.Errorf("drain answered runningMillis %d once the claims were finished, want 0 or none: no claim is in progress", r.st.RunningMillis)
+	}
+	return fmt.Sprintf("a long poll of %s answered drained once the claims were finished", long), nil
+}
+
+// drainLarge: once drained, a waitMillis beyond the bound (and beyond
+// int64) answers 200, drained. Without a Fixture, the app as given must
+// be drained within 5 s of stop-claiming first.
+func (s *suite) drainLarge(ctx context.Context) (string, error) {
+	if s.t.Fixture == nil {
+		st, _, err := s.drain(ctx, "?waitMillis=5000", 5*time.Second)
+		if err != nil {
+			return "", err
+		}
+		if !st.Drained {
+			return "", fmt.Errorf("an idle app is not drained 5 s after stop-claiming: %+v (the app must be idle, or stop its waits at stop-claiming)", st)
+		}
+	}
+	for _, v := range []string{"30000", "30001", "9223372036854775807", "99999999999999999999"} {
+		st, a, err := s.drain(ctx, "?waitMillis="+v, 0)
+		if err != nil {
+			return "", fmt.Errorf("drained, waitMillis %s: %w", v, err)
+		}
+		if !st.Drained {
+			return "", fmt.Errorf("drain ?waitMillis=%s answered %s, want drained", v, a)
+		}
+	}
+	return "waitMillis beyond the bound (and beyond int64) answered 200 when drained", nil
+}
+
+// returnGroup: on a fresh process holding `held` claims, after
+// stop-claiming.
+func (s *suite) returnGroup(ctx context.Context, cases []entry) {
+	names := ids(cases)
 	f := s.t.Fixture
 	if f == nil {
-		s.skipAll(returnCases, "needs a Fixture (--fixture-cmd): counts show only with claims in flight")
+		s.skipAll(names, "needs a Fixture (--fixture-cmd): counts show only with claims in flight")
 		return
 	}
 	if err := s.holding(ctx, held); err != nil {
-		s.failAll(returnCases, err.Error())
+		s.failAll(names, err.Error())
 		return
 	}
 	defer func() { _ = f.Finish(ctx) }()
-	s.run(ctx, CaseReturnCounts, func(ctx context.Context) (string, error) {
-		var res protocol.ReturnResult
-		if _, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, `{"cancel": false, "cancelWaitMillis": 500}`, 0, &res); err != nil {
-			return "", err
-		}
-		if res.Returned != held || res.Error != "" {
-			return "", fmt.Errorf("return answered %+v with %d claims held, want returned %d and no error", res, held, held)
-		}
-		return fmt.Sprintf("returned %d of %d held", res.Returned, held), nil
-	})
-	s.run(ctx, CaseReturnRepeat, func(ctx context.Context) (string, error) {
-		var res protocol.ReturnResult
-		if _, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, `{"cancel": false}`, 0, &res); err != nil {
-			return "", fmt.Errorf("a second return: %w", err)
-		}
-		if res.Returned < 0 || res.Returned > held {
-			return "", fmt.Errorf("a second return answered %+v, want returned 0 to %d", res, held)
-		}
-		return fmt.Sprintf("a second return answered, returned %d", res.Returned), nil
-	})
+	for _, c := range cases {
+		s.run(ctx, c.id, c.bound(s))
+	}
 }
 
-// cancelGroup: the cancel fallback cancels in-flight work, waits
-// cancelWaitMillis for it (the fixture's work ignores it), then hands back
-// what is still held.
-func (s *suite) cancelGroup(ctx context.Context) {
+// returnCounts: the return fallback hands back every claim held and
+// counts it.
+func (s *suite) returnCounts(ctx context.Context) (string, error) {
+	var res protocol.ReturnResult
+	if _, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, `{"cancel": false, "cancelWaitMillis": 500}`, 0, &res); err != nil {
+		return "", err
+	}
+	if res.Returned != held || res.Error != "" {
+		return "", fmt.Errorf("return answered %+v with %d claims held, want returned %d and no error", res, held, held)
+	}
+	return fmt.Sprintf("returned %d of %d held", res.Returned, held), nil
+}
+
+// returnRepeat: a second return is answered too.
+func (s *suite) returnRepeat(ctx context.Context) (string, error) {
+	var res protocol.ReturnResult
+	if _, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, `{"cancel": false}`, 0, &res); err != nil {
+		return "", fmt.Errorf("a second return: %w", err)
+	}
+	if res.Returned < 0 || res.Returned > held {
+		return "", fmt.Errorf("a second return answered %+v, want returned 0 to %d", res, held)
+	}
+	return fmt.Sprintf("a second return answered, returned %d", res.Returned), nil
+}
+
+// cancelHeld is how many claims the cancel and cancel-ended groups hold.
+const cancelHeld = 2
+
+// cancelGroup: on a fresh process holding cancelHeld claims whose work
+// ignores the cancel, after stop-claiming.
+func (s *suite) cancelGroup(ctx context.Context, cases []entry) {
+	names := ids(cases)
 	f := s.t.Fixture
 	if f == nil {
-		s.skipAll([]string{CaseCancelReturn}, "needs a Fixture (--fixture-cmd): a cancel shows only with claims in flight")
+		s.skipAll(names, "needs a Fixture (--fixture-cmd): a cancel shows only with claims in flight")
 		return
 	}
-	const n = 2
-	if err := s.holding(ctx, n); err != nil {
-		s.failAll([]string{CaseCancelReturn}, err.Error())
+	if err := s.holding(ctx, cancelHeld); err != nil {
+		s.failAll(names, err.Error())
 		return
 	}
 	defer func() { _ = f.Finish(ctx) }()
-	s.run(ctx, CaseCancelReturn, func(ctx context.Context) (string, error) {
-		var res protocol.ReturnResult
-		body := fmt.Sprintf(`{"cancel": true, "cancelWaitMillis": %d}`, cancelWait.Milliseconds())
-		a, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, body, cancelWait, &res)
-		if err != nil {
-			return "", err
+	for _, c := range cases {
+		s.run(ctx, c.id, c.bound(s))
+	}
+}
+
+// cancelReturn: the cancel fallback cancels in-flight work, waits
+// cancelWaitMillis for it (the fixture's work ignores it), then hands back
+// what is still held.
+func (s *suite) cancelReturn(ctx context.Context) (string, error) {
+	const n = cancelHeld
+	var res protocol.ReturnResult
+	body := fmt.Sprintf(`{"cancel": true, "cancelWaitMillis": %d}`, cancelWait.Milliseconds())
+	a, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, body, cancelWait, &res)
+	if err != nil {
+		return "", err
+	}
+	if res.Returned != n || res.Error != "" {
+		return "", fmt.Errorf("return with cancel answered %+v with %d claims held past the cancel, want returned %d and no error", res, n, n)
+	}
+	if a.took < cancelWait {
+		return "", fmt.Errorf("return with cancel answered after %s with work still running: want it to wait up to cancelWaitMillis %d for the work first", a.took.Round(time.Millisecond), cancelWait.Milliseconds())
+	}
+	return fmt.Sprintf("waited %s for canceled work, then returned %d", a.took.Round(time.Millisecond), res.Returned), nil
+}
+
+// cancelEndedGroup: on a fresh process holding cancelHeld claims whose
+// work ends at the cancel (CancelFixture), after stop-claiming.
+func (s *suite) cancelEndedGroup(ctx context.Context, cases []entry) {
+	names := ids(cases)
+	cf, ok := s.t.Fixture.(CancelFixture)
+	if !ok {
+		s.skipAll(names, "needs a CancelFixture (--fixture-cmd answering hold-cancelable): claims whose work ends at the cancel")
+		return
+	}
+	if err := s.holdingWith(ctx, cancelHeld, "HoldCancelable", cf.HoldCancelable); err != nil {
+		if errors.Is(err, errors.ErrUnsupported) {
+			s.skipAll(names, "the fixture cannot hold claims whose work ends at the cancel")
+			return
 		}
-		if res.Returned != n || res.Error != "" {
-			return "", fmt.Errorf("return with cancel answered %+v with %d claims held past the cancel, want returned %d and no error", res, n, n)
-		}
-		if a.took < cancelWait {
-			return "", fmt.Errorf("return with cancel answered after %s with work still running: want it to wait up to cancelWaitMillis %d for the work first", a.took.Round(time.Millisecond), cancelWait.Milliseconds())
-		}
-		return fmt.Sprintf("waited %s for canceled work, then returned %d", a.took.Round(time.Millisecond), res.Returned), nil
-	})
+		s.failAll(names, err.Error())
+		return
+	}
+	defer func() { _ = cf.Finish(ctx) }()
+	for _, c := range cases {
+		s.run(ctx, c.id, c.bound(s))
+	}
 }
 
 // cancelHandsBack: with cancel, work that ends because of the cancel
 // without acknowledging its message is handed back too, and the app hands
 // back as soon as the canceled work has ended, not after all of
 // cancelWaitMillis.
-func (s *suite) cancelHandsBack(ctx context.Context) {
-	cf, ok := s.t.Fixture.(CancelFixture)
-	if !ok {
-		s.skipAll([]string{CaseCancelHandsBack}, "needs a CancelFixture (--fixture-cmd answering hold-cancelable): claims whose work ends at the cancel")
-		return
+func (s *suite) cancelHandsBack(ctx context.Context) (string, error) {
+	const n = cancelHeld
+	const wait = 3 * time.Second
+	var res protocol.ReturnResult
+	body := fmt.Sprintf(`{"cancel": true, "cancelWaitMillis": %d}`, wait.Milliseconds())
+	a, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, body, wait, &res)
+	if err != nil {
+		return "", err
 	}
-	const n = 2
-	if err := s.holdingWith(ctx, n, "HoldCancelable", cf.HoldCancelable); err != nil {
-		if errors.Is(err, errors.ErrUnsupported) {
-			s.skipAll([]string{CaseCancelHandsBack}, "the fixture cannot hold claims whose work ends at the cancel")
-			return
-		}
-		s.failAll([]string{CaseCancelHandsBack}, err.Error())
-		return
+	if a.took >= wait {
+		return "", fmt.Errorf("return with cancel answered after %s, all of cancelWaitMillis: the in-flight work was not canceled, or the app did not see it end", a.took.Round(time.Millisecond))
 	}
-	defer func() { _ = cf.Finish(ctx) }()
-	s.run(ctx, CaseCancelHandsBack, func(ctx context.Context) (string, error) {
-		const wait = 3 * time.Second
-		var res protocol.ReturnResult
-		body := fmt.Sprintf(`{"cancel": true, "cancelWaitMillis": %d}`, wait.Milliseconds())
-		a, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, body, wait, &res)
-		if err != nil {
-			return "", err
-		}
-		if a.took >= wait {
-			return "", fmt.Errorf("return with cancel answered after %s, all of cancelWaitMillis: the in-flight work was not canceled, or the app did not see it end", a.took.Round(time.Millisecond))
-		}
-		if res.Returned != n || res.Error != "" {
-			return "", fmt.Errorf("return with cancel answered %+v for %d claims whose work ended at the cancel without acknowledging: want returned %d, no error (their messages are still claimed)", res, n, n)
-		}
-		return fmt.Sprintf("canceled work ended, unacknowledged; returned %d after %s", res.Returned, a.took.Round(time.Millisecond)), nil
-	})
+	if res.Returned != n || res.Error != "" {
+		return "", fmt.Errorf("return with cancel answered %+v for %d claims whose work ended at the cancel without acknowledging: want returned %d, no error (their messages are still claimed)", res, n, n)
+	}
+	return fmt.Sprintf("canceled work ended, unacknowledged; returned %d after %s", res.Returned, a.took.Round(time.Millisecond)), nil
 }
 
-// runningMillis: with claims started between heldFrom and heldBy and in
-// progress since, runningMillis (optional) is how long the oldest has been
-// in progress: between the time since heldBy and the time since heldFrom,
-// and aging with the app's clock. (The fixture holds the claims at once:
-// an app that times the newest claim instead is not told apart.)
-func (s *suite) runningMillis(ctx context.Context, heldFrom, heldBy time.Time) (string, error) {
+// runningMillis: with claims started between s.heldFrom and s.heldBy and
+// in progress since, runningMillis (optional) is how long the oldest has
+// been in progress: between the time since heldBy and the time since
+// heldFrom, and aging with the app's clock. (The fixture holds the claims
+// at once: an app that times the newest claim instead is not told apart.)
+func (s *suite) runningMillis(ctx context.Context) (string, error) {
+	heldFrom, heldBy := s.heldFrom, s.heldBy
 	asked := time.Now()
 	before, err := s.status(ctx)
 	if err != nil {
@@ -1004,98 +1046,114 @@ func (s *suite) runningMillis(ctx context.Context, heldFrom, heldBy time.Time) (
 	return fmt.Sprintf("runningMillis %d, then %d after a long poll of %s", before.RunningMillis, after.RunningMillis, a.took.Round(time.Millisecond)), nil
 }
 
-// returnStops: a return on a process stop-claiming never reached stops its
-// claiming too: nothing is claimed after the hand-back.
-func (s *suite) returnStops(ctx context.Context) {
-	cases := []string{CaseReturnStops}
+// returnUnstoppedGroup: on a fresh process holding 1 claim, which
+// stop-claiming never reached.
+func (s *suite) returnUnstoppedGroup(ctx context.Context, cases []entry) {
+	names := ids(cases)
 	f := s.t.Fixture
 	if f == nil {
-		s.skipAll(cases, "needs a Fixture (--fixture-cmd): the sidecar returns only with claims in flight")
+		s.skipAll(names, "needs a Fixture (--fixture-cmd): the sidecar returns only with claims in flight")
 		return
 	}
 	if err := s.restartHolding(ctx, 1, "Hold", f.Hold); err != nil {
-		s.failAll(cases, err.Error())
+		s.failAll(names, err.Error())
 		return
 	}
 	defer func() { _ = f.Finish(ctx) }()
-	s.run(ctx, CaseReturnStops, func(ctx context.Context) (string, error) {
-		st, err := s.status(ctx)
-		if err != nil {
-			return "", err
+	for _, c := range cases {
+		s.run(ctx, c.id, c.bound(s))
+	}
+}
+
+// returnStops: a return on a process stop-claiming never reached stops its
+// claiming too: nothing is claimed after the hand-back.
+func (s *suite) returnStops(ctx context.Context) (string, error) {
+	st, err := s.status(ctx)
+	if err != nil {
+		return "", err
+	}
+	if st.Stopping || st.InFlight != 1 {
+		return "", fmt.Errorf("before the return, with 1 claim held and no stop-claiming: status %+v, want not stopping, 1 in flight", st)
+	}
+	var res protocol.ReturnResult
+	if _, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, `{"cancel": false}`, 0, &res); err != nil {
+		return "", err
+	}
+	if res.Returned != 1 || res.Error != "" {
+		return "", fmt.Errorf("return answered %+v with 1 claim held, want returned 1 and no error", res)
+	}
+	if st, err = s.status(ctx); err != nil {
+		return "", err
+	}
+	if !st.Stopping {
+		return "", fmt.Errorf("after a return with no stop-claiming before it: status %+v, want stopping: the app must claim nothing after the hand-back", st)
+	}
+	return "a return with no stop-claiming before it stopped claiming, returned 1", nil
+}
+
+// unstartedHeld is how many claims the unstarted group holds unstarted,
+// beside one started.
+const unstartedHeld = 2
+
+// unstartedGroup: on a fresh process holding 1 claim started and
+// unstartedHeld unstarted (UnstartedFixture), before stop-claiming.
+func (s *suite) unstartedGroup(ctx context.Context, cases []entry) {
+	names := ids(cases)
+	uf, ok := s.t.Fixture.(UnstartedFixture)
+	if !ok {
+		s.skipAll(names, "needs an UnstartedFixture (--fixture-cmd answering hold-unstarted): claims held and not started")
+		return
+	}
+	if err := s.restartHolding(ctx, 1, "Hold", uf.Hold); err != nil {
+		s.failAll(names, err.Error())
+		return
+	}
+	defer func() { _ = uf.Finish(ctx) }()
+	if err := uf.HoldUnstarted(ctx, unstartedHeld); err != nil {
+		if errors.Is(err, errors.ErrUnsupported) {
+			s.skipAll(names, "the fixture cannot hold claims unstarted")
+			return
 		}
-		if st.Stopping || st.InFlight != 1 {
-			return "", fmt.Errorf("before the return, with 1 claim held and no stop-claiming: status %+v, want not stopping, 1 in flight", st)
-		}
-		var res protocol.ReturnResult
-		if _, err := s.ok(ctx, http.MethodPost, protocol.ReturnPath, `{"cancel": false}`, 0, &res); err != nil {
-			return "", err
-		}
-		if res.Returned != 1 || res.Error != "" {
-			return "", fmt.Errorf("return answered %+v with 1 claim held, want returned 1 and no error", res)
-		}
-		if st, err = s.status(ctx); err != nil {
-			return "", err
-		}
-		if !st.Stopping {
-			return "", fmt.Errorf("after a return with no stop-claiming before it: status %+v, want stopping: the app must claim nothing after the hand-back", st)
-		}
-		return "a return with no stop-claiming before it stopped claiming, returned 1", nil
-	})
+		s.failAll(names, fmt.Sprintf("Fixture.HoldUnstarted(%d): %v", unstartedHeld, err))
+		return
+	}
+	for _, c := range cases {
+		s.run(ctx, c.id, c.bound(s))
+	}
 }
 
 // handsBackUnstarted: stop-claiming hands back the claims held unstarted
 // at once, not at the drain deadline; started work is left to drain.
-func (s *suite) handsBackUnstarted(ctx context.Context) {
-	cases := []string{CaseHandsBackUnstarted}
-	uf, ok := s.t.Fixture.(UnstartedFixture)
-	if !ok {
-		s.skipAll(cases, "needs an UnstartedFixture (--fixture-cmd answering hold-unstarted): claims held and not started")
-		return
+func (s *suite) handsBackUnstarted(ctx context.Context) (string, error) {
+	const unstarted = unstartedHeld
+	st, err := s.status(ctx)
+	if err != nil {
+		return "", err
 	}
-	const unstarted = 2
-	if err := s.restartHolding(ctx, 1, "Hold", uf.Hold); err != nil {
-		s.failAll(cases, err.Error())
-		return
+	if st.InFlight != 1+unstarted || st.Unstarted != unstarted {
+		return "", fmt.Errorf("before stop-claiming, with 1 claim started and %d unstarted held by the fixture: status %+v, want inFlight %d, unstarted %d", unstarted, st, 1+unstarted, unstarted)
 	}
-	defer func() { _ = uf.Finish(ctx) }()
-	if err := uf.HoldUnstarted(ctx, unstarted); err != nil {
-		if errors.Is(err, errors.ErrUnsupported) {
-			s.skipAll(cases, "the fixture cannot hold claims unstarted")
-			return
-		}
-		s.failAll(cases, fmt.Sprintf("Fixture.HoldUnstarted(%d): %v", unstarted, err))
-		return
+	start := time.Now()
+	if _, _, err := s.stopClaiming(ctx); err != nil {
+		return "", err
 	}
-	s.run(ctx, CaseHandsBackUnstarted, func(ctx context.Context) (string, error) {
-		st, err := s.status(ctx)
+	// The app hands them back through its queue, after it answered:
+	// watch its count until they have left it.
+	for {
+		st, _, err := s.drain(ctx, fmt.Sprintf("?waitMillis=%d", poll.Milliseconds()), poll)
 		if err != nil {
 			return "", err
 		}
-		if st.InFlight != 1+unstarted || st.Unstarted != unstarted {
-			return "", fmt.Errorf("before stop-claiming, with 1 claim started and %d unstarted held by the fixture: status %+v, want inFlight %d, unstarted %d", unstarted, st, 1+unstarted, unstarted)
+		if st.InFlight < 1 || st.Drained {
+			return "", fmt.Errorf("after stop-claiming: status %+v, want the started claim still held: only unstarted claims are handed back, started work drains", st)
 		}
-		start := time.Now()
-		if _, _, err := s.stopClaiming(ctx); err != nil {
-			return "", err
+		if st.InFlight == 1 && st.Unstarted == 0 {
+			return fmt.Sprintf("%d unstarted claims handed back %s after stop-claiming; the started one left to drain", unstarted, time.Since(start).Round(time.Millisecond)), nil
 		}
-		// The app hands them back through its queue, after it answered:
-		// watch its count until they have left it.
-		for {
-			st, _, err := s.drain(ctx, fmt.Sprintf("?waitMillis=%d", poll.Milliseconds()), poll)
-			if err != nil {
-				return "", err
-			}
-			if st.InFlight < 1 || st.Drained {
-				return "", fmt.Errorf("after stop-claiming: status %+v, want the started claim still held: only unstarted claims are handed back, started work drains", st)
-			}
-			if st.InFlight == 1 && st.Unstarted == 0 {
-				return fmt.Sprintf("%d unstarted claims handed back %s after stop-claiming; the started one left to drain", unstarted, time.Since(start).Round(time.Millisecond)), nil
-			}
-			if time.Since(start) > handBackBound {
-				return "", fmt.Errorf("%s after stop-claiming the app still holds %+v: want the %d unstarted claims handed back at once (inFlight 1, unstarted 0), not kept to the drain deadline", handBackBound, st, unstarted)
-			}
+		if time.Since(start) > handBackBound {
+			return "", fmt.Errorf("%s after stop-claiming the app still holds %+v: want the %d unstarted claims handed back at once (inFlight 1, unstarted 0), not kept to the drain deadline", handBackBound, st, unstarted)
 		}
-	})
+	}
 }
 
 // holding restarts the app, makes it hold n claims and stops its claiming.

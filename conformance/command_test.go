@@ -127,13 +127,13 @@ func TestCommandFixture(t *testing.T) {
 	// A step the command fails is the case's failure, with its stderr.
 	bad := conformance.CommandFixture{Argv: []string{"sh", "-c", `echo no such fixture >&2; exit 3`}, Name: "./fixture.sh"}
 	rep = conformance.Run(ctx, conformance.Target{URL: appURL, Token: testToken, Fixture: bad})
-	if c, _ := rep.Case(conformance.CaseStopClaiming); c.Result != conformance.Fail {
+	if c, _ := rep.Case("stop-claiming/answers-stopping"); c.Result != conformance.Fail {
 		t.Fatalf("%s with a failing fixture command = %s (%s), want fail", c.Name, c.Result, c.Reason)
 	}
-	if c, _ := rep.Case(conformance.CaseStopClaiming); !contains(c.Reason, "no such fixture") {
+	if c, _ := rep.Case("stop-claiming/answers-stopping"); !contains(c.Reason, "no such fixture") {
 		t.Fatalf("reason %q, want the command's stderr", c.Reason)
 	}
-	if c, _ := rep.Case(conformance.CaseStopClaiming); !contains(c.Reason, `fixture command "./fixture.sh"`) {
+	if c, _ := rep.Case("stop-claiming/answers-stopping"); !contains(c.Reason, `fixture command "./fixture.sh"`) {
 		t.Fatalf("reason %q, want the command named as given (Name), not %q", c.Reason, "sh")
 	}
 }

@@ -7,6 +7,13 @@
 // make it do (hold claims, begin leader work) through a Fixture and a
 // LeaderFixture.
 //
+// # Cases
+//
+// The cases are one table (table.go): each has an ID ("auth/replay-refused",
+// the name a Report gives it), the group it runs in, the rule of
+// docs/protocol.md it checks, quoted, with that rule's anchor, and its run
+// function. Catalog lists them; Cases lists their IDs.
+//
 // # Order and fresh processes
 //
 // Stop-claiming is one-way for an app process, and a return or a cancel
@@ -16,17 +23,21 @@
 //  1. the app as given, or with a Fixture a fresh process (Restart),
 //     which must answer and not be stopping, else every case fails: the
 //     pod's token (401), bad requests (4xx), leadership ordered by
-//     sequence, refused messages (422), and, with a LeaderFixture, the term
-//     on the app's own clock, the revoke ack after leader work stopped and
-//     a stale revoke leaving leader work alone;
+//     sequence, refused messages (422) (group idle), and, with a
+//     LeaderFixture, the term on the app's own clock, the revoke ack after
+//     leader work stopped and a stale revoke leaving leader work alone
+//     (group leader); with a Fixture, a restart names a new instance
+//     (group restart);
 //  2. the drain, on that same process without a Fixture, or on a fresh one
 //     (Fixture.Restart) holding 3 claims with one: stop-claiming (twice),
-//     the drain long poll and its edge values, leadership during the drain;
+//     the drain long poll and its edge values, leadership during the drain
+//     (group drain);
 //  3. with a Fixture only, each on a fresh process holding claims: return
-//     (counts, repeated), cancel then return, with a CancelFixture what
-//     cancel hands back of work that ended because of it, a return that
-//     stops claiming when stop-claiming never came, and, with an
-//     UnstartedFixture, the unstarted claims stop-claiming hands back.
+//     (counts, repeated; group return), cancel then return (cancel), with
+//     a CancelFixture what cancel hands back of work that ended because of
+//     it (cancel-ended), a return that stops claiming when stop-claiming
+//     never came (return-unstopped), and, with an UnstartedFixture, the
+//     unstarted claims stop-claiming hands back (unstarted).
 //
 // Without a Fixture the cases that need claims held are reported skip,
 // never pass; without a LeaderFixture, those that need leader work.
@@ -196,53 +207,6 @@ func (r Report) String() string {
 	return b.String()
 }
 
-// Names of the cases, in the order Run runs them.
-const (
-	CaseUnsigned            = "auth/unsigned-refused"
-	CaseBadSignature        = "auth/bad-signature-refused"
-	CaseStaleSignature      = "auth/stale-timestamp-refused"
-	CaseReplay              = "auth/replay-refused"
-	CaseSchemeCase          = "auth/scheme-in-any-case"
-	CaseSocket              = "transport/socket"
-	CaseBadWaitMillis       = "bad-request/drain-waitMillis"
-	CaseBadReturn           = "bad-request/return-body"
-	CaseBadLeadership       = "bad-request/leadership-body"
-	CaseUnknownCall         = "bad-request/unknown-path-or-method"
-	CaseNotGenuine          = "leadership/not-genuine-refused-422"
-	CaseSequence            = "leadership/ordered-by-sequence"
-	CaseFirstMessage        = "leadership/first-message-applied"
-	CaseRevokeUnknown       = "leadership/revoke-of-unknown-lease-acked"
-	CaseStaleRevoke         = "leadership/stale-revoke-leaves-leader-work"
-	CaseRevokeAck           = "leadership/revoke-acked-after-leader-work-stopped"
-	CaseTermValidFor        = "leadership/term-ends-at-validForMillis"
-	CaseTermUntil           = "leadership/term-ends-at-until"
-	CaseNewInstance         = "restart/new-instance"
-	CaseStopClaiming        = "stop-claiming/answers-stopping"
-	CaseStopIdempotent      = "stop-claiming/idempotent"
-	CaseDrainAtOnce         = "drain/waitMillis-0-answers-at-once"
-	CaseDrainWaits          = "drain/long-poll-waits-waitMillis"
-	CaseRunningMillis       = "drain/runningMillis-ages-oldest-claim"
-	CaseDrainReturnsDrained = "drain/long-poll-returns-when-drained"
-	CaseDrainLarge          = "drain/waitMillis-above-bound"
-	CaseLeadDuringDrain     = "leadership/continues-during-drain"
-	CaseReturnCounts        = "return/counts"
-	CaseReturnRepeat        = "return/safe-to-repeat"
-	CaseCancelReturn        = "return/cancel-then-return"
-	CaseCancelHandsBack     = "return/cancel-hands-back-canceled-work"
-	CaseReturnStops         = "return/stops-claiming"
-	CaseHandsBackUnstarted  = "stop-claiming/hands-back-unstarted-at-once"
-)
-
-// allCases are the names of every case, in the order Run runs them.
-var allCases = []string{CaseSocket, CaseUnsigned, CaseBadSignature, CaseStaleSignature, CaseReplay, CaseSchemeCase, CaseBadWaitMillis, CaseBadReturn, CaseBadLeadership, CaseUnknownCall,
-	CaseNotGenuine, CaseSequence, CaseFirstMessage, CaseRevokeUnknown, CaseStaleRevoke, CaseRevokeAck, CaseTermValidFor,
-	CaseTermUntil, CaseNewInstance, CaseStopClaiming, CaseStopIdempotent, CaseDrainAtOnce, CaseDrainWaits, CaseRunningMillis, CaseLeadDuringDrain,
-	CaseDrainReturnsDrained, CaseDrainLarge, CaseReturnCounts, CaseReturnRepeat, CaseCancelReturn,
-	CaseCancelHandsBack, CaseReturnStops, CaseHandsBackUnstarted}
-
-// Cases returns the names of every case, in the order Run runs them.
-func Cases() []string { return append([]string(nil), allCases...) }
-
 // held is how many claims the drain group holds.
 const held = 3
 
@@ -251,35 +215,11 @@ const held = 3
 func Run(ctx context.Context, t Target) Report {
 	s := newSuite(t)
 	if err := s.ready(ctx); err != nil {
-		s.failAll(allCases, err.Error())
+		s.failAll(Cases(), err.Error())
 		return s.rep
 	}
-	// The cases on an app that has not stopped claiming, each checking it
-	// is so before and leaves it so (runIdle).
-	s.runIdle(ctx, CaseSocket, s.transportSocket)
-	s.runIdle(ctx, CaseUnsigned, s.authUnsigned)
-	s.runIdle(ctx, CaseBadSignature, s.authBadSignature)
-	s.runIdle(ctx, CaseStaleSignature, s.authStale)
-	s.runIdle(ctx, CaseReplay, s.authReplay)
-	s.runIdle(ctx, CaseSchemeCase, s.authSchemeCase)
-	s.runIdle(ctx, CaseBadWaitMillis, s.badWaitMillis)
-	s.runIdle(ctx, CaseBadReturn, s.badReturn)
-	s.runIdle(ctx, CaseBadLeadership, s.badLeadership)
-	s.runIdle(ctx, CaseUnknownCall, s.unknownCall)
-	s.runIdle(ctx, CaseNotGenuine, s.notGenuine)
-	s.runIdle(ctx, CaseSequence, s.sequence)
-	s.runIdle(ctx, CaseFirstMessage, s.firstMessage)
-	s.runIdle(ctx, CaseRevokeUnknown, s.revokeUnknown)
-	s.runLeader(ctx, CaseStaleRevoke, s.staleRevoke)
-	s.runLeader(ctx, CaseRevokeAck, s.revokeAck)
-	s.runLeader(ctx, CaseTermValidFor, s.termValidFor)
-	s.runLeader(ctx, CaseTermUntil, s.termUntil)
-	s.run(ctx, CaseNewInstance, s.newInstance)
-	s.drainGroup(ctx)
-	s.returnGroup(ctx)
-	s.cancelGroup(ctx)
-	s.cancelHandsBack(ctx)
-	s.returnStops(ctx)
-	s.handsBackUnstarted(ctx)
+	for _, g := range groups {
+		g.run(s, ctx, casesOf(g.name))
+	}
 	return s.rep
 }

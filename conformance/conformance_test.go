@@ -225,13 +225,13 @@ func TestWithoutFixturesCasesAreSkippedNotPassed(t *testing.T) {
 	if rep.Failed() {
 		t.Fatalf("failed without fixtures:\n%s", rep)
 	}
-	for _, name := range []string{conformance.CaseRevokeAck, conformance.CaseTermValidFor, conformance.CaseTermUntil, conformance.CaseStaleRevoke,
-		conformance.CaseDrainWaits, conformance.CaseDrainAtOnce, conformance.CaseDrainReturnsDrained, conformance.CaseReturnCounts, conformance.CaseCancelReturn, conformance.CaseCancelHandsBack} {
+	for _, name := range []string{"leadership/revoke-acked-after-leader-work-stopped", "leadership/term-ends-at-validForMillis", "leadership/term-ends-at-until", "leadership/stale-revoke-leaves-leader-work",
+		"drain/long-poll-waits-waitMillis", "drain/waitMillis-0-answers-at-once", "drain/long-poll-returns-when-drained", "return/counts", "return/cancel-then-return", "return/cancel-hands-back-canceled-work"} {
 		if c, _ := rep.Case(name); c.Result != conformance.Skip {
 			t.Errorf("%s = %s (%s), want skip without its fixture", name, c.Result, c.Reason)
 		}
 	}
-	for _, name := range []string{conformance.CaseUnsigned, conformance.CaseBadSignature, conformance.CaseStaleSignature, conformance.CaseReplay, conformance.CaseSchemeCase, conformance.CaseSequence, conformance.CaseStopIdempotent, conformance.CaseDrainLarge} {
+	for _, name := range []string{"auth/unsigned-refused", "auth/bad-signature-refused", "auth/stale-timestamp-refused", "auth/replay-refused", "auth/scheme-in-any-case", "leadership/ordered-by-sequence", "stop-claiming/idempotent", "drain/waitMillis-above-bound"} {
 		if c, _ := rep.Case(name); c.Result != conformance.Pass {
 			t.Errorf("%s = %s (%s), want pass: it needs no fixture", name, c.Result, c.Reason)
 		}
@@ -345,7 +345,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			_, _ = w.Write([]byte(`{"leader": false}`))
 			return true
 		},
-		fails: []string{conformance.CaseRevokeAck},
+		fails: []string{"leadership/revoke-acked-after-leader-work-stopped"},
 	}, {
 		name: "ignores sequence order",
 		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
@@ -361,7 +361,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			copyTo(w, forward(next, r, b))
 			return true
 		},
-		fails: []string{conformance.CaseSequence, conformance.CaseStaleRevoke},
+		fails: []string{"leadership/ordered-by-sequence", "leadership/stale-revoke-leaves-leader-work"},
 	}, {
 		name: "answers 200 to bad JSON",
 		f: func(w http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
@@ -372,14 +372,14 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			_, _ = w.Write([]byte(`{"returned": 0, "leader": true}`))
 			return true
 		},
-		fails: []string{conformance.CaseBadReturn, conformance.CaseBadLeadership},
+		fails: []string{"bad-request/return-body", "bad-request/leadership-body"},
 	}, {
 		name: "serves calls without checking their signature",
 		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
 			resign(r, body)
 			return false
 		},
-		fails: []string{conformance.CaseUnsigned, conformance.CaseBadSignature, conformance.CaseStaleSignature, conformance.CaseReplay, conformance.CaseSchemeCase},
+		fails: []string{"auth/unsigned-refused", "auth/bad-signature-refused", "auth/stale-timestamp-refused", "auth/replay-refused", "auth/scheme-in-any-case"},
 	}, {
 		// Seen in an app written from the docs alone: it read the scheme,
 		// in any case, and refused a call without it, but checked no
@@ -391,11 +391,11 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			}
 			return false
 		},
-		fails: []string{conformance.CaseBadSignature, conformance.CaseSchemeCase},
+		fails: []string{"auth/bad-signature-refused", "auth/scheme-in-any-case"},
 	}, {
 		name:  "names the same instance in every process",
 		f:     drainStatus(func(st *protocol.DrainStatus) { st.Instance = "always-the-same" }),
-		fails: []string{conformance.CaseNewInstance},
+		fails: []string{"restart/new-instance"},
 	}, {
 		name: "answers stop-claiming after more than a second",
 		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
@@ -404,7 +404,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			}
 			return false
 		},
-		fails: []string{conformance.CaseStopClaiming},
+		fails: []string{"stop-claiming/answers-stopping"},
 	}, {
 		name: "serves a call sent again",
 		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
@@ -417,7 +417,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			}
 			return false
 		},
-		fails: []string{conformance.CaseReplay},
+		fails: []string{"auth/replay-refused"},
 	}, {
 		name: "serves a call signed a minute away",
 		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
@@ -427,7 +427,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			}
 			return false
 		},
-		fails: []string{conformance.CaseStaleSignature},
+		fails: []string{"auth/stale-timestamp-refused"},
 	}, {
 		name: "answers the drain at once whatever waitMillis",
 		f: func(_ http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
@@ -436,7 +436,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			}
 			return false
 		},
-		fails: []string{conformance.CaseDrainWaits},
+		fails: []string{"drain/long-poll-waits-waitMillis"},
 	}, {
 		name: "reads waitMillis above the bound as a bad request",
 		f: func(w http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
@@ -447,7 +447,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			}
 			return false
 		},
-		fails: []string{conformance.CaseDrainLarge},
+		fails: []string{"drain/waitMillis-above-bound"},
 	}, {
 		name: "leads for validForMillis beyond its value (until only)",
 		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
@@ -460,7 +460,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			copyTo(w, forward(next, r, b))
 			return true
 		},
-		fails: []string{conformance.CaseTermValidFor},
+		fails: []string{"leadership/term-ends-at-validForMillis"},
 	}, {
 		name: "leads past until (validForMillis only)",
 		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
@@ -473,7 +473,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			copyTo(w, forward(next, r, b))
 			return true
 		},
-		fails: []string{conformance.CaseTermUntil},
+		fails: []string{"leadership/term-ends-at-until"},
 	}, {
 		name: "stops claiming on any method",
 		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
@@ -483,7 +483,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			}
 			return false
 		},
-		fails: []string{conformance.CaseUnknownCall},
+		fails: []string{"bad-request/unknown-path-or-method"},
 	}, {
 		name: "does not wait for canceled work",
 		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
@@ -496,7 +496,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			copyTo(w, forward(next, r, b))
 			return true
 		},
-		fails: []string{conformance.CaseCancelReturn},
+		fails: []string{"return/cancel-then-return"},
 	}, {
 		name: "waits all of cancelWaitMillis though canceled work has ended",
 		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
@@ -506,12 +506,12 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			}
 			return false
 		},
-		fails: []string{conformance.CaseCancelHandsBack},
+		fails: []string{"return/cancel-hands-back-canceled-work"},
 	}, {
 		name:  "hands back only the claims still held after a cancel",
 		f:     func(http.ResponseWriter, *http.Request, []byte, http.Handler) bool { return false },
 		app:   func(g *goApp) { g.heldOnly = true },
-		fails: []string{conformance.CaseCancelHandsBack},
+		fails: []string{"return/cancel-hands-back-canceled-work"},
 	}, {
 		name: "counts a return wrong",
 		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
@@ -530,7 +530,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			copyTo(w, rr)
 			return true
 		},
-		fails: []string{conformance.CaseReturnCounts},
+		fails: []string{"return/counts"},
 	}, {
 		name: "forgets its in-flight count at a second stop-claiming",
 		f: func(w http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
@@ -548,16 +548,16 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			_, _ = fmt.Fprint(w, `{"stopping": true, "inFlight": 0, "receiving": 0, "drained": true}`)
 			return true
 		},
-		fails: []string{conformance.CaseStopIdempotent},
+		fails: []string{"stop-claiming/idempotent"},
 	}, {
 		name:  "keeps its unstarted claims to the drain deadline",
 		f:     func(http.ResponseWriter, *http.Request, []byte, http.Handler) bool { return false },
 		app:   func(g *goApp) { g.noHandBack = true },
-		fails: []string{conformance.CaseHandsBackUnstarted},
+		fails: []string{"stop-claiming/hands-back-unstarted-at-once"},
 	}, {
 		name:  "reports a runningMillis that does not age",
 		f:     drainStatus(func(st *protocol.DrainStatus) { st.RunningMillis = 5 }), // whatever is in progress, and with nothing
-		fails: []string{conformance.CaseRunningMillis, conformance.CaseDrainReturnsDrained},
+		fails: []string{"drain/runningMillis-ages-oldest-claim", "drain/long-poll-returns-when-drained"},
 	}, {
 		name: "times its claims from later than they started",
 		f: drainStatus(func(st *protocol.DrainStatus) {
@@ -565,11 +565,11 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 				st.RunningMillis -= 400 // from stop-claiming, say
 			}
 		}),
-		fails: []string{conformance.CaseRunningMillis},
+		fails: []string{"drain/runningMillis-ages-oldest-claim"},
 	}, {
 		name:  "goes on claiming after a return",
 		f:     drainStatus(func(st *protocol.DrainStatus) { st.Stopping = false }), // as an app that never stops says
-		fails: []string{conformance.CaseReturnStops},
+		fails: []string{"return/stops-claiming"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -601,7 +601,7 @@ func TestSocketCase(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	rep := conformance.Run(ctx, conformance.Target{URL: addr, Token: testToken})
-	if c, _ := rep.Case(conformance.CaseSocket); c.Result != conformance.Fail || !strings.Contains(c.Reason, "mode 600") {
+	if c, _ := rep.Case("transport/socket"); c.Result != conformance.Fail || !strings.Contains(c.Reason, "mode 600") {
 		t.Errorf("socket of mode 0600: %s (%s), want fail naming the mode", c.Result, c.Reason)
 	}
 	link := filepath.Join(filepath.Dir(e.Address), "link.sock")
@@ -610,7 +610,7 @@ func TestSocketCase(t *testing.T) {
 	}
 	rep = conformance.Run(ctx, conformance.Target{URL: "unix://" + link, Token: testToken})
 	// The suite, as the sidecar, does not connect through the link at all.
-	if c, _ := rep.Case(conformance.CaseSocket); c.Result != conformance.Fail || !strings.Contains(c.Reason, "not a socket") {
+	if c, _ := rep.Case("transport/socket"); c.Result != conformance.Fail || !strings.Contains(c.Reason, "not a socket") {
 		t.Errorf("a link to the socket: %s (%s), want fail", c.Result, c.Reason)
 	}
 }
@@ -633,10 +633,10 @@ func stopsAtABadReturn(app *goApp) http.Handler {
 func TestACaseThatStopsTheAppFailsItselfNotTheNext(t *testing.T) {
 	app := newGoApp(t)
 	rep := serve(t, app, stopsAtABadReturn(app))
-	if c, _ := rep.Case(conformance.CaseBadReturn); c.Result != conformance.Fail || !strings.Contains(c.Reason, "says stopping after this case's calls") {
-		t.Errorf("%s = %s (%s), want fail: its calls stopped the app", conformance.CaseBadReturn, c.Result, c.Reason)
+	if c, _ := rep.Case("bad-request/return-body"); c.Result != conformance.Fail || !strings.Contains(c.Reason, "says stopping after this case's calls") {
+		t.Errorf("%s = %s (%s), want fail: its calls stopped the app", "bad-request/return-body", c.Result, c.Reason)
 	}
-	for _, name := range []string{conformance.CaseBadLeadership, conformance.CaseUnknownCall, conformance.CaseNotGenuine} {
+	for _, name := range []string{"bad-request/leadership-body", "bad-request/unknown-path-or-method", "leadership/not-genuine-refused-422"} {
 		if c, _ := rep.Case(name); c.Result != conformance.Pass {
 			t.Errorf("with a Fixture, %s = %s (%s), want pass on the restarted app", name, c.Result, c.Reason)
 		}
@@ -649,20 +649,20 @@ func TestACaseThatStopsTheAppFailsItselfNotTheNext(t *testing.T) {
 	defer cancel()
 	rep = conformance.Run(ctx, conformance.Target{URL: serveApp(t, stopsAtABadReturn(noFixture)), Token: testToken})
 	t.Logf("\n%s", rep)
-	if c, _ := rep.Case(conformance.CaseBadReturn); c.Result != conformance.Fail {
-		t.Errorf("without a Fixture, %s = %s (%s), want fail", conformance.CaseBadReturn, c.Result, c.Reason)
+	if c, _ := rep.Case("bad-request/return-body"); c.Result != conformance.Fail {
+		t.Errorf("without a Fixture, %s = %s (%s), want fail", "bad-request/return-body", c.Result, c.Reason)
 	}
-	if c, _ := rep.Case(conformance.CaseUnknownCall); c.Result != conformance.Skip || !strings.Contains(c.Reason, "stopping before this case") {
-		t.Errorf("without a Fixture, %s = %s (%s), want skip: the app was stopped by an earlier case", conformance.CaseUnknownCall, c.Result, c.Reason)
+	if c, _ := rep.Case("bad-request/unknown-path-or-method"); c.Result != conformance.Skip || !strings.Contains(c.Reason, "stopping before this case") {
+		t.Errorf("without a Fixture, %s = %s (%s), want skip: the app was stopped by an earlier case", "bad-request/unknown-path-or-method", c.Result, c.Reason)
 	}
 }
 
 // The report as JSON and as JUnit XML: every case, its result and reason.
 func TestReportOutputs(t *testing.T) {
 	rep := conformance.Report{Cases: []conformance.Case{
-		{Name: conformance.CaseUnsigned, Result: conformance.Pass, Reason: "refused", Duration: 12 * time.Millisecond},
-		{Name: conformance.CaseReturnCounts, Result: conformance.Fail, Reason: "returned 0, want 3 <&>", Duration: time.Second},
-		{Name: conformance.CaseTermUntil, Result: conformance.Skip, Reason: "needs a LeaderFixture"},
+		{Name: "auth/unsigned-refused", Result: conformance.Pass, Reason: "refused", Duration: 12 * time.Millisecond},
+		{Name: "return/counts", Result: conformance.Fail, Reason: "returned 0, want 3 <&>", Duration: time.Second},
+		{Name: "leadership/term-ends-at-until", Result: conformance.Skip, Reason: "needs a LeaderFixture"},
 	}}
 	var js bytes.Buffer
 	if err := rep.WriteJSON(&js); err != nil {

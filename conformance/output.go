@@ -99,3 +99,32 @@ func (r Report) WriteJUnit(w io.Writer, suite string) error {
 	_, err := io.WriteString(w, "\n")
 	return err
 }
+
+// WriteCatalog writes Catalog as text, one line per case in the order Run
+// runs them, "ID  GROUP  RULE (ANCHOR)", the columns aligned:
+//
+//	auth/replay-refused  idle  So a call read off the wire is refused when sent again (the nonce) (docs/protocol.md#signed-calls)
+func WriteCatalog(w io.Writer) error {
+	cases := Catalog()
+	id, group := 0, 0
+	for _, c := range cases {
+		id, group = max(id, len(c.ID)), max(group, len(c.Group))
+	}
+	var b strings.Builder
+	for _, c := range cases {
+		fmt.Fprintf(&b, "%-*s  %-*s  %s (%s)\n", id, c.ID, group, c.Group, c.Rule, c.Anchor)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteCatalogJSON writes Catalog as one JSON object and a newline:
+//
+//	{"cases": [{"id": "transport/socket", "group": "idle", "rule": "...", "anchor": "docs/protocol.md#transport"}, ...]}
+//
+// the cases in the order Run runs them.
+func WriteCatalogJSON(w io.Writer) error {
+	return json.NewEncoder(w).Encode(struct {
+		Cases []CaseInfo `json:"cases"`
+	}{Catalog()})
+}

@@ -63,6 +63,15 @@ type suite struct {
 	id     string // names this run's Leases
 	leases int
 	last   int64 // the last sequence handed out
+
+	// The drain group's state, for its cases: the claims it holds (0
+	// without a Fixture), started between heldFrom and heldBy (Fixture.Hold
+	// returns once they are); whether stop-claiming stopped claiming, and
+	// its first answer.
+	drainHeld        int
+	heldFrom, heldBy time.Time
+	stopped          bool
+	first            protocol.DrainStatus
 }
 
 func newSuite(t Target) *suite {

@@ -64,7 +64,7 @@ func FuzzPod(f *testing.F) {
 		probeGrace     int64
 		flags          uint8
 	}{
-		// Issue 20: the attack values.
+		// Probe grace periods beyond a time.Duration, and at its edges.
 		{"", "", "", "", 30, 0, 10000000000, fuzzLiveness},
 		{"", "", "", "", 30, 0, 10000000000, fuzzStartup},
 		{"", "", "", "", 30, 0, math.MaxInt64, fuzzLiveness | fuzzStartup},
@@ -366,8 +366,8 @@ func FuzzManifests(f *testing.F) {
 		"a: 1\n...\n",
 		"apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {handoff.dev/inject: \"true\"}}\nspec: {containers: [{name: w, image: w, ports: [{containerPort: 12345678901234567890}]}]}\n",
 		"apiVersion: v1\r\nkind: Pod\r\nmetadata: {name: p, annotations: {handoff.dev/inject: \"true\"}}\r\nspec: {containers: [{name: w, image: w}]}\r\n---\r\nkind: ConfigMap\r\n",
-		// Issue 20: numbers read through a float64, values of the wrong
-		// type, out-of-range grace periods, duplicate names, hostPID.
+		// Numbers a float64 cannot hold, values of the wrong type,
+		// out-of-range grace periods, duplicate names, hostPID.
 		"apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {handoff.dev/inject: \"true\"}}\nspec: {terminationGracePeriodSeconds: 9223372036854775807, containers: [{name: w, image: w}]}\n",
 		"apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {handoff.dev/inject: \"true\"}}\nspec: {terminationGracePeriodSeconds: 18446744073709551616, containers: [{name: w, image: w}]}\n",
 		"apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {handoff.dev/inject: \"true\"}}\nspec: {terminationGracePeriodSeconds: 9.2e18, containers: [{name: w, image: w}]}\n",

@@ -134,9 +134,8 @@ func TestPodRefusesWithNamedCause(t *testing.T) {
 			[]string{"handoff.dev/control-addr and handoff.dev/app-url: both are unix:///handoff-run/control.sock", "distinct addresses"}},
 		{"run mount path taken", on(), []corev1.Container{{Name: "worker", VolumeMounts: []corev1.VolumeMount{{Name: "tools", MountPath: "/handoff-run"}}}}, nil,
 			[]string{"spec.containers[worker].volumeMounts", "/handoff-run", `"tools"`, "sockets"}},
-		// A break test of issue 20: another container mounting the volumes
-		// by name was injected and admitted, and held the token, the sockets
-		// and the sidecar's API token.
+		// Another container mounting the volumes by name is refused: it
+		// would hold the token, the sockets and the sidecar's API token.
 		{"another container mounts ours by name", on(), []corev1.Container{{Name: "worker"}, {Name: "logshipper", VolumeMounts: []corev1.VolumeMount{
 			{Name: "handoff-bin", MountPath: "/b"}, {Name: "handoff-run", MountPath: "/r"}, {Name: "handoff-api-token", MountPath: "/t"}}}}, nil,
 			[]string{`spec.containers[logshipper].volumeMounts: mounts volume "handoff-bin"`, `mounts volume "handoff-run"`, `mounts volume "handoff-api-token"`, "sidecar and the worker container alone"}},
@@ -366,15 +365,15 @@ func TestPodRefusesWhatTheSidecarCannotRunIn(t *testing.T) {
 	}{
 		{"host network", func(s *corev1.PodSpec) { s.HostNetwork = true }, inject.ReasonHostNetwork,
 			[]string{"spec.hostNetwork true", "loopback is the node's", "share the sidecar's control and app ports", "reach the other pod's sidecar"}},
-		// Issue 20: hostPID pods were injected.
+		// hostPID pods are refused.
 		{"host PID", func(s *corev1.PodSpec) { s.HostPID = true }, inject.ReasonHostPID,
 			[]string{"spec.hostPID true", "node's process namespace", "/proc/PID/root", "the pod's token", "hostPID false"}},
 		{"shared process namespace", func(s *corev1.PodSpec) { s.ShareProcessNamespace = ptr.To(true) }, inject.ReasonShareProcessNamespace,
 			[]string{"spec.shareProcessNamespace true", "every container of the pod", "/proc/PID/root", "the pod's token",
 				`handoff.dev/allow-shared-process-namespace: "true"`}},
-		// Issue 20: two containers of one name were injected (handoff
-		// inject wrote a pod the API refuses; the sidecar and the hook could
-		// each take a different one for the worker).
+		// Two containers of one name are refused (the API refuses such a
+		// pod, and the sidecar and the hook could each take a different one
+		// for the worker).
 		{"two containers of one name", func(s *corev1.PodSpec) {
 			s.Containers = append(s.Containers, corev1.Container{Name: "worker", Image: "x"})
 		},
@@ -493,12 +492,12 @@ func TestShardPeersSelectThePodItself(t *testing.T) {
 	}
 }
 
-// Issue 20: every grace period and duration of an injected pod is bounded,
-// the pod's and the worker's probes', and refused naming the field or the
-// annotation, the value and the bound. A probe's 10000000000 s was
-// injected, and the sidecar computed a deadline millions of hours in the
-// past; deadline-margin and handback-reserve of 2000000h wrapped their sum
-// negative and were admitted.
+// Every grace period and duration of an injected pod is bounded, the pod's
+// and the worker's probes', and refused naming the field or the
+// annotation, the value and the bound: a probe's 10000000000 s (from which
+// the sidecar would compute a deadline millions of hours in the past), and
+// a deadline-margin and handback-reserve of 2000000h (whose sum wraps
+// negative).
 func TestPodBoundsEveryGracePeriod(t *testing.T) {
 	probe := func(seconds int64) *corev1.Probe {
 		return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}, TerminationGracePeriodSeconds: ptr.To(seconds)}
@@ -564,11 +563,11 @@ func TestPodBoundsEveryGracePeriod(t *testing.T) {
 	}
 }
 
-// Issue 20: handoff inject reads a pod template's numbers as written and
-// names the field of a value of the wrong type. A grace period of
-// 9223372036854775807 was read through a float64 and reported as
-// -9223372036854775808, one above int64 wrapped silently, and a number
-// where a string belongs was "unrecognized type: string".
+// handoff inject reads a pod template's numbers as written and names the
+// field of a value of the wrong type: a grace period of
+// 9223372036854775807 is not read through a float64 (which would report
+// -9223372036854775808), one above int64 is refused rather than wrapped,
+// and a number where a string belongs is named by its field.
 func TestManifestsReadNumbersAndTypesAsWritten(t *testing.T) {
 	pod := func(spec string) string {
 		return "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {handoff.dev/inject: \"true\"}\nspec:\n" + spec

@@ -126,8 +126,8 @@ func FuzzTerminationOf(f *testing.F) {
 		grace, margin         time.Duration
 	}{
 		{30, 10, 5, liveness | startup | started, 20 * time.Second, 2 * time.Second},
-		// Issue 20: a probe's terminationGracePeriodSeconds of 10000000000
-		// gave a deadline 2346318 hours in the past.
+		// A probe's terminationGracePeriodSeconds of 10000000000, and
+		// others beyond a time.Duration: never a deadline in the past.
 		{30, 10000000000, 0, liveness | started, 30 * time.Second, 2 * time.Second},
 		{30, 0, 10000000000, startup | notStarted, 30 * time.Second, 2 * time.Second},
 		{30, 18446744080, math.MaxInt64, liveness | startup, 30 * time.Second, 2 * time.Second},

@@ -81,11 +81,11 @@ func TestTerminationOfEachKindOfKill(t *testing.T) {
 	}
 }
 
-// Issue 20: a probe's or the pod's terminationGracePeriodSeconds beyond
-// what a time.Duration holds (the API accepts any int64) wrapped to a
-// deadline millions of hours in the past, so a liveness kill skipped the
-// drain. A grace period too long for a time.Duration counts as the longest
-// one (config.MaxGracePeriod); a negative one as none.
+// A probe's or the pod's terminationGracePeriodSeconds beyond what a
+// time.Duration holds (the API accepts any int64) does not wrap to a
+// deadline in the past, which would make a liveness kill skip the drain:
+// a grace period too long for a time.Duration counts as the longest one
+// (config.MaxGracePeriod); a negative one as none.
 func TestTerminationOfOutOfRangeGracePeriods(t *testing.T) {
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	const margin = 2 * time.Second

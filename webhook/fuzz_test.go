@@ -47,8 +47,8 @@ func FuzzAdmissionPod(f *testing.F) {
 		strings.Replace(podSeed, `"image":"w"`, `"image":"w","lifecycle":{"preStop":{"sleep":{"seconds":5}}}`, 1),
 		strings.Replace(podSeed, `"name":"w-0"`, `"generateName":"w-"`, 1),
 		strings.Replace(podSeed, `"image":"w"`, `"image":"w","imagePullPolicyy":"Always"`, 1),
-		// Issue 20: out-of-range grace periods and durations, hostPID, a
-		// shared process namespace, two containers of one name.
+		// Out-of-range grace periods and durations, hostPID, a shared
+		// process namespace, two containers of one name.
 		strings.Replace(podSeed, `"image":"w"`, `"image":"w","livenessProbe":{"exec":{"command":["x"]},"terminationGracePeriodSeconds":10000000000}`, 1),
 		strings.Replace(podSeed, `"containers":[`, `"terminationGracePeriodSeconds":9223372036854775807,"containers":[`, 1),
 		strings.Replace(podSeed, `"containers":[`, `"terminationGracePeriodSeconds":-9223372037,"containers":[`, 1),
@@ -94,8 +94,8 @@ func FuzzAdmissionReview(f *testing.F) {
 		`{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"1","object":` + podSeed + `}}`,
 		`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1"}}`,
 		`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`,
-		// Issue 20: out-of-range grace periods and durations, hostPID, a
-		// shared process namespace, two containers of one name.
+		// Out-of-range grace periods and durations, hostPID, a shared
+		// process namespace, two containers of one name.
 		strings.Replace(podSeed, `"image":"w"`, `"image":"w","livenessProbe":{"exec":{"command":["x"]},"terminationGracePeriodSeconds":10000000000}`, 1),
 		strings.Replace(podSeed, `"containers":[`, `"terminationGracePeriodSeconds":9223372036854775807,"containers":[`, 1),
 		strings.Replace(podSeed, `"containers":[`, `"terminationGracePeriodSeconds":-9223372037,"containers":[`, 1),

@@ -340,8 +340,8 @@ func TestPodsTheSidecarCannotRunInAreRefused(t *testing.T) {
 	}{
 		{"host-network", func(s *corev1.PodSpec) { s.HostNetwork = true }, inject.ReasonHostNetwork,
 			[]string{"handoff: spec.hostNetwork true", "loopback is the node's", "control and app ports", "reach the other pod's sidecar"}},
-		// Issue 20: hostPID pods were injected; pods whose containers share
-		// a process namespace are refused too, unless they allow it.
+		// hostPID pods are refused; pods whose containers share a process
+		// namespace are refused too, unless they allow it.
 		{"host-pid", func(s *corev1.PodSpec) { s.HostPID = true }, inject.ReasonHostPID,
 			[]string{"handoff: spec.hostPID true", "node's process namespace", "/proc/PID/root", "the pod's token"}},
 		{"share-process-namespace", func(s *corev1.PodSpec) { s.ShareProcessNamespace = ptr.To(true) }, inject.ReasonShareProcessNamespace,
@@ -420,11 +420,12 @@ func counter(t *testing.T, name, value string) float64 {
 	return 0
 }
 
-// Issue 20: out-of-range grace periods and durations are refused by the
-// webhook, naming the field or the annotation and the bound, and counted by
-// reason; before, a probe's 10000000000 s and margins of 2000000h were
-// admitted, and a wrapped sleep hook of 10000000000 s, which the API checks
-// only on the pod as the webhook left it, became a hook that could not run.
+// Out-of-range grace periods and durations are refused by the webhook,
+// naming the field or the annotation and the bound, and counted by reason:
+// a probe's 10000000000 s, margins of 2000000h, and a preStop sleep of
+// 10000000000 s the webhook is asked to wrap (the API checks it only on
+// the pod as the webhook leaves it: wrapped, it would be a hook that
+// cannot run).
 func TestOutOfRangeDurationsAreRefusedByName(t *testing.T) {
 	env := kubetest.Get(t)
 	ns := env.Namespace(t)

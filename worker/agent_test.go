@@ -11,6 +11,11 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"io"
+	"net"
+	"net/http"
+	"sync"
+
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/worker"
 )
@@ -208,5 +213,94 @@ func TestHugeValidForIsRefused(t *testing.T) {
 		if lead, ok := a.Leader("l"); ok {
 			t.Fatalf("validForMillis %d: Leader = %+v; want no leadership", v, lead)
 		}
+	}
+}
+
+// ListenAndServe's server cuts off a client that sends its request a byte
+// at a time, signed or not (the server closes the connection: the body is
+// read, under the read timeout, before the signature is checked), but not
+// a signed long poll that waits past its read and write
+// timeouts: the poll still answers when the claim it waits for is done.
+func TestServerCutsOffSlowClientsNotLongPolls(t *testing.T) {
+	a := newAgent(t, worker.Options{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- a.ListenAndServe(ctx, addr) }()
+	defer func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("ListenAndServe: %v", err)
+		}
+	}()
+	dial := func() net.Conn {
+		for {
+			c, err := net.Dial("tcp", addr)
+			if err == nil {
+				return c
+			}
+			select {
+			case err := <-served:
+				t.Fatalf("ListenAndServe: %v", err)
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	for _, auth := range []string{"", "Authorization: " + protocol.AuthScheme + " " + strings.Repeat("0", 64) + "\r\n"} {
+		conn := dial()
+		_, _ = io.WriteString(conn, "PUT "+protocol.LeasePathPrefix+"work HTTP/1.1\r\nHost: app\r\n"+auth+"Content-Length: 1000\r\n\r\n{")
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { // one byte every 100ms, until the server closes
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				if _, err := io.WriteString(conn, " "); err != nil {
+					return
+				}
+			}
+		}()
+		_ = conn.SetReadDeadline(time.Now().Add(time.Minute)) // the test's bound, far beyond the server's
+		_, err := io.Copy(io.Discard, conn)
+		close(stop)
+		wg.Wait()
+		_ = conn.Close()
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Errorf("%q: the connection was still open after a minute of a byte every 100ms; want the server to close it", auth)
+		}
+	}
+
+	_, done, err := a.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan string, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+protocol.DrainPath+"?waitMillis=30000", nil)
+		sign(req, "")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		answered <- string(b)
+	}()
+	time.Sleep(11 * time.Second) // past the server's read (5s) and write (10s) timeouts
+	done()
+	if body := <-answered; !strings.Contains(body, `"drained":true`) {
+		t.Errorf("a long poll past the server's timeouts answered %q; want it to wait for the claim and answer drained", body)
 	}
 }

@@ -11,6 +11,11 @@ import (
 	"sync"
 	"testing"
 
+	"bytes"
+	"fmt"
+	"math"
+	"time"
+
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/worker"
 )
@@ -199,4 +204,140 @@ func TestEachAnswerIsOneWrite(t *testing.T) {
 			t.Fatalf("after answer %d (%s %s = %d %s): %d writes to the connection, want %d", i+1, c.method, c.path, code, body, n, i+1)
 		}
 	}
+}
+
+// Bad input to the app API (a body over the limit, two JSON values or data
+// after one, an empty body, null or [] for an object, a field of the wrong
+// type, another Lease than the path, a negative cancelWaitMillis or
+// waitMillis, a method the path does not take) is answered with a 4xx,
+// never a 2xx, a 5xx or a hang, and does not stop claiming.
+func TestBadInputIsAnswered4xx(t *testing.T) {
+	a := newAgent(t, worker.Options{})
+	srv := httptest.NewServer(a.Handler())
+	defer srv.Close()
+	big := `{"leader":false,"lease":"` + strings.Repeat("x", worker.MaxBodyBytes) + `"}`
+	for _, tc := range []struct{ method, path, body string }{
+		{http.MethodPut, protocol.LeasePathPrefix + "work", big},
+		{http.MethodPut, protocol.LeasePathPrefix + "work", `{"leader":true,"sequence":1}{"leader":true,"sequence":2}`},
+		{http.MethodPut, protocol.LeasePathPrefix + "work", `{"leader":true,"sequence":1} x`},
+		{http.MethodPut, protocol.LeasePathPrefix + "work", ``},
+		{http.MethodPut, protocol.LeasePathPrefix + "work", `null`},
+		{http.MethodPut, protocol.LeasePathPrefix + "work", `[]`},
+		{http.MethodPut, protocol.LeasePathPrefix + "work", `{"leader":"yes"}`},
+		{http.MethodPut, protocol.LeasePathPrefix + "work", `{"lease":"other","leader":true,"sequence":1}`},
+		{http.MethodPost, protocol.ReturnPath, big},
+		{http.MethodPost, protocol.ReturnPath, `{"cancel":true}{}`},
+		{http.MethodPost, protocol.ReturnPath, `{"cancelWaitMillis":-5}`},
+		{http.MethodGet, protocol.DrainPath + "?waitMillis=-1", ``},
+		{http.MethodGet, protocol.DrainPath + "?waitMillis=abc", ``},
+		{http.MethodDelete, protocol.StopClaimingPath, ``},
+		{http.MethodGet, protocol.StopClaimingPath, ``},
+	} {
+		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(tc.body))
+		sign(req, tc.body)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+		cancel()
+		if err != nil {
+			t.Errorf("%s %s %.40q: %v", tc.method, tc.path, tc.body, err)
+			continue
+		}
+		msg, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode/100 != 4 {
+			t.Errorf("%s %s %.40q: %s %s; want a 4xx", tc.method, tc.path, tc.body, resp.Status, bytes.TrimSpace(msg))
+		} else {
+			t.Logf("%s %s %.40q: %s %s", tc.method, tc.path, tc.body, resp.Status, bytes.TrimSpace(msg))
+		}
+	}
+	if _, err := a.Receive(context.Background()); err != nil {
+		t.Errorf("bad input stopped claiming: %v", err)
+	}
+}
+
+// A leadership message the sidecar cannot have sent, even one signed with
+// the token (a stolen token): a sequence far ahead of the Agent's clock, or
+// a grant longer than the lease duration. Applied, the first would make
+// every later revoke stale, and the worker would go on leading with the
+// message's fencing token while the Lease moved. Each is answered 422 and
+// changes nothing; the sidecar's revoke then ends the term.
+func TestImpossibleLeadershipIsRefused(t *testing.T) {
+	a := newAgent(t, worker.Options{LeaseDuration: 15 * time.Second})
+	app := serve(t, a)
+	now := time.Now()
+	if err := app.SetLeadership(context.Background(), protocol.Leadership{Lease: "work", Leader: true, Sequence: now.UnixNano(),
+		FencingToken: 3, Until: now.Add(10 * time.Second), ValidForMillis: 10000}); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []protocol.Leadership{
+		{Lease: "work", Leader: true, Sequence: now.Add(time.Hour).UnixNano(), FencingToken: 99, Until: now.Add(10 * time.Second), ValidForMillis: 10000},
+		{Lease: "work", Leader: true, Sequence: math.MaxInt64, FencingToken: 99, Until: now.Add(10 * time.Second), ValidForMillis: 10000},
+		{Lease: "work", Leader: false, Sequence: now.Add(protocol.MaxSequenceAhead + time.Minute).UnixNano()},
+		{Lease: "work", Leader: true, Sequence: now.UnixNano() + 1, FencingToken: 99, Until: now.Add(16 * time.Second), ValidForMillis: 10000},
+		{Lease: "work", Leader: true, Sequence: now.UnixNano() + 2, FencingToken: 99, Until: now.Add(10 * time.Second), ValidForMillis: 15001},
+		{Lease: "work", Leader: true, Sequence: now.UnixNano() + 3, FencingToken: 99, ValidForMillis: 24 * 3600 * 1000},
+	} {
+		err := app.SetLeadership(context.Background(), l)
+		if err == nil || !strings.Contains(err.Error(), "422") {
+			t.Errorf("%+v: %v; want 422", l, err)
+		}
+		if lead, ok := a.Leader("work"); !ok || lead.FencingToken != 3 {
+			t.Errorf("after %+v: Leader = %+v, %v; want the sidecar's term, fencing token 3", l, lead, ok)
+		}
+	}
+	revoke := protocol.Leadership{Lease: "work", Leader: false, Sequence: time.Now().UnixNano()}
+	if err := app.SetLeadership(context.Background(), revoke); err != nil {
+		t.Fatalf("the sidecar's revoke: %v; want it applied (not stale)", err)
+	}
+	if _, ok := a.Leader("work"); ok {
+		t.Error("still leader after the sidecar's revoke")
+	}
+}
+
+// A grant and a later revoke of one Lease handled at once (the sidecar gave
+// up on a grant the stalled worker still handles, and sends the revoke on
+// another connection): whatever the interleaving, once the revoke is
+// acknowledged (not stale) the worker does not lead. A grant checked apart
+// from its change could pass its check before the revoke and apply after
+// the revoke's ack: the sidecar would then free the Lease under a worker
+// that still leads. The interleaving is rare, so the test repeats it.
+func TestLateGrantNeverOvertakesAnAcknowledgedRevoke(t *testing.T) {
+	a := newAgent(t, worker.Options{LeaseDuration: 15 * time.Second})
+	h := a.Handler()
+	call := func(l protocol.Leadership) (int, protocol.LeadershipAck) {
+		body, _ := json.Marshal(l)
+		r := httptest.NewRequest(http.MethodPut, protocol.LeasePathPrefix+l.Lease, bytes.NewReader(body))
+		sign(r, string(body))
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		var ack protocol.LeadershipAck
+		_ = json.Unmarshal(w.Body.Bytes(), &ack)
+		return w.Code, ack
+	}
+	trials, bad := 0, 0
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); trials++ {
+		lease := fmt.Sprintf("l%d", trials)
+		now := time.Now()
+		var wg sync.WaitGroup
+		var code int
+		var ack protocol.LeadershipAck
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			call(protocol.Leadership{Lease: lease, Leader: true, Sequence: now.UnixNano(), FencingToken: 3, Until: now.Add(10 * time.Second), ValidForMillis: 10000})
+		}()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, ack = call(protocol.Leadership{Lease: lease, Leader: false, Sequence: now.UnixNano() + 1})
+		}()
+		wg.Wait()
+		if _, leading := a.Leader(lease); leading && code == http.StatusOK && !ack.Stale {
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d of %d: the worker leads after acknowledging a revoke later than the grant", bad, trials)
+	}
+	t.Logf("%d grant-and-revoke races, none leading after the revoke's ack", trials)
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"sync"
+
 	"github.com/handoff-dev/handoff/worker"
 )
 
@@ -175,5 +177,116 @@ func TestReceiveRefusesAnEndedContext(t *testing.T) {
 	}
 	if err := a.WaitDrained(context.Background()); err != nil {
 		t.Fatalf("a refused Receive left something pending: %v", err)
+	}
+}
+
+// Misuse and races of Receive/Hold/End/Claim under the race detector: Hold
+// after End, End twice, Done twice, End before any Hold, and StopClaiming
+// racing Receive, Hold and End. Whatever the interleaving, once every claim
+// is Done and every receive ended the worker is drained, InFlight is 0, and
+// a receive begun before stop-claiming has its Context ended with cause
+// ErrStopping (or Canceled, if it was ended first).
+func TestReceiveMisuseAndRacesEndDrained(t *testing.T) {
+	for i := 0; i < 200; i++ {
+		a := newAgent(t, worker.Options{})
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var claims []*worker.Claim
+		for g := 0; g < 4; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					r, err := a.Receive(context.Background())
+					if errors.Is(err, worker.ErrStopping) {
+						return
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					c1 := r.Hold()
+					r.End()
+					r.End()
+					c2 := r.Hold() // after End: still counted
+					c1.Done()
+					c1.Done()
+					mu.Lock()
+					claims = append(claims, c2)
+					mu.Unlock()
+					select {
+					case <-r.Context().Done():
+					default:
+						t.Error("Context not ended after End")
+					}
+				}
+			}()
+		}
+		pending, err := a.Receive(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(i%5) * 10 * time.Microsecond)
+		a.StopClaiming()
+		if c := context.Cause(pending.Context()); !errors.Is(c, worker.ErrStopping) {
+			t.Fatalf("pending receive's cause %v, want ErrStopping", c)
+		}
+		late := pending.Hold() // a message received in the race with stop-claiming
+		pending.End()
+		wg.Wait()
+		if _, _, err := a.Begin(context.Background()); !errors.Is(err, worker.ErrStopping) {
+			t.Fatalf("Begin after StopClaiming: %v", err)
+		}
+		if _, err := a.Receive(context.Background()); !errors.Is(err, worker.ErrStopping) {
+			t.Fatalf("Receive after StopClaiming: %v", err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		if a.WaitDrained(ctx) == nil {
+			t.Fatal("drained with claims held")
+		}
+		cancel()
+		late.Done()
+		for _, c := range claims {
+			c.Done()
+			c.Done()
+		}
+		ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+		if err := a.WaitDrained(ctx); err != nil || a.InFlight() != 0 {
+			t.Fatalf("after every Done: drained %v, in flight %d", err, a.InFlight())
+		}
+		cancel()
+	}
+}
+
+// The cancel fallback ends the Context of claims held, with cause
+// ErrCanceled, including one held after End and one held after
+// stop-claiming; claims Done before are untouched.
+func TestCancelFallbackReachesClaimsHeldLate(t *testing.T) {
+	a := newAgent(t, worker.Options{})
+	r, err := a.Receive(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	early := r.Hold()
+	r.End()
+	afterEnd := r.Hold()
+	a.StopClaiming()
+	afterStop := r.Hold()
+	early.Done()
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		afterEnd.Done()
+		afterStop.Done()
+	}()
+	if _, err := a.Return(context.Background(), true, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]*worker.Claim{"after End": afterEnd, "after stop-claiming": afterStop} {
+		if cause := context.Cause(c.Context()); !errors.Is(cause, worker.ErrCanceled) {
+			t.Errorf("claim held %s: cause %v", name, cause)
+		}
+	}
+	if a.InFlight() != 0 {
+		t.Errorf("in flight %d after the cancel fallback", a.InFlight())
 	}
 }

@@ -190,8 +190,8 @@ func get(c *http.Client, url string) error {
 }
 
 // Kept-alive connections idle between requests (a flood that holds its
-// slots with a request now and then; issue 20's break test took every
-// webhook and probe slot so) make room for a new client at once, Grace or
+// slots with a request now and then, enough to take every webhook and
+// probe slot) make room for a new client at once, Grace or
 // not, the one idle longest first; a connection in the middle of a request
 // is never closed, and a new one is then reset.
 func TestIdleConnectionsMakeRoomActiveOnesNever(t *testing.T) {

@@ -126,9 +126,9 @@ func (c annotatedClient) Get(ctx context.Context, name string, opts metav1.GetOp
 
 // Another client annotates the Lease between each read of the leftover
 // release and its write: the release still frees it (a JSON patch that
-// tests the holder, not an update of the object as read, which met a
-// conflict at each of its attempts), keeping the fencing token and the
-// other client's annotation.
+// tests the holder, not an update of the object as read, which would meet
+// a conflict at each attempt), keeping the fencing token and the other
+// client's annotation.
 func TestReleaseLeftoverThroughAnotherWriter(t *testing.T) {
 	env := kubetest.Get(t)
 	ns := env.Namespace(t)
