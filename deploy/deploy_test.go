@@ -33,7 +33,7 @@ var update = flag.Bool("update", false, "rewrite deploy/handoff.yaml from the ch
 // Render is how deploy/handoff.yaml is made from the chart.
 var render = []string{"template", "handoff", "../charts/handoff", "--namespace", "handoff", "--kube-version", "1.35.0", "--set", "createNamespace=true"}
 
-func TestMain(m *testing.M) { kubetest.Main(m) }
+func TestMain(m *testing.M) { kubetest.Run(m) }
 
 // helm runs the pinned helm (charttest.Helm).
 func helm(t *testing.T, args ...string) []byte {

@@ -32,7 +32,7 @@ import (
 	"github.com/handoff-dev/handoff/worker"
 )
 
-func TestMain(m *testing.M) { kubetest.Main(m) }
+func TestMain(m *testing.M) { kubetest.Run(m) }
 
 const lease = "work"
 
