@@ -10,7 +10,6 @@ import (
 	"flag"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -63,8 +62,7 @@ func TestWorkloadChartLints(t *testing.T) {
 }
 
 func TestChartRefusesBadValues(t *testing.T) {
-	out, _ := exec.Command("bash", "../hack/tools.sh").Output()
-	cmd := exec.Command(filepath.Join(strings.TrimSpace(string(out)), "helm"), append(render, "--set", "webhook.failurePolicy=Sometimes")...)
+	cmd := exec.Command(charttest.Tool(t, "helm"), append(render, "--set", "webhook.failurePolicy=Sometimes")...)
 	msg, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(msg), "/webhook/failurePolicy") || !strings.Contains(string(msg), "'Ignore', 'Fail'") {
 		t.Errorf("helm template with a bad failurePolicy: %v\n%s", err, msg)
