@@ -40,6 +40,7 @@ API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sideca
 
 .PHONY: all build image release deploy demo test test-newest integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
 
+## Builds the binaries (make with no target)
 all: build
 
 # Static builds, through hack/gobuild.sh: a cold build reports how far it
@@ -48,12 +49,14 @@ GOBUILD := CGO_ENABLED=0 bash hack/gobuild.sh -trimpath
 BUILD_SIDECAR = $(GOBUILD) -ldflags "$(LDFLAGS)" -o bin/handoff-sidecar ./cmd/handoff-sidecar
 BUILD_PGWORKER = $(GOBUILD) -o bin/pgworker ./examples/pgworker
 
+## Builds bin/handoff, its sidecar and the example workers (static)
 build:
 	$(GOBUILD) -ldflags "$(LDFLAGS)" -o bin/handoff ./cmd/handoff
 	$(BUILD_SIDECAR)
 	$(BUILD_PGWORKER)
 	$(GOBUILD) -o bin/riverworker ./examples/riverworker
 
+## Builds the images for this machine into bin/image
 # The images handoff and handoff-sidecar for this machine's platform, built
 # with ko without a container engine into a loopback registry whose storage
 # is bin/image/registry, and as docker-archive tarballs in bin/image/images
@@ -61,6 +64,7 @@ build:
 image: tools
 	PLATFORMS=linux/$$(go env GOARCH) DIST=bin/image VERSION=$(VERSION) bash hack/release.sh images
 
+## Builds the signed release artifacts into dist/ (docs/releasing.md)
 # The release artifacts under dist/ (docs/releasing.md): the images
 # handoff and handoff-sidecar for PLATFORMS, each an OCI image index with
 # OCI labels and an SPDX SBOM, signed with cosign (a key made into dist/
@@ -71,19 +75,23 @@ image: tools
 release: tools
 	VERSION=$(VERSION) PLATFORMS=$(PLATFORMS) bash hack/release.sh
 
+## Renders the Helm chart into deploy/handoff.yaml
 # deploy/handoff.yaml: the Helm chart rendered as plain manifests.
 deploy: tools
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go test ./deploy -run TestManifestsAreTheChartRendered -update
 
+## Builds or reuses the oldest supported Kubernetes's control-plane binaries
 # Builds or reuses the control-plane binaries of the oldest supported
 # Kubernetes, which make test runs on (cached under ~/.cache/handoff); the
 # newest's are built by the targets that run on it (test-newest).
 kube-assets:
 	@$(KUBE_OLDEST) bash hack/kube-assets.sh kube-controller-manager >/dev/null
 
+## Installs or reuses the pinned tools (hack/tools.sh)
 tools:
 	@bash hack/tools.sh >/dev/null
 
+## Runs a real handover beside one without handoff, with its timeline
 # A real handover with its timeline, beside the same replacement without
 # handoff. It builds only what it runs: the sidecar's binary, the example
 # worker, the demo, and kube-apiserver and etcd of the oldest supported
@@ -96,24 +104,29 @@ demo:
 	@$(KUBE_OLDEST) bash hack/kube-assets.sh >/dev/null
 	bin/demo --handoff bin/handoff-sidecar --worker bin/pgworker --svg bin/demo-timeline.svg $(DEMO_ARGS)
 
+## Runs every suite: integration, the SDKs, end to end (hack/test.sh)
 # Every test: unit and integration, then end to end on a real kubelet. Each
 # suite runs to its end even when one before it failed; hack/test.sh times
 # each and lists the failed tests at the end.
 test:
 	@bash hack/test.sh
 
+## Runs the Go tests on the oldest and newest supported Kubernetes
 # Unit, and integration against a real kube-apiserver + etcd (and
 # kube-controller-manager) and a real PostgreSQL, which the tests start:
 # every package on the oldest supported Kubernetes, then the packages that
 # talk to the apiserver on the newest (kubetest checks the server's version).
 integration: integration-oldest integration-newest
 
+## Runs every Go test (-race) on the oldest supported Kubernetes
 integration-oldest: kube-assets queue-servers
 	$(KUBE_OLDEST) KUBEBUILDER_ASSETS=$$($(KUBE_OLDEST) bash hack/kube-assets.sh kube-controller-manager) go test -race -count=1 $(GO_PKGS)
 
+## Runs the apiserver tests on the newest supported Kubernetes
 integration-newest: queue-servers
 	$(KUBE_NEWEST) KUBEBUILDER_ASSETS=$$($(KUBE_NEWEST) bash hack/kube-assets.sh kube-controller-manager) go test -race -count=1 $(API_PKGS)
 
+## Runs integration and e2e on the newest Kubernetes (before a release)
 # Every suite that runs on Kubernetes, on the newest supported (1.37):
 # integration (the packages that talk to the API) and end to end. Not in
 # make test, so not in CI: its binaries are another Kubernetes build, which
@@ -122,6 +135,7 @@ integration-newest: queue-servers
 # Run before each release (docs/releasing.md).
 test-newest: integration-newest e2e-newest
 
+## Tests the Python and Node SDKs, with conformance on their workers
 # The SDKs for Python and Node (sdk/python, sdk/node): their own tests,
 # type checks and packages, and handoff conformance on their example
 # workers, with the handoff binary built once here.
@@ -130,21 +144,25 @@ sdk-test:
 	HANDOFF_BIN=$(CURDIR)/bin/handoff bash sdk/python/test.sh
 	HANDOFF_BIN=$(CURDIR)/bin/handoff bash sdk/node/test.sh
 
+## Installs or builds the queue servers the adapters' tests run on
 # The queue servers the adapters' tests run on, installed or built and
 # cached before the tests, so a cold build is not inside a test's timeout.
 queue-servers:
 	@bash hack/nats-server.sh >/dev/null
 
+## Measures per queue how soon a leaving worker's claim is reclaimed
 # Per queue system: an unfinished claim claimed again after a leaving
 # worker's drain deadline, with the adapter and with the queue's own timeout.
 queue-figures: queue-servers
 	bash hack/queue-figures.sh
 
+## Measures the sidecar's calls to the app per SDK (p50, p99)
 # The sidecar's calls to the app per SDK (Go, Python threaded and asyncio,
 # Node): p50 and p99 beside Go's, and the 2 ms target (bench/roundtrip).
 roundtrip:
 	bash hack/roundtrip.sh
 
+## Measures the figures of docs/performance.md on a real kube-apiserver + etcd
 # The figures of docs/performance.md, on a real kube-apiserver + etcd: Lease
 # handover and API cost beside plain client-go, the sidecar's memory, CPU and
 # shutdown time, many Leases over many sidecars (scale), and the webhook's
@@ -156,6 +174,7 @@ bench: build image kube-assets
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/footprint --handoff bin/handoff-sidecar -variant 'handoff (all)=bin/handoff'
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh kube-controller-manager) go test -run '^$$' -bench Admission -benchtime 2000x ./webhook
 
+## Runs the end-to-end suite on a real kubelet (root; boots its own cluster)
 # End to end on a real kubelet (root; boots and stops its own cluster with
 # e2e/cluster, containerd and runc from Debian), or on the cluster named by
 # HANDOFF_E2E_KUBECONFIG (see e2e/e2e_test.go). The race detector is on in
@@ -164,41 +183,53 @@ bench: build image kube-assets
 e2e: e2e-assets
 	go test -race -tags e2e -count=1 -v -timeout 30m ./e2e/
 
+## Runs the end-to-end suite on the newest supported Kubernetes
 # The same end-to-end suite on the newest supported Kubernetes (apiserver,
 # controllers and kubelet 1.37; part of test-newest, not in CI).
 e2e-newest: tools
 	$(KUBE_NEWEST) bash hack/kube-assets.sh kubectl kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
 	$(KUBE_NEWEST) go test -race -tags e2e -count=1 -v -timeout 30m ./e2e/
 
+## Measures the rollout figures, handoff beside the baseline, from one e2e run
 # The rollout figures, handoff beside the baseline, from one e2e run:
 # printed, and drawn as a picture in bin/rollout-figures.svg.
 rollout-figures: e2e-assets
 	bash e2e/rollout-figures.sh
 
+## Measures the shard figures (docs/shards.md) from one e2e run
 # The shard figures (docs/shards.md) from one e2e run: a rollout restart of
 # 3 replicas over 12 shard Leases under load.
 shard-figures: e2e-assets
 	bash e2e/shard-figures.sh
 
+## Runs SOAK_RUNS rollout restarts in a row under load on a real kubelet
 # The soak: SOAK_RUNS rollout restarts in a row under load on a real kubelet,
 # with what each lost, applied twice or overlapped, and its handover time.
 SOAK_RUNS ?= 20
 soak: e2e-assets
 	bash e2e/soak.sh $(SOAK_RUNS)
 
+## Builds what the e2e tests run: the pinned tools and the node's binaries
 # What the e2e tests run, built before a test's timeout starts: the pinned
 # tools, and the node's binaries unless the cluster is given.
 e2e-assets: tools
 	@[ -n "$$HANDOFF_E2E_KUBECONFIG" ] || bash hack/kube-assets.sh kubectl kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
 
+## Runs every fuzz target for FUZZTIME each (default 10s)
 # Every fuzz target for FUZZTIME each (default 10s), in turn; fails on a
 # crash. Their seed corpora also run in the plain go test run.
 fuzz:
 	bash hack/fuzz.sh
 
+## Runs every Go test that needs no server or root (-short, fast)
+# Every module's packages (GO_PKGS) under go test -short: the tests that
+# need a real server, a control plane (envtest) or root skip themselves
+# there (internal/servertest and the packages on it, kubetest); make
+# integration runs them. Under two minutes once the build cache is warm.
 unit:
-	go test -count=1 ./config ./version ./worker
+	go test -short -count=1 $(GO_PKGS)
 
+## Runs gofmt, go vet, golangci-lint, and the module, chart and workflow checks
 # vet and golangci-lint load the packages built with -race, as every test
 # here is: the packages they compile into the build cache are the tests'
 # (a cold CI run compiled them twice, 4 minutes of it).
@@ -211,10 +242,20 @@ lint: tools
 	bash hack/chartlint.sh
 	$$(bash hack/tools.sh)/actionlint .github/workflows/*.yml
 
+## Finds known vulnerabilities reachable from the shipped binary (govulncheck)
 # Known vulnerabilities reachable from the shipped binary (govulncheck,
 # offline, with the vulnerability database from the Go module proxy).
 vuln: tools
 	bash hack/vuln.sh
 
+## Removes bin, .run and dist
 clean:
 	rm -rf bin .run dist
+
+## Lists the targets with what each does (the ## line above each)
+# A target's summary is the comment line that starts with "## " in the block
+# above it; the "# " lines after it say more.
+.PHONY: help
+help:
+	@echo 'Usage: make [TARGET]   (no target: build)'
+	@awk '/^## /{doc = substr($$0, 4); next} /^$$/{doc = ""} /^[a-zA-Z0-9_-]+:/ && doc != "" {t = $$0; sub(/:.*/, "", t); printf "  %-18s %s\n", t, doc; doc = ""}' $(firstword $(MAKEFILE_LIST))

@@ -10,7 +10,6 @@ import (
 	"flag"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -33,7 +32,7 @@ var update = flag.Bool("update", false, "rewrite deploy/handoff.yaml from the ch
 // Render is how deploy/handoff.yaml is made from the chart.
 var render = []string{"template", "handoff", "../charts/handoff", "--namespace", "handoff", "--kube-version", "1.35.0", "--set", "createNamespace=true"}
 
-func TestMain(m *testing.M) { kubetest.Main(m) }
+func TestMain(m *testing.M) { kubetest.Run(m) }
 
 // helm runs the pinned helm (charttest.Helm).
 func helm(t *testing.T, args ...string) []byte {
@@ -63,8 +62,7 @@ func TestWorkloadChartLints(t *testing.T) {
 }
 
 func TestChartRefusesBadValues(t *testing.T) {
-	out, _ := exec.Command("bash", "../hack/tools.sh").Output()
-	cmd := exec.Command(filepath.Join(strings.TrimSpace(string(out)), "helm"), append(render, "--set", "webhook.failurePolicy=Sometimes")...)
+	cmd := exec.Command(charttest.Tool(t, "helm"), append(render, "--set", "webhook.failurePolicy=Sometimes")...)
 	msg, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(msg), "/webhook/failurePolicy") || !strings.Contains(string(msg), "'Ignore', 'Fail'") {
 		t.Errorf("helm template with a bad failurePolicy: %v\n%s", err, msg)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -42,12 +40,7 @@ import (
 // another Lease of their namespace, to create one, and any Lease of another
 // namespace.
 func TestSidecarRoleHoldsOnlyItsOwnLeases(t *testing.T) {
-	if out, err := exec.Command("bash", "../hack/tools.sh").CombinedOutput(); err != nil {
-		if os.Getenv("CI") == "" {
-			t.Skipf("no helm to render the chart with: hack/tools.sh could not build it (%v: %s); in CI (CI set) this test fails instead", err, out)
-		}
-		t.Fatalf("hack/tools.sh: %v\n%s", err, out)
-	}
+	charttest.Tool(t, "helm") // skips outside CI (and under -short) without helm
 	env := kubetest.Get(t)
 	ctx := context.Background()
 	ns, otherNS := env.Namespace(t), env.Namespace(t)

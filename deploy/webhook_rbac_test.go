@@ -3,8 +3,6 @@ package deploy_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"reflect"
 	"slices"
 	"strings"
@@ -27,16 +25,11 @@ import (
 	"github.com/handoff-dev/handoff/internal/kubetest"
 )
 
-// needHelm skips the test outside CI when hack/tools.sh cannot build helm,
-// and fails it in CI.
+// needHelm skips the test outside CI (and under -short) when there is no
+// pinned helm (charttest.Tool), and fails it in CI.
 func needHelm(t *testing.T) {
 	t.Helper()
-	if out, err := exec.Command("bash", "../hack/tools.sh").CombinedOutput(); err != nil {
-		if os.Getenv("CI") == "" {
-			t.Skipf("no helm to render the chart with: hack/tools.sh could not build it (%v: %s); in CI (CI set) this test fails instead", err, out)
-		}
-		t.Fatalf("hack/tools.sh: %v\n%s", err, out)
-	}
+	charttest.Tool(t, "helm") // skips outside CI (and under -short) without helm
 }
 
 // installChart creates every object of a rendered chart on the apiserver,

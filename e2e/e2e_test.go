@@ -326,7 +326,7 @@ func (s *setup) startRegistry() error {
 	dir := filepath.Join(s.dir, "registry")
 	s.c.add(func() { _, _ = s.sh(nil, "bash", "hack/registry.sh", "stop", dir) })
 	var err error
-	s.registry, err = s.sh([]string{"HANDOFF_REGISTRY_WATCH_PID=" + strconv.Itoa(os.Getpid())}, "bash", "hack/registry.sh", "start", dir, ownRegistryPort)
+	s.registry, err = s.sh([]string{"HANDOFF_WATCH_PID=" + strconv.Itoa(os.Getpid())}, "bash", "hack/registry.sh", "start", dir, ownRegistryPort)
 	return err
 }
 
@@ -398,7 +398,7 @@ func (s *setup) postgres() error {
 	// Before start: an interruption may come after the server is up and
 	// before its watchdog is.
 	s.c.add(func() { _, _ = s.sh(nil, "bash", "hack/postgres.sh", "stop", pgDir) })
-	url, err := s.sh([]string{"HANDOFF_PG_LISTEN=" + s.hostIP, "HANDOFF_PG_WATCH_PID=" + strconv.Itoa(os.Getpid())},
+	url, err := s.sh([]string{"HANDOFF_PG_LISTEN=" + s.hostIP, "HANDOFF_WATCH_PID=" + strconv.Itoa(os.Getpid())},
 		"bash", "hack/postgres.sh", "start", pgDir, pgPort)
 	if err != nil {
 		return err

@@ -18,24 +18,16 @@
 # it is installed with apt-get.
 #
 # Environment:
-#   HANDOFF_PG_LISTEN     more addresses to listen on (comma-separated, e.g. a
-#                         bridge address pods reach), each trusted for its /24;
-#                         read when DIR is initialised.
-#   HANDOFF_PG_WATCH_PID  if set, start also leaves a watchdog that stops the
-#                         server once that process exits (used by
-#                         internal/pgtest, so an interrupted test binary does
-#                         not leak a server).
+#   HANDOFF_PG_LISTEN  more addresses to listen on (comma-separated, e.g. a
+#                      bridge address pods reach), each trusted for its /24;
+#                      read when DIR is initialised.
+#   HANDOFF_WATCH_PID  if set, start also leaves a watchdog that stops the
+#                      server once that process exits (hack/lib/server.sh).
 set -euo pipefail
 
+NAME=postgres.sh
 DEFAULT_PORT=55432
 READY_TIMEOUT=30 # seconds
-
-log() { echo "postgres.sh: $*" >&2; }
-die() {
-  log "error: $*"
-  exit 1
-}
-usage() { die "usage: $0 start DIR [PORT] | stop DIR"; }
 
 # bindir prints the directory of the newest installed PostgreSQL's binaries.
 bindir() {
@@ -76,42 +68,35 @@ as_pg() {
   fi
 }
 
-# running succeeds when the postmaster of DIR/data is alive.
-running() {
-  [ -f "$DATA/postmaster.pid" ] && as_pg "$BIN/pg_ctl" status -D "$DATA" >/dev/null 2>&1
+# server_running succeeds when the postmaster of DIR/data is alive.
+server_running() {
+  [ -f "$DIR/data/postmaster.pid" ] || return 1
+  [ -n "${BIN:-}" ] || BIN=$(bindir) || die "PostgreSQL binaries not found"
+  as_pg "$BIN/pg_ctl" status -D "$DIR/data" >/dev/null 2>&1
 }
 
-# url prints the connection URL for the server listening on port $1.
-url() { echo "postgres://postgres@127.0.0.1:$1/postgres?sslmode=disable"; }
+# server_port prints the port of the running server: line 4 of
+# postmaster.pid.
+server_port() { sed -n 4p "$DIR/data/postmaster.pid"; }
 
-start() {
-  local port=$1
-  [[ "$port" =~ ^[0-9]+$ ]] && [ "$port" -ge 1 ] && [ "$port" -le 65535 ] || die "PORT $port: want a number from 1 to 65535"
-  mkdir -p "$DIR"
-  DIR=$(cd "$DIR" && pwd)
-  DATA=$DIR/data
+# server_addr prints the connection URL for the server listening on port $1.
+server_addr() { echo "postgres://postgres@127.0.0.1:$1/postgres?sslmode=disable"; }
+
+server_prepare() {
   # A unix socket path is limited to 107 bytes.
   [ ${#DIR} -le 90 ] || die "DIR $DIR is too long for a unix socket path; use a shorter one"
   ensure_postgres
-
   if [ "$(id -u)" -eq 0 ]; then
     id postgres >/dev/null 2>&1 || die "running as root needs the OS user \"postgres\" to run the server"
     chown postgres: "$DIR"
-    [ -d "$DATA" ] && chown -R postgres: "$DATA"
+    [ -d "$DIR/data" ] && chown -R postgres: "$DIR/data"
     runuser -u postgres -- test -w "$DIR" ||
       die "the postgres user cannot reach $DIR (a parent directory is private?); use a directory under /tmp"
   fi
+}
 
-  if running; then
-    # The port the running server listens on is line 4 of postmaster.pid.
-    local have
-    have=$(sed -n 4p "$DATA/postmaster.pid")
-    [ "$have" = "$port" ] || log "already running on port $have (not $port)"
-    log "already running in $DIR"
-    url "$have"
-    return
-  fi
-
+server_start() {
+  local port=$1 DATA=$DIR/data
   if [ ! -f "$DATA/PG_VERSION" ]; then
     log "initialising $DATA with $BIN/initdb"
     # initdb's report (about 20 lines) goes to a file, shown only if it
@@ -159,54 +144,11 @@ EOF
   done
   "$BIN/pg_isready" -q -h 127.0.0.1 -p "$port" -U postgres ||
     die "PostgreSQL accepts connections on its socket but not on 127.0.0.1:$port"
-
-  if [ -n "${HANDOFF_PG_WATCH_PID:-}" ]; then
-    watch "$HANDOFF_PG_WATCH_PID"
-  fi
-  url "$port"
 }
 
-# watch leaves a process that stops the server once process $1 is gone. It
-# runs in a session of its own, so the signal that kills a process group
-# (^C, timeout) does not kill it too, and writes to DIR/watchdog.log, so
-# whoever reads our output is not kept waiting for it.
-watch() {
-  local pid=$1
-  [[ "$pid" =~ ^[0-9]+$ ]] || die "HANDOFF_PG_WATCH_PID $pid: want a process id"
-  log "will stop the server when process $pid exits"
-  setsid -f bash "$SELF" _watchdog "$DIR" "$pid" </dev/null >>"$DIR/watchdog.log" 2>&1
+server_stop() {
+  as_pg "$BIN/pg_ctl" stop -D "$DIR/data" -m fast -w -t "$READY_TIMEOUT" >&2 || die "pg_ctl stop failed"
 }
 
-# watchdog is the process watch leaves behind.
-watchdog() {
-  local pid=$1
-  while kill -0 "$pid" 2>/dev/null; do sleep 1; done
-  log "process $pid is gone; stopping the server"
-  stop
-}
-
-stop() {
-  DATA=$DIR/data
-  if [ ! -d "$DATA" ]; then
-    log "nothing to stop in $DIR"
-    return
-  fi
-  DIR=$(cd "$DIR" && pwd)
-  BIN=$(bindir) || die "PostgreSQL binaries not found"
-  if ! running; then
-    log "not running in $DIR"
-    return
-  fi
-  as_pg "$BIN/pg_ctl" stop -D "$DATA" -m fast -w -t "$READY_TIMEOUT" >&2 || die "pg_ctl stop failed"
-}
-
-SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
-cmd=${1:-}
-DIR=${2:-}
-[ -n "$DIR" ] || usage
-case "$cmd" in
-  start) start "${3:-$DEFAULT_PORT}" ;;
-  stop) stop ;;
-  _watchdog) watchdog "${3:?}" ;;
-  *) usage ;;
-esac
+source "$(dirname "${BASH_SOURCE[0]}")/lib/server.sh"
+server_main "$@"

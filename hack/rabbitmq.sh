@@ -20,24 +20,18 @@
 # rabbitmq-server and Erlang; about 50 s).
 #
 # Environment:
-#   HANDOFF_RABBITMQ_WATCH_PID  if set, start also leaves a watchdog that
-#                               stops the node once that process exits (used
-#                               by internal/rabbittest).
+#   HANDOFF_WATCH_PID  if set, start also leaves a watchdog that stops the
+#                      node once that process exits (hack/lib/server.sh).
 set -euo pipefail
 
+NAME=rabbitmq.sh
 DEFAULT_PORT=56720
+MAX_PORT=65534 # PORT+1 is the distribution port
 READY_TIMEOUT=120 # seconds
 BIN=/usr/lib/rabbitmq/bin
 
-log() { echo "rabbitmq.sh: $*" >&2; }
-die() {
-  log "error: $*"
-  exit 1
-}
-usage() { die "usage: $0 start DIR [PORT] | stop DIR"; }
-
-# ensure_rabbitmq installs rabbitmq-server with apt-get if missing.
-ensure_rabbitmq() {
+# server_prepare installs rabbitmq-server with apt-get if missing.
+server_prepare() {
   if [ -x "$BIN/rabbitmq-server" ]; then return; fi
   command -v apt-get >/dev/null 2>&1 || die "RabbitMQ is not installed and apt-get is not available; install rabbitmq-server 3.10 or newer"
   log "RabbitMQ not found; installing it with apt-get"
@@ -47,31 +41,17 @@ ensure_rabbitmq() {
   [ -x "$BIN/rabbitmq-server" ] || die "rabbitmq-server was installed but $BIN/rabbitmq-server is not there"
 }
 
-# running succeeds when the node of DIR is alive.
-running() {
+# server_running succeeds when the node of DIR is alive.
+server_running() {
   [ -s "$DIR/rabbit.pid" ] && kill -0 "$(cat "$DIR/rabbit.pid")" 2>/dev/null
 }
 
-url() { echo "amqp://guest:guest@127.0.0.1:$1/"; }
+server_port() { cat "$DIR/port"; }
 
-start() {
+server_addr() { echo "amqp://guest:guest@127.0.0.1:$1/"; }
+
+server_start() {
   local port=$1
-  if ! [[ "$port" =~ ^[0-9]+$ ]] || [ "$port" -lt 1 ] || [ "$port" -ge 65535 ]; then
-    die "PORT $port: want a number from 1 to 65534"
-  fi
-  mkdir -p "$DIR"
-  DIR=$(cd "$DIR" && pwd)
-  ensure_rabbitmq
-
-  if running; then
-    local have
-    have=$(cat "$DIR/port")
-    [ "$have" = "$port" ] || log "already running on port $have (not $port)"
-    log "already running in $DIR"
-    url "$have"
-    return
-  fi
-
   echo "$port" >"$DIR/port"
   printf 'listeners.tcp.1 = 127.0.0.1:%s\n' "$port" >"$DIR/rabbitmq.conf"
   : >"$DIR/enabled_plugins"
@@ -97,7 +77,7 @@ start() {
   # a connect to a port nobody listens on can connect to itself (the local
   # port is picked from the same range) and take the node's port.
   local deadline=$((SECONDS + READY_TIMEOUT))
-  until grep -q '^  Starting broker... completed' "$DIR/out.log" 2>/dev/null && running; do
+  until grep -q '^  Starting broker... completed' "$DIR/out.log" 2>/dev/null && server_running; do
     if [ "$SECONDS" -ge "$deadline" ]; then
       tail -n 20 "$DIR/out.log" >&2 || true
       die "RabbitMQ not ready after ${READY_TIMEOUT}s (port $port or $((port + 1)) in use?); log: $DIR/out.log"
@@ -109,44 +89,22 @@ start() {
     sleep 0.1
   done
   (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null || die "RabbitMQ booted but does not accept connections on 127.0.0.1:$port"
-
-  if [ -n "${HANDOFF_RABBITMQ_WATCH_PID:-}" ]; then
-    watch "$HANDOFF_RABBITMQ_WATCH_PID"
-  fi
-  url "$port"
 }
 
-# watch leaves a process that stops the node once process $1 is gone.
-watch() {
-  local pid=$1
-  [[ "$pid" =~ ^[0-9]+$ ]] || die "HANDOFF_RABBITMQ_WATCH_PID $pid: want a process id"
-  log "will stop the node when process $pid exits"
-  setsid -f bash "$SELF" _watchdog "$DIR" "$pid" </dev/null >>"$DIR/watchdog.log" 2>&1
+server_stop() {
+  local pid
+  pid=$(cat "$DIR/rabbit.pid")
+  kill -TERM "$pid" 2>/dev/null || true
+  local deadline=$((SECONDS + READY_TIMEOUT))
+  while kill -0 "$pid" 2>/dev/null; do
+    [ "$SECONDS" -lt "$deadline" ] || die "RabbitMQ $pid did not stop within ${READY_TIMEOUT}s"
+    sleep 0.1
+  done
 }
 
-# watchdog is the process watch leaves behind.
-watchdog() {
-  local pid=$1
-  while kill -0 "$pid" 2>/dev/null; do sleep 1; done
-  log "process $pid is gone; stopping the node"
-  stop
-}
-
-stop() {
-  if [ -d "$DIR" ] && running; then
-    local pid
-    pid=$(cat "$DIR/rabbit.pid")
-    kill -TERM "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + READY_TIMEOUT))
-    while kill -0 "$pid" 2>/dev/null; do
-      [ "$SECONDS" -lt "$deadline" ] || die "RabbitMQ $pid did not stop within ${READY_TIMEOUT}s"
-      sleep 0.1
-    done
-  else
-    log "not running in $DIR"
-  fi
-  # The node started epmd (Erlang's port mapper) if none ran; stop it once
-  # no node is registered with it.
+# server_after_stop: the node started epmd (Erlang's port mapper) if none
+# ran; stop it once no node is registered with it.
+server_after_stop() {
   local epmd e
   epmd=
   for e in /usr/lib/erlang/erts-*/bin/epmd; do [ -x "$e" ] && epmd=$e; done
@@ -156,13 +114,5 @@ stop() {
   fi
 }
 
-SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
-cmd=${1:-}
-DIR=${2:-}
-[ -n "$DIR" ] || usage
-case "$cmd" in
-  start) start "${3:-$DEFAULT_PORT}" ;;
-  stop) stop ;;
-  _watchdog) watchdog "${3:?}" ;;
-  *) usage ;;
-esac
+source "$(dirname "${BASH_SOURCE[0]}")/lib/server.sh"
+server_main "$@"

@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 		runChild()
 		return
 	}
-	kubetest.Main(m)
+	kubetest.Run(m)
 }
 
 // runChild competes for the Lease in a separate process until it is killed,

@@ -38,7 +38,7 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-func TestMain(m *testing.M) { kubetest.Main(m) }
+func TestMain(m *testing.M) { kubetest.Run(m) }
 
 const lease = "work"
 

@@ -53,7 +53,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	kubetest.MainWith(m, serve, kubetest.WithMutatingWebhooks(config))
+	kubetest.Run(m, kubetest.WithMutatingWebhooks(config), kubetest.WithSetup(serve))
 }
 
 // serve runs the webhook server where envtest sends admission requests, and

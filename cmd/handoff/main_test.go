@@ -28,7 +28,7 @@ func TestMain(m *testing.M) {
 		serveProbesUncapped()
 		os.Exit(0)
 	}
-	kubetest.Main(m)
+	kubetest.Run(m)
 }
 
 // The real sidecar process: it takes the Lease. SIGTERM in a pod that stays

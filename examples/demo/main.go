@@ -68,7 +68,7 @@ func run(o options) error {
 		return err
 	}
 	say("starting kube-apiserver and etcd (envtest), and PostgreSQL")
-	kube, stopKube, err := kubetest.Start()
+	kube, stopKube, err := kubetest.StartServer()
 	if err != nil {
 		return err
 	}

@@ -25,7 +25,8 @@ const testToken = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abc
 
 // The elector's tests need the control plane, the claim loops' PostgreSQL.
 func TestMain(m *testing.M) {
-	kubetest.MainWith(m, func(*kubetest.Env) (func(), error) { return pgtest.Setup(), nil })
+	defer pgtest.Setup()()
+	kubetest.Run(m)
 }
 
 // worker is a pgworker's claim loops on a fresh queue, with the sidecar's
@@ -117,7 +118,7 @@ func (w *testWorker) waitEnded(t *testing.T) {
 
 func newPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), pgtest.Start(t))
+	pool, err := pgxpool.New(context.Background(), pgtest.Database(t))
 	if err != nil {
 		t.Fatal(err)
 	}

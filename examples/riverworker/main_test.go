@@ -32,7 +32,7 @@ func TestParseFlags(t *testing.T) {
 // TestRunAppliesJobs runs the worker on a real PostgreSQL: a job inserted
 // is applied once, and the worker stops when its context ends.
 func TestRunAppliesJobs(t *testing.T) {
-	url := pgtest.Start(t)
+	url := pgtest.Database(t)
 	var lc net.ListenConfig
 	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
@@ -93,7 +93,7 @@ func TestRunAppliesJobs(t *testing.T) {
 // at once on a fresh database, then once more: each succeeds (River's
 // migrations applied once, riverworker_applied created once).
 func TestMigrateConcurrently(t *testing.T) {
-	url := pgtest.Start(t)
+	url := pgtest.Database(t)
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)

@@ -61,9 +61,23 @@ func Chart(t testing.TB) string { return filepath.Join(Root(t), "charts", "hando
 
 // Tool returns the path of the pinned tool name (helm, promtool, ...)
 // that hack/tools.sh installs, installing it if missing. Without it the
-// test is skipped, unless CI is set: then it fails.
+// test is skipped, unless CI is set: then it fails. Under go test -short
+// (make unit) hack/tools.sh is not run (it installs every tool, minutes
+// cold): the tool already built is used, else the test is skipped.
 func Tool(t testing.TB, name string) string {
 	t.Helper()
+	if testing.Short() {
+		cache := os.Getenv("HANDOFF_CACHE")
+		if cache == "" {
+			home, _ := os.UserHomeDir()
+			cache = filepath.Join(home, ".cache", "handoff")
+		}
+		bin := filepath.Join(cache, "bin", name)
+		if _, err := os.Stat(bin); err != nil {
+			t.Skipf("needs the pinned %s, not built yet (make tools builds it); skipped under -short", name)
+		}
+		return bin
+	}
 	out, err := exec.Command("bash", filepath.Join(Root(t), "hack", "tools.sh")).Output()
 	if err != nil {
 		if os.Getenv("CI") == "" {

@@ -1,6 +1,21 @@
-// Package kubetest starts a real kube-apiserver and etcd (controller-runtime
-// envtest) for the integration tests of one test binary, and for the demo. The binaries come
-// from KUBEBUILDER_ASSETS or are built and cached by hack/kube-assets.sh.
+// Package kubetest gives tests a real kube-apiserver and etcd
+// (controller-runtime envtest), and the demo and benchmarks one of their
+// own. The binaries come from KUBEBUILDER_ASSETS or are built and cached by
+// hack/kube-assets.sh.
+//
+// One control plane serves a whole test binary, the shape of
+// internal/servertest: the first Get starts it, and Run stops it when the
+// tests are over. Tests share it: each makes its own namespace
+// (Env.Namespace). Under go test -short the tests that need it are skipped
+// (make unit).
+//
+//	func TestMain(m *testing.M) { kubetest.Run(m) }
+//
+//	func TestX(t *testing.T) {
+//		env := kubetest.Get(t)
+//		ns := env.Namespace(t)
+//		...
+//	}
 package kubetest
 
 import (
@@ -21,6 +36,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/handoff-dev/handoff/internal/servertest"
 )
 
 // Env is a running control plane.
@@ -39,62 +56,59 @@ type Env struct {
 	assets string
 }
 
-// Option changes the control plane before it starts.
-type Option func(*envtest.Environment)
+// Option changes the control plane before it starts, or adds to what
+// starts with it (WithSetup).
+type Option func(*config)
+
+// config is what the Options make of a start.
+type config struct {
+	te     *envtest.Environment
+	setups []func(*Env) (cleanup func(), err error)
+}
 
 // WithMutatingWebhooks installs the webhook configurations, their client
 // configs pointed at a local server (see Env.Webhook).
 func WithMutatingWebhooks(cfgs ...*admissionregistrationv1.MutatingWebhookConfiguration) Option {
-	return func(te *envtest.Environment) {
-		te.WebhookInstallOptions.MutatingWebhooks = append(te.WebhookInstallOptions.MutatingWebhooks, cfgs...)
+	return func(c *config) {
+		c.te.WebhookInstallOptions.MutatingWebhooks = append(c.te.WebhookInstallOptions.MutatingWebhooks, cfgs...)
 	}
+}
+
+// WithSetup runs setup once the control plane is up, before it is handed
+// out, for what the tests need beside it (a webhook server, a controller
+// manager); its cleanup runs before the control plane stops. An error fails
+// the start.
+func WithSetup(setup func(*Env) (cleanup func(), err error)) Option {
+	return func(c *config) { c.setups = append(c.setups, setup) }
 }
 
 var (
-	current *Env
-	nsSeq   atomic.Int64
+	// server is the one control plane of this test binary; Setup says how
+	// it starts.
+	server = &servertest.Shared[*Env]{Name: "kube-apiserver and etcd (envtest)"}
+	nsSeq  atomic.Int64
 )
 
-// Main starts the control plane, runs the tests, stops it, and exits with
-// the tests' code. Call it from TestMain.
-func Main(m *testing.M, opts ...Option) {
-	MainWith(m, nil, opts...)
+// Run runs the tests of m and then stops the control plane Get started
+// (with opts), if any. Call it from TestMain; when TestMain returns, the
+// test binary exits with the code of m.Run.
+func Run(m *testing.M, opts ...Option) {
+	defer Setup(opts...)()
+	m.Run()
 }
 
-// MainWith is Main with setup run once the control plane is up and before
-// the tests, for servers the tests need; its cleanup runs after them.
-func MainWith(m *testing.M, setup func(*Env) (cleanup func(), err error), opts ...Option) {
-	os.Exit(run(m, setup, opts))
-}
-
-func run(m *testing.M, setup func(*Env) (func(), error), opts []Option) int {
-	if Fuzzing() {
-		// The fuzz targets need no control plane, and every fuzz worker
-		// process runs TestMain again: starting one each would cost seconds
-		// per worker and an apiserver per core.
-		return m.Run()
-	}
-	env, stop, err := Start(opts...)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "kubetest:", err)
-		return 1
-	}
-	defer stop()
-	if setup != nil {
-		cleanup, err := setup(env)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "kubetest setup:", err)
-			return 1
-		}
-		defer cleanup()
-	}
-	current = env
-	return m.Run()
+// Setup is Run for a TestMain that runs the tests itself: it lets Get
+// start a control plane (with opts), and returns the func that stops it, to
+// run once the tests are over. Call it once, before the tests.
+func Setup(opts ...Option) (stop func()) {
+	server.Start = func() (*Env, func(), error) { return StartServer(opts...) }
+	return server.Setup()
 }
 
 // Fuzzing reports whether the test binary runs with -test.fuzz (the
-// fuzzing coordinator) or as one of its fuzz workers. Main starts no control
-// plane then. Call it from TestMain or a test: it parses the test flags.
+// fuzzing coordinator) or as one of its fuzz workers. Get skips then: a
+// fuzz worker process would start a control plane of its own. Call it from
+// TestMain or a test: it parses the test flags.
 func Fuzzing() bool {
 	if !flag.Parsed() {
 		flag.Parse()
@@ -103,18 +117,32 @@ func Fuzzing() bool {
 	return (fuzz != nil && fuzz.Value.String() != "") || (worker != nil && worker.Value.String() == "true")
 }
 
-// Start starts a kube-apiserver and etcd and returns them with the func
-// that stops them and removes their files. It takes about 3 s once the
-// binaries are built.
-func Start(opts ...Option) (*Env, func(), error) {
+// Get returns the control plane of this test binary, starting it on first
+// use (about 3 s once the binaries are built; Run's options apply). Under
+// go test -short, or while fuzzing, it skips t. If no control plane can be
+// had it fails t (it does not skip).
+func Get(t testing.TB) *Env {
+	t.Helper()
+	if Fuzzing() {
+		t.Skip("kubetest: no control plane while fuzzing (-test.fuzz); run the other tests without -fuzz")
+	}
+	return server.Get(t)
+}
+
+// StartServer starts a kube-apiserver and etcd, and what WithSetup options
+// add, and returns them with the func that stops them and removes their
+// files. It takes about 3 s once the binaries are built. For commands (the
+// demo, benchmarks) as well as tests.
+func StartServer(opts ...Option) (*Env, func(), error) {
 	assets, err := assetsDir()
 	if err != nil {
 		return nil, nil, err
 	}
-	te := &envtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: time.Minute}
+	c := &config{te: &envtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: time.Minute}}
 	for _, o := range opts {
-		o(te)
+		o(c)
 	}
+	te := c.te
 	cfg, err := te.Start()
 	if err != nil {
 		return nil, nil, fmt.Errorf("starting kube-apiserver and etcd: %w", err)
@@ -138,14 +166,29 @@ func Start(opts ...Option) (*Env, func(), error) {
 		_ = te.Stop()
 		return nil, nil, err
 	}
-	stop := func() { _ = te.Stop(); _ = os.RemoveAll(dir) }
+	var cleanups []func()
+	stop := func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+		_ = te.Stop()
+		_ = os.RemoveAll(dir)
+	}
 	kc := filepath.Join(dir, "kubeconfig")
 	if err := os.WriteFile(kc, te.KubeConfig, 0o600); err != nil {
 		stop()
 		return nil, nil, err
 	}
-	return &Env{Config: cfg, Client: client, Kubeconfig: kc,
-		Webhook: te.WebhookInstallOptions, assets: assets}, stop, nil
+	env := &Env{Config: cfg, Client: client, Kubeconfig: kc, Webhook: te.WebhookInstallOptions, assets: assets}
+	for _, setup := range c.setups {
+		cleanup, err := setup(env)
+		if err != nil {
+			stop()
+			return nil, nil, fmt.Errorf("setup: %w", err)
+		}
+		cleanups = append(cleanups, cleanup)
+	}
+	return env, stop, nil
 }
 
 // StartControllerManager runs a real kube-controller-manager with only the
@@ -178,18 +221,6 @@ func (e *Env) StartControllerManager(controllers ...string) (func(), error) {
 		_ = log.Close()
 		_ = os.Remove(log.Name())
 	}, nil
-}
-
-// Get returns the control plane started by Main.
-func Get(t testing.TB) *Env {
-	t.Helper()
-	if current == nil && Fuzzing() {
-		t.Skip("kubetest: no control plane while fuzzing (-test.fuzz); run the other tests without -fuzz")
-	}
-	if current == nil {
-		t.Fatal("kubetest: no control plane: call kubetest.Main from TestMain")
-	}
-	return current
 }
 
 // Namespace creates a fresh namespace for one test and returns its name.

@@ -1,17 +1,18 @@
 // Package natstest gives tests a real nats-server with JetStream.
 //
-// One server serves a whole test binary: the first URL starts
+// One server serves a whole test binary: the first Get starts
 // nats-server (installed by hack/nats-server.sh, from the Go module proxy,
 // if missing) with JetStream on a free port of 127.0.0.1, its store in a
 // temporary directory, and Run stops it when the tests are over. With
 // HANDOFF_TEST_NATS_URL set, that server is used instead and nothing is
 // started or stopped. Tests share the server: each names its own streams
-// (StreamName gives a unique one), so they may run in parallel.
+// (StreamName gives a unique one), so they may run in parallel. Under go
+// test -short the tests that need the server are skipped (make unit).
 //
 //	func TestMain(m *testing.M) { natstest.Run(m) }
 //
 //	func TestX(t *testing.T) {
-//		url := natstest.URL(t) // nats://127.0.0.1:PORT
+//		url := natstest.Get(t) // nats://127.0.0.1:PORT
 //		...
 //	}
 package natstest
@@ -28,7 +29,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -60,56 +60,32 @@ const (
 )
 
 // server is the one server of this test binary.
-var server struct {
-	mu      sync.Mutex
-	running bool   // Run is running the tests
-	started bool   // a start was attempted; url and err hold its outcome
-	url     string // nats://127.0.0.1:PORT
-	err     error
-	srv     *Server // set when this package started the server
-}
-
-// Server is a nats-server with JetStream that StartServer started.
-type Server struct {
-	url    string
-	cmd    *exec.Cmd
-	exited chan struct{}
-	dir    string
-}
-
-// URL is the server's client URL, nats://127.0.0.1:PORT.
-func (s *Server) URL() string { return s.url }
+var server = &servertest.Shared[string]{Name: "nats-server", Env: EnvURL, Start: StartServer}
 
 var seq atomic.Int64
 
-// Run runs the tests of m and then stops the server URL started, if any.
-// Call it from TestMain; when TestMain returns, the test binary exits with
-// the code of m.Run.
-func Run(m *testing.M) {
-	server.mu.Lock()
-	server.running = true
-	server.mu.Unlock()
-	defer stop()
-	m.Run()
-}
+// Run runs the tests of m and then stops the server Get started, if any.
+// Call it from TestMain.
+func Run(m *testing.M) { server.Run(m) }
 
-// URL returns the URL of the server, nats://127.0.0.1:PORT, starting it on
-// first use unless HANDOFF_TEST_NATS_URL is set. If no server can be had,
-// URL fails t (it does not skip): a test that needs NATS must not pass
-// silently without it.
-func URL(t testing.TB) string {
+// Setup is Run for a TestMain that runs the tests another way: it lets Get
+// start a server, and returns the func that stops it, to run once the tests
+// are over.
+func Setup() (stop func()) { return server.Setup() }
+
+// Get returns the URL of the server, nats://127.0.0.1:PORT, starting it on
+// first use unless HANDOFF_TEST_NATS_URL is set. Under go test -short it
+// skips t. If no server can be had it fails t (it does not skip): a test
+// that needs NATS must not pass silently without it.
+func Get(t testing.TB) string {
 	t.Helper()
-	u, err := serverURL()
-	if err != nil {
-		t.Fatalf("natstest: %v", err)
-	}
-	return u
+	return server.Get(t)
 }
 
-// Connect returns a connection to the server (URL), closed when t ends.
+// Connect returns a connection to the server (Get), closed when t ends.
 func Connect(t testing.TB, opts ...nats.Option) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(URL(t), opts...)
+	nc, err := nats.Connect(Get(t), opts...)
 	if err != nil {
 		t.Fatalf("natstest: connect: %v", err)
 	}
@@ -135,55 +111,43 @@ func StreamName(t testing.TB) string {
 	return fmt.Sprintf("%s_%d_%s", b.String(), seq.Add(1), hex.EncodeToString(rnd[:]))
 }
 
-// serverURL returns the server's URL, starting it on first use. A failed
-// start is not retried.
-func serverURL() (string, error) {
-	server.mu.Lock()
-	defer server.mu.Unlock()
-	if server.started {
-		return server.url, server.err
-	}
-	if u := os.Getenv(EnvURL); u != "" {
-		server.started, server.url = true, u
-		return u, nil
-	}
-	if !server.running {
-		// Without Run nobody would stop the server.
-		return "", errors.New("call natstest.Run(m) from TestMain, so nats-server is stopped when the tests end (or set " + EnvURL + ")")
-	}
-	server.started = true
-	server.srv, server.err = StartServer()
-	if server.err != nil {
-		server.err = fmt.Errorf("cannot start nats-server (set %s to use a running server): %w", EnvURL, server.err)
-		return "", server.err
-	}
-	server.url = server.srv.URL()
-	return server.url, nil
-}
-
 // StartServer starts nats-server with JetStream (the binary
 // $HANDOFF_NATS_SERVER, else the one hack/nats-server.sh installs, which
 // it builds if missing: up to 10 minutes) on a free port of 127.0.0.1, its
 // store in a new temporary directory, and waits until it answers a
-// JetStream request (at most 30 s). The server dies with this process;
-// Stop stops it sooner. For programs (the benches); tests use URL.
-func StartServer() (*Server, error) {
+// JetStream request (at most 30 s), and returns its URL,
+// nats://127.0.0.1:PORT, and the func that stops it (SIGTERM, then SIGKILL
+// after 10 s) and removes the directory. The server dies with this process
+// (Pdeathsig); stop stops it sooner. For commands (benchmarks) as well as
+// tests.
+func StartServer() (url string, stop func(), err error) {
 	bin, err := binary()
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	// Another process may take the free port first; try a few times, each
 	// in a new directory.
 	for attempt := 1; ; attempt++ {
 		s, err := startOnce(bin)
-		if err == nil || attempt == 3 {
-			return s, err
+		if err == nil {
+			return s.url, s.stop, nil
+		}
+		if attempt == 3 {
+			return "", nil, err
 		}
 	}
 }
 
+// process is a nats-server StartServer started.
+type process struct {
+	url    string
+	cmd    *exec.Cmd
+	exited chan struct{}
+	dir    string
+}
+
 // startOnce is one attempt of StartServer.
-func startOnce(bin string) (*Server, error) {
+func startOnce(bin string) (*process, error) {
 	dir, err := os.MkdirTemp("", "handoff-natstest-")
 	if err != nil {
 		return nil, err
@@ -212,7 +176,7 @@ func startOnce(bin string) (*Server, error) {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("%s on port %d: %w\n%s", bin, port, err, log)
 	}
-	return &Server{url: url, cmd: cmd, exited: exited, dir: dir}, nil
+	return &process{url: url, cmd: cmd, exited: exited, dir: dir}, nil
 }
 
 // waitReady waits until the server at url answers a JetStream account
@@ -241,20 +205,9 @@ func waitReady(url string, exited <-chan struct{}) error {
 	return fmt.Errorf("not ready in %s: %w", readyTimeout, last)
 }
 
-// stop stops the server URL started, if any.
-func stop() {
-	server.mu.Lock()
-	defer server.mu.Unlock()
-	server.running = false
-	if server.srv != nil {
-		server.srv.Stop()
-		server.srv = nil
-	}
-}
-
-// Stop stops the server (SIGTERM, then SIGKILL after 10 s) and removes its
+// stop stops the server (SIGTERM, then SIGKILL after 10 s) and removes its
 // directory. Calls after the first do nothing.
-func (s *Server) Stop() {
+func (s *process) stop() {
 	if s.cmd == nil {
 		return
 	}

@@ -41,8 +41,8 @@ func TestServerHasJetStream(t *testing.T) {
 	if string(m.Data()) != "hello" {
 		t.Fatalf("got %q, want %q", m.Data(), "hello")
 	}
-	if a, b := natstest.URL(t), natstest.URL(t); a != b {
-		t.Fatalf("URL twice in one test binary: %s, then %s; want one server", a, b)
+	if a, b := natstest.Get(t), natstest.Get(t); a != b {
+		t.Fatalf("Get twice in one test binary: %s, then %s; want one server", a, b)
 	}
 }
 

@@ -24,11 +24,11 @@ func TestDBName(t *testing.T) {
 	}
 }
 
-func TestStartGivesEachCallItsOwnDatabase(t *testing.T) {
+func TestDatabaseGivesEachCallItsOwnDatabase(t *testing.T) {
 	ctx := context.Background()
 	names := map[string]bool{}
 	for range 2 {
-		conn, err := pgx.Connect(ctx, Start(t))
+		conn, err := pgx.Connect(ctx, Database(t))
 		if err != nil {
 			t.Fatal(err)
 		}

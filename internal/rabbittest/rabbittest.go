@@ -1,10 +1,11 @@
 // Package rabbittest gives tests a connection to a real RabbitMQ node.
 //
-// One node serves a whole test binary: the first URL runs hack/rabbitmq.sh
-// in a temporary directory, and Run stops it when the tests are over. With
-// HANDOFF_TEST_RABBITMQ_URL set, that node is used instead and nothing is
-// started or stopped. Tests share the node's default virtual host: give
-// each its own queues (Queue), and they may run in parallel.
+// One node serves a whole test binary: the first Get (or Conn) runs
+// hack/rabbitmq.sh in a temporary directory, and Run stops it when the tests
+// are over. With HANDOFF_TEST_RABBITMQ_URL set, that node is used instead
+// and nothing is started or stopped. Tests share the node's default virtual host: give
+// each its own queues (Queue), and they may run in parallel. Under go test
+// -short the tests that need the node are skipped (make unit).
 //
 //	func TestMain(m *testing.M) { rabbittest.Run(m) }
 //
@@ -35,24 +36,29 @@ const EnvURL = "HANDOFF_TEST_RABBITMQ_URL"
 const startTimeout = 10 * time.Minute
 
 // server is the one server of this test binary.
-var server = &servertest.Shared{Name: "RabbitMQ", Env: EnvURL, Start: StartServer}
+var server = &servertest.Shared[string]{Name: "RabbitMQ", Env: EnvURL, Start: StartServer}
 
-// Run runs the tests of m and then stops the node URL started, if any.
+// Run runs the tests of m and then stops the node Get started, if any.
 // Call it from TestMain.
 func Run(m *testing.M) { server.Run(m) }
 
-// URL returns the AMQP URL of the node, starting it on first use. If no
-// node can be had it fails t (it does not skip): a test that needs
-// RabbitMQ must not pass silently without it.
-func URL(t testing.TB) string {
+// Setup is Run for a TestMain that runs the tests another way: it lets Get
+// start a server, and returns the func that stops it, to run once the tests
+// are over.
+func Setup() (stop func()) { return server.Setup() }
+
+// Get returns the AMQP URL of the node, starting it on first use. Under go
+// test -short it skips t. If no node can be had it fails t (it does not
+// skip): a test that needs RabbitMQ must not pass silently without it.
+func Get(t testing.TB) string {
 	t.Helper()
 	return server.Get(t)
 }
 
-// Conn returns a new connection to the node (URL), closed when t ends.
+// Conn returns a new connection to the node (Get), closed when t ends.
 func Conn(t testing.TB) *amqp.Connection {
 	t.Helper()
-	conn, err := amqp.Dial(URL(t))
+	conn, err := amqp.Dial(Get(t))
 	if err != nil {
 		t.Fatalf("rabbittest: dial: %v", err)
 	}
@@ -92,5 +98,5 @@ func Queue(t testing.TB, conn *amqp.Connection) string {
 // removes the directory. The script's watchdog stops the node should this
 // process die first. For commands (benchmarks) as well as tests.
 func StartServer() (url string, stop func(), err error) {
-	return servertest.StartScript("rabbitmq.sh", "HANDOFF_RABBITMQ_WATCH_PID", startTimeout)
+	return servertest.StartScript("rabbitmq.sh", startTimeout)
 }

@@ -1,10 +1,11 @@
 // Package redistest gives tests a client of a real Redis server.
 //
-// One server serves a whole test binary: the first Client runs
+// One server serves a whole test binary: the first Get (or Client) runs
 // hack/redis.sh in a temporary directory, and Run stops it when the tests
 // are over. With HANDOFF_TEST_REDIS_ADDR set, that server is used instead
 // and nothing is started or stopped. Tests share the server's database 0:
-// give each its own keys (Key), and they may run in parallel.
+// give each its own keys (Key), and they may run in parallel. Under go test
+// -short the tests that need the server are skipped (make unit).
 //
 //	func TestMain(m *testing.M) { redistest.Run(m) }
 //
@@ -35,24 +36,29 @@ const EnvAddr = "HANDOFF_TEST_REDIS_ADDR"
 const startTimeout = 10 * time.Minute
 
 // server is the one server of this test binary.
-var server = &servertest.Shared{Name: "Redis", Env: EnvAddr, Start: StartServer}
+var server = &servertest.Shared[string]{Name: "Redis", Env: EnvAddr, Start: StartServer}
 
-// Run runs the tests of m and then stops the server Client started, if
+// Run runs the tests of m and then stops the server Get started, if
 // any. Call it from TestMain.
 func Run(m *testing.M) { server.Run(m) }
 
-// Addr returns the host:port of the server, starting it on first use. If
-// no server can be had it fails t (it does not skip): a test that needs
-// Redis must not pass silently without it.
-func Addr(t testing.TB) string {
+// Setup is Run for a TestMain that runs the tests another way: it lets Get
+// start a server, and returns the func that stops it, to run once the tests
+// are over.
+func Setup() (stop func()) { return server.Setup() }
+
+// Get returns the host:port of the server, starting it on first use. Under
+// go test -short it skips t. If no server can be had it fails t (it does not
+// skip): a test that needs Redis must not pass silently without it.
+func Get(t testing.TB) string {
 	t.Helper()
 	return server.Get(t)
 }
 
-// Client returns a client of the server (Addr), closed when t ends.
+// Client returns a client of the server (Get), closed when t ends.
 func Client(t testing.TB) *redis.Client {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: Addr(t)})
+	rdb := redis.NewClient(&redis.Options{Addr: Get(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }
@@ -71,5 +77,5 @@ func Key(t testing.TB) string {
 // and removes the directory. The script's watchdog stops the server should
 // this process die first. For commands (benchmarks) as well as tests.
 func StartServer() (addr string, stop func(), err error) {
-	return servertest.StartScript("redis.sh", "HANDOFF_REDIS_WATCH_PID", startTimeout)
+	return servertest.StartScript("redis.sh", startTimeout)
 }

@@ -55,7 +55,7 @@ echo "HANDOFF_BIN=$HANDOFF_BIN"
 
 step "a Redis for the BullMQ tests (hack/redis.sh)"
 port="$(node -e "const s = require('net').createServer().listen(0, '127.0.0.1', () => { console.log(s.address().port); s.close(); })")"
-HANDOFF_TEST_REDIS="$(HANDOFF_REDIS_WATCH_PID=$$ bash "$repo/hack/redis.sh" start "$tmp/redis" "$port")"
+HANDOFF_TEST_REDIS="$(HANDOFF_WATCH_PID=$$ bash "$repo/hack/redis.sh" start "$tmp/redis" "$port")"
 export HANDOFF_TEST_REDIS
 echo "HANDOFF_TEST_REDIS=$HANDOFF_TEST_REDIS"
 

@@ -19,11 +19,11 @@ var (
 	cleanups []func()
 )
 
-// Start starts a kube-apiserver and etcd (kubetest.Start) and returns them
-// with the func that stops them and everything registered with AtExit.
+// Start starts a kube-apiserver and etcd (kubetest.StartServer) and returns
+// them with the func that stops them and everything registered with AtExit.
 // SIGINT, SIGTERM and SIGPIPE run that func and exit with status 130.
 func Start() (*kubetest.Env, func(), error) {
-	env, stopKube, err := kubetest.Start()
+	env, stopKube, err := kubetest.StartServer()
 	if err != nil {
 		return nil, nil, err
 	}

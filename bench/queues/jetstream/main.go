@@ -67,12 +67,12 @@ func main() {
 }
 
 func run() error {
-	srv, err := natstest.StartServer()
+	url, stop, err := natstest.StartServer()
 	if err != nil {
 		return err
 	}
-	defer srv.Stop()
-	nc, err := nats.Connect(srv.URL())
+	defer stop()
+	nc, err := nats.Connect(url)
 	if err != nil {
 		return err
 	}
@@ -84,12 +84,12 @@ func run() error {
 	errs := make([]error, *runs)
 	var wg sync.WaitGroup
 	for i := range *runs {
-		wg.Go(func() { without[i], errs[i] = measure(srv.URL(), fmt.Sprintf("without_%d", i), false) })
+		wg.Go(func() { without[i], errs[i] = measure(url, fmt.Sprintf("without_%d", i), false) })
 	}
 	// With it: in turn, meanwhile.
 	with := make([]time.Duration, *runs)
 	for i := range *runs {
-		if with[i], err = measure(srv.URL(), fmt.Sprintf("with_%d", i), true); err != nil {
+		if with[i], err = measure(url, fmt.Sprintf("with_%d", i), true); err != nil {
 			return fmt.Errorf("with the adapter, run %d: %w", i+1, err)
 		}
 	}

@@ -30,14 +30,9 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -47,6 +42,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	"github.com/handoff-dev/handoff/internal/pgtest"
 	"github.com/handoff-dev/handoff/worker"
 	handoffriver "github.com/handoff-dev/handoff/worker/river"
 )
@@ -324,51 +320,13 @@ func database(ctx context.Context, admin, name string) (*pgxpool.Pool, func(), e
 }
 
 // postgres returns the admin URL of a server: $DATABASE_URL, else one
-// started by hack/postgres.sh in a temporary directory, which the
-// returned func stops.
+// started by hack/postgres.sh in a temporary directory
+// (pgtest.StartServer), which the returned func stops.
 func postgres() (string, func(), error) {
 	if u := os.Getenv("DATABASE_URL"); u != "" {
 		return u, func() {}, nil
 	}
-	root, err := os.Getwd()
-	if err != nil {
-		return "", nil, err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(root)
-		if parent == root {
-			return "", nil, errors.New("run from the handoff module (hack/postgres.sh), or set DATABASE_URL")
-		}
-		root = parent
-	}
-	script := filepath.Join(root, "hack", "postgres.sh")
-	dir, err := os.MkdirTemp("", "handoff-bench-river-")
-	if err != nil {
-		return "", nil, err
-	}
-	var lc net.ListenConfig
-	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	cmd := exec.Command("bash", script, "start", dir, strconv.Itoa(port))
-	cmd.Env = append(os.Environ(), "HANDOFF_PG_WATCH_PID="+strconv.Itoa(os.Getpid()))
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	stop := func() {
-		_ = exec.Command("bash", script, "stop", dir).Run()
-		_ = os.RemoveAll(dir)
-	}
-	if err != nil {
-		stop()
-		return "", nil, fmt.Errorf("%s start: %w", script, err)
-	}
-	return strings.TrimSpace(string(out)), stop, nil
+	return pgtest.StartServer()
 }
 
 func median(ds []time.Duration) time.Duration {

@@ -297,7 +297,7 @@ func migrateAtOnce(t *testing.T, pool *pgxpool.Pool, n int) {
 func TestConcurrentMigrates(t *testing.T) {
 	for _, tc := range []string{"new", "migrated", "old schema"} {
 		t.Run(tc, func(t *testing.T) {
-			pool, err := pgxpool.New(context.Background(), pgtest.Start(t))
+			pool, err := pgxpool.New(context.Background(), pgtest.Database(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -384,7 +384,7 @@ func BenchmarkEnqueue10k(b *testing.B) {
 	for _, tc := range []struct{ triggers, claim bool }{{true, false}, {false, false}, {true, true}, {false, true}} {
 		triggers := tc.triggers
 		b.Run(fmt.Sprintf("triggers=%t/claim=%t", tc.triggers, tc.claim), func(b *testing.B) {
-			pool, err := pgxpool.New(context.Background(), pgtest.Start(b))
+			pool, err := pgxpool.New(context.Background(), pgtest.Database(b))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -22,7 +22,7 @@ func TestMain(m *testing.M) { pgtest.Run(m) }
 // newQueue returns a pool on a fresh, migrated database.
 func newQueue(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), pgtest.Start(t))
+	pool, err := pgxpool.New(context.Background(), pgtest.Database(t))
 	if err != nil {
 		t.Fatal(err)
 	}

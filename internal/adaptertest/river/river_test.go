@@ -91,7 +91,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.Start(t))
+	pool, err := pgxpool.New(ctx, pgtest.Database(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,7 +71,7 @@ class Servers:
         self.dir = d
         self.redis_dir = os.path.join(d, "redis")
         self.rabbit_dir = os.path.join(d, "rabbitmq")
-        env = dict(os.environ, HANDOFF_REDIS_WATCH_PID=str(os.getpid()), HANDOFF_RABBITMQ_WATCH_PID=str(os.getpid()))
+        env = dict(os.environ, HANDOFF_WATCH_PID=str(os.getpid()))
         self.redis_addr = self._start("redis.sh", self.redis_dir, free_ports(1), env)
         self.redis_url = "redis://%s/0" % self.redis_addr
         self.amqp_url = ""

@@ -43,7 +43,7 @@ export async function redis() {
   const dir = mkdtempSync(join(tmpdir(), 'hbq-redis-'));
   const port = await freePort();
   const addr = execFileSync('bash', [redisScript, 'start', dir, String(port)], {
-    env: { ...process.env, HANDOFF_REDIS_WATCH_PID: String(process.pid) },
+    env: { ...process.env, HANDOFF_WATCH_PID: String(process.pid) },
     stdio: ['ignore', 'pipe', 'inherit'],
     encoding: 'utf8',
   }).trim();
