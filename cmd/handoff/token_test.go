@@ -42,7 +42,7 @@ func tokenAgent(t *testing.T) (path, token string, agent *worker.Agent) {
 func tokenFile(t *testing.T) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "token")
-	if _, err := writeToken(path); err != nil {
+	if _, err := writeToken(path, defaultTokenMode); err != nil {
 		t.Fatal(err)
 	}
 	return path
@@ -69,8 +69,8 @@ func TestInstallWritesTheTokenOnce(t *testing.T) {
 	if len(first) != 64 || strings.Trim(first, "0123456789abcdef") != "" {
 		t.Errorf("token %q: want 64 hex digits", first)
 	}
-	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o644 {
-		t.Errorf("token file mode %v (%v): want 0644", fi.Mode(), err)
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o440 {
+		t.Errorf("token file mode %v (%v): want 0440 (its owner and group alone)", fi.Mode(), err)
 	}
 	if again := run(); again != first {
 		t.Errorf("a second install changed the token from %q to %q; want it kept", first, again)
