@@ -169,7 +169,7 @@ func (a *AppClient) do(ctx context.Context, method, path string, in, out any) er
 	resp, data, err := exchange()
 	if err == nil && refusedBeforeStart(resp, data) {
 		// The app started after this call was signed: the call was in
-		// flight across the app's restart (net/http resends a request
+		// flight across the app's restart (net/http resends a GET
 		// whose reused connection had closed). The app ran nothing; the
 		// same call, signed anew, is one made to it.
 		resp, data, err = exchange()
