@@ -29,14 +29,15 @@ func TestSidecarEventNamesNoOtherPodAsRelated(t *testing.T) {
 	asA := kubernetes.NewForConfigOrDie(impersonate(env.Config, ns, sa, podA.Name, string(podA.UID)))
 	refA := corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: podA.Name, UID: podA.UID}
 	refB := corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: podB.Name, UID: podB.UID}
-	event := func(related *corev1.ObjectReference) error {
+	eventAbout := func(about corev1.ObjectReference, related *corev1.ObjectReference) error {
 		_, err := asA.CoreV1().Events(ns).Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{GenerateName: "probe."},
-			InvolvedObject: refA, Related: related, Reason: "DrainStarted", Message: "test", Type: corev1.EventTypeNormal,
+			InvolvedObject: about, Related: related, Reason: "DrainStarted", Message: "test", Type: corev1.EventTypeNormal,
 			Source: corev1.EventSource{Component: "handoff"}}, metav1.CreateOptions{})
 		return err
 	}
+	event := func(related *corev1.ObjectReference) error { return eventAbout(refA, related) }
 	kubetest.WaitFor(t, 15*time.Second, "the Role and the Event policy to take effect", func() bool {
-		return event(nil) == nil && apierrors.IsForbidden(event(&refB))
+		return event(nil) == nil && apierrors.IsForbidden(eventAbout(refB, nil))
 	})
 	err := event(&refB)
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "may name only its own pod (uid "+string(podA.UID)+") as the related object of an Event, not Pod "+ns+"/orders-b") {
