@@ -60,11 +60,11 @@ func (e *GoneError) Error() string {
 // Unwrap gives both errors.
 func (e *GoneError) Unwrap() []error { return []error{e.First, e.Retry} }
 
-// refusedBeforeStart reports whether resp, whose body is data, is a 401
+// refusedBeforeStart reports whether an answer of status code and body data is a 401
 // refusal of a call signed before the receiver started (ErrBeforeStart):
 // its error names the reason in the same words in every SDK.
-func refusedBeforeStart(resp *http.Response, data []byte) bool {
-	return resp.StatusCode == http.StatusUnauthorized && bytes.Contains(data, []byte(ErrBeforeStart.Error()))
+func refusedBeforeStart(code int, data []byte) bool {
+	return code == http.StatusUnauthorized && bytes.Contains(data, []byte(ErrBeforeStart.Error()))
 }
 
 // connectionEnded reports whether err is a transport error that ended the
@@ -146,7 +146,8 @@ func (a *AppClient) do(ctx context.Context, method, path string, in, out any) er
 		Sign(req, a.token, encoded, a.now()) // a new nonce for each send
 		return a.http.Do(req)
 	}
-	exchange := func() (*http.Response, []byte, error) {
+	// exchange sends the call and returns the answer's status and body.
+	exchange := func() (int, []byte, error) {
 		resp, err := send()
 		if err != nil && ctx.Err() == nil && connectionEnded(err) && !errors.Is(err, syscall.ECONNREFUSED) {
 			// The connection ended without an answer: an app that exits at
@@ -156,32 +157,32 @@ func (a *AppClient) do(ctx context.Context, method, path string, in, out any) er
 			first := err
 			resp, err = send()
 			if err != nil && ctx.Err() == nil && connectionEnded(err) {
-				return nil, nil, &GoneError{First: first, Retry: err}
+				return 0, nil, &GoneError{First: first, Retry: err}
 			}
 		}
 		if err != nil {
-			return nil, nil, err
+			return 0, nil, err
 		}
 		defer func() { _ = resp.Body.Close() }()
 		data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		return resp, data, err
+		return resp.StatusCode, data, err
 	}
-	resp, data, err := exchange()
-	if err == nil && refusedBeforeStart(resp, data) {
+	code, data, err := exchange()
+	if err == nil && refusedBeforeStart(code, data) {
 		// The app started after this call was signed: the call was in
 		// flight across the app's restart (net/http resends a GET
 		// whose reused connection had closed). The app ran nothing; the
 		// same call, signed anew, is one made to it.
-		resp, data, err = exchange()
+		code, data, err = exchange()
 	}
 	if err != nil {
 		return err
 	}
-	if resp.StatusCode == http.StatusUnauthorized {
+	if code == http.StatusUnauthorized {
 		return fmt.Errorf("%s %s: %w: %s", method, path, ErrUnauthorized, bytes.TrimSpace(data))
 	}
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(data))
+	if code/100 != 2 {
+		return fmt.Errorf("%s %s: %d %s: %s", method, path, code, http.StatusText(code), bytes.TrimSpace(data))
 	}
 	if out == nil {
 		return nil

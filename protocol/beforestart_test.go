@@ -50,7 +50,7 @@ func TestVerifyRefusesACallSignedBeforeTheReceiverStarted(t *testing.T) {
 			}
 			w := httptest.NewRecorder()
 			protocol.Refuse(w, err)
-			if w.Code != http.StatusUnauthorized || !strings.Contains(w.Body.String(), protocol.ErrBeforeStart.Error()) && tc.want == protocol.ErrBeforeStart {
+			if w.Code != http.StatusUnauthorized || errors.Is(tc.want, protocol.ErrBeforeStart) && !strings.Contains(w.Body.String(), protocol.ErrBeforeStart.Error()) {
 				t.Errorf("Refuse: %d %s; want 401 naming %q", w.Code, w.Body, protocol.ErrBeforeStart)
 			}
 		})
