@@ -280,7 +280,7 @@ func checkInjected(t *testing.T, annotations map[string]string, meta *metav1.Obj
 	}
 	// The pod's token: written by the install step into the volume, read
 	// by the sidecar, the hook and the worker from the same file.
-	if path.Dir(protocol.TokenFile) != inject.BinDir || !slices.Equal(install.Args[2:], []string{"--token-file", protocol.TokenFile}) {
+	if path.Dir(protocol.TokenFile) != inject.BinDir || !slices.Equal(install.Args[2:4], []string{"--token-file", protocol.TokenFile}) {
 		t.Fatalf("%q: the install step %q does not write the token %s into %s", annotations, install.Args, protocol.TokenFile, inject.BinDir)
 	}
 	if !mounted(*sidecar) || envOf(*sidecar)[protocol.TokenFileEnv] != protocol.TokenFile || workerEnv[protocol.TokenFileEnv] != protocol.TokenFile {

@@ -648,14 +648,17 @@ func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
 		// Two sockets: nothing is written there but their inodes.
 		corev1.Volume{Name: RunVolumeName, VolumeSource: corev1.VolumeSource{
 			EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: ptr.To(resource.MustParse("1Mi"))}}})
+	owner, mode := tokenFileAccess(spec, spec.Containers[p.worker])
 	install := corev1.Container{
 		Name: InstallName, Image: o.Image, ImagePullPolicy: o.ImagePullPolicy,
 		Command:         []string{SidecarBinary},
-		Args:            []string{"install", BinDir + "/handoff", "--token-file", protocol.TokenFile},
+		Args:            []string{"install", BinDir + "/handoff", "--token-file", protocol.TokenFile, "--token-mode", mode},
 		VolumeMounts:    []corev1.VolumeMount{{Name: VolumeName, MountPath: BinDir}},
 		Resources:       o.Resources,
 		SecurityContext: securityContext(),
 	}
+	// The token file's owner: the worker's user where known.
+	install.SecurityContext.RunAsUser = ptr.To(owner)
 	sidecar := p.sidecar(o)
 	apiToken(spec, &sidecar)
 	spec.InitContainers = append(spec.InitContainers, install)

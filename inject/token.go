@@ -46,7 +46,11 @@ const (
 // that the API server mounts the token nowhere, removes the volume the
 // ServiceAccount admission plugin already added (the webhook sees the pod
 // after it) and its mounts, and mounts TokenVolume into sidecar at
-// TokenMountPath. A pod that names no service account is given the
+// TokenMountPath. Only the plugin's volume is removed
+// (admissionPluginVolume), and only from a pod that did not set
+// spec.automountServiceAccountToken false (which the plugin honours): a
+// volume of the pod's own named kube-api-access-* is kept, and Warnings
+// names it. A pod that names no service account is given the
 // namespace's "default", as the ServiceAccount admission plugin does (the
 // API server refuses a projected token without one). A token volume of the pod's own, under another name, is
 // left as it is.
@@ -54,6 +58,9 @@ func apiToken(spec *corev1.PodSpec, sidecar *corev1.Container) {
 	if ptr.Deref(spec.AutomountServiceAccountToken, false) {
 		return
 	}
+	// A pod that turned the token off got no volume from the ServiceAccount
+	// admission plugin: every token volume it has is its own.
+	ownOnly := spec.AutomountServiceAccountToken != nil
 	spec.AutomountServiceAccountToken = ptr.To(false)
 	if spec.ServiceAccountName == "" && spec.DeprecatedServiceAccount == "" {
 		// The API server refuses a projected token without it; its
@@ -62,7 +69,7 @@ func apiToken(spec *corev1.PodSpec, sidecar *corev1.Container) {
 	}
 	var dropped []string
 	spec.Volumes = slices.DeleteFunc(spec.Volumes, func(v corev1.Volume) bool {
-		if automounted(v) {
+		if !ownOnly && admissionPluginVolume(v) {
 			dropped = append(dropped, v.Name)
 			return true
 		}
@@ -81,9 +88,25 @@ func apiToken(spec *corev1.PodSpec, sidecar *corev1.Container) {
 	sidecar.VolumeMounts = append(sidecar.VolumeMounts, corev1.VolumeMount{Name: TokenVolumeName, MountPath: TokenMountPath, ReadOnly: true})
 }
 
-// automounted reports whether v is the token volume of the ServiceAccount
-// admission plugin: named kube-api-access-xxxxx, projecting a service
-// account token.
+// admissionPluginVolume reports whether v is the token volume of the
+// ServiceAccount admission plugin, as it makes one: named
+// kube-api-access-xxxxx (five random characters), projecting the service
+// account token for the API server's audience at token, the cluster's CA
+// from kube-root-ca.crt, and the namespace, nothing else. A token volume of
+// the pod's own, under another name or of another shape, is not.
+func admissionPluginVolume(v corev1.Volume) bool {
+	if !automounted(v) || len(v.Name) != len(automountedPrefix)+5 || len(v.Projected.Sources) != 3 {
+		return false
+	}
+	src := v.Projected.Sources
+	return src[0].ServiceAccountToken != nil && src[0].ServiceAccountToken.Path == "token" && src[0].ServiceAccountToken.Audience == "" &&
+		src[1].ConfigMap != nil && src[1].ConfigMap.Name == "kube-root-ca.crt" &&
+		src[2].DownwardAPI != nil
+}
+
+// automounted reports whether v is named like the token volume of the
+// ServiceAccount admission plugin (kube-api-access-*) and projects a
+// service account token.
 func automounted(v corev1.Volume) bool {
 	if !strings.HasPrefix(v.Name, automountedPrefix) || v.Projected == nil {
 		return false
@@ -117,6 +140,49 @@ func TokenVolume() corev1.Volume {
 	}}}
 }
 
+// Token file modes the install step is given (handoff install
+// --token-mode).
+const (
+	// tokenModeOwnerGroup: readable by the file's owner and group alone.
+	tokenModeOwnerGroup = "0440"
+	// tokenModeAll: readable by every user of the containers that mount
+	// it, when the worker's user is not known at admission.
+	tokenModeAll = "0444"
+)
+
+// tokenFileAccess chooses who may read the pod's token file, which the
+// install step writes and the sidecar (user and group 65532) and the worker
+// read: the user the install step runs as (the file's owner) and the mode.
+//
+//   - The worker's user is known (its container's securityContext.runAsUser,
+//     else the pod's) and is not root: install runs as that user, group
+//     65532, and the file is 0440: the worker reads it as its owner, the
+//     sidecar through its group, no other user of the worker container.
+//   - Else the pod sets securityContext.fsGroup: install runs as 65532 and
+//     the file is 0440 in the handoff-bin emptyDir, which the kubelet gives
+//     the fsGroup (setgid): the sidecar reads it as its owner, the worker
+//     through the fsGroup, which the kubelet adds to its supplementary
+//     groups.
+//   - Else (the image's USER decides, unknown here, or root): install runs
+//     as 65532 and the file is 0444, readable by every user of the worker
+//     container (it was 0644); docs/security.md says what to set.
+func tokenFileAccess(spec *corev1.PodSpec, worker corev1.Container) (uid int64, mode string) {
+	var user *int64
+	if worker.SecurityContext != nil {
+		user = worker.SecurityContext.RunAsUser
+	}
+	if user == nil && spec.SecurityContext != nil {
+		user = spec.SecurityContext.RunAsUser
+	}
+	switch {
+	case user != nil && *user != 0:
+		return *user, tokenModeOwnerGroup
+	case spec.SecurityContext != nil && spec.SecurityContext.FSGroup != nil:
+		return nonroot, tokenModeOwnerGroup
+	}
+	return nonroot, tokenModeAll
+}
+
 // tokenConflicts refuses a pod that already has a volume named
 // TokenVolumeName.
 func tokenConflicts(spec *corev1.PodSpec) error {
@@ -133,10 +199,54 @@ func tokenConflicts(spec *corev1.PodSpec) error {
 // `handoff inject`'s standard error; none for most pods. A pod with
 // spec.automountServiceAccountToken true gets one: every container of it
 // holds the service account's token, not only the sidecar.
+//
+// Others: a container that mounts a service account token volume of the pod's own named like
+// the API server's (kube-api-access-*), which injection keeps; and a
+// container, other than handoff's and the worker, that is privileged or
+// mounts a hostPath volume: either can reach the node's copy of the pod's
+// volumes, the token and the sockets included.
 func Warnings(spec *corev1.PodSpec) []string {
 	var out []string
 	if ptr.Deref(spec.AutomountServiceAccountToken, false) {
 		out = append(out, "spec.automountServiceAccountToken true: every container of the pod holds the service account's token, and so may do what the handoff sidecar's Role allows (hold the workload's Leases, read its pods); remove the field to give the token to the handoff sidecar alone")
 	}
+	hostPaths := map[string]bool{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = true
+		}
+	}
+	for _, v := range spec.Volumes {
+		if automounted(v) && !ptr.Deref(spec.AutomountServiceAccountToken, false) {
+			out = append(out, fmt.Sprintf("spec.volumes[%s]: a service account token volume of the pod's own, named like the one the API server adds; handoff keeps it, and every container that mounts it holds API credentials, not only the handoff sidecar", v.Name))
+		}
+	}
+	for _, list := range []struct {
+		field      string
+		containers []corev1.Container
+	}{{"spec.initContainers", spec.InitContainers}, {"spec.containers", spec.Containers}} {
+		for _, c := range list.containers {
+			if c.Name == InstallName || c.Name == SidecarName || mountsVolume(c, RunVolumeName) {
+				continue // handoff's own, or the worker: they hold the token anyway
+			}
+			var why []string
+			if c.SecurityContext != nil && ptr.Deref(c.SecurityContext.Privileged, false) {
+				why = append(why, "is privileged")
+			}
+			for _, m := range c.VolumeMounts {
+				if hostPaths[m.Name] {
+					why = append(why, fmt.Sprintf("mounts the hostPath volume %q", m.Name))
+				}
+			}
+			if len(why) > 0 {
+				out = append(out, fmt.Sprintf("%s[%s] %s: it may reach the node's copy of the pod's volumes, and so read the pod's handoff token and use its sockets; run such a container in another pod", list.field, c.Name, strings.Join(why, " and ")))
+			}
+		}
+	}
 	return out
+}
+
+// mountsVolume reports whether c mounts the volume named name.
+func mountsVolume(c corev1.Container, name string) bool {
+	return slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == name })
 }

@@ -28,7 +28,9 @@ type AppClient struct {
 // loopback address: ParseEndpoint) that signs every call with
 // token, the pod's token (Sign), and follows no redirect: a call
 // goes to the app's address only. Idle connections are kept 30 s, under the
-// Go worker's 90 s, so the client closes them first.
+// Go worker's 90 s, so the client closes them first. A call the app
+// refuses as signed before it started (ErrBeforeStart: it was in flight
+// across the app's restart) is sent once more, signed anew.
 func NewAppClient(app Endpoint, token string) *AppClient {
 	return &AppClient{base: app.URL(), token: token, now: time.Now, http: &http.Client{
 		Transport:     app.Transport(4, 30*time.Second),
@@ -57,6 +59,13 @@ func (e *GoneError) Error() string {
 
 // Unwrap gives both errors.
 func (e *GoneError) Unwrap() []error { return []error{e.First, e.Retry} }
+
+// refusedBeforeStart reports whether an answer of status code and body data is a 401
+// refusal of a call signed before the receiver started (ErrBeforeStart):
+// its error names the reason in the same words in every SDK.
+func refusedBeforeStart(code int, data []byte) bool {
+	return code == http.StatusUnauthorized && bytes.Contains(data, []byte(ErrBeforeStart.Error()))
+}
 
 // connectionEnded reports whether err is a transport error that ended the
 // connection without an answer: refused, reset, broken pipe, or EOF.
@@ -137,31 +146,43 @@ func (a *AppClient) do(ctx context.Context, method, path string, in, out any) er
 		Sign(req, a.token, encoded, a.now()) // a new nonce for each send
 		return a.http.Do(req)
 	}
-	resp, err := send()
-	if err != nil && ctx.Err() == nil && connectionEnded(err) && !errors.Is(err, syscall.ECONNREFUSED) {
-		// The connection ended without an answer: an app that exits at
-		// once resets it. Once more on a fresh connection tells an app
-		// that is gone from one that is not.
-		a.http.CloseIdleConnections()
-		first := err
-		resp, err = send()
-		if err != nil && ctx.Err() == nil && connectionEnded(err) {
-			return &GoneError{First: first, Retry: err}
+	// exchange sends the call and returns the answer's status and body.
+	exchange := func() (int, []byte, error) {
+		resp, err := send()
+		if err != nil && ctx.Err() == nil && connectionEnded(err) && !errors.Is(err, syscall.ECONNREFUSED) {
+			// The connection ended without an answer: an app that exits at
+			// once resets it. Once more on a fresh connection tells an app
+			// that is gone from one that is not.
+			a.http.CloseIdleConnections()
+			first := err
+			resp, err = send()
+			if err != nil && ctx.Err() == nil && connectionEnded(err) {
+				return 0, nil, &GoneError{First: first, Retry: err}
+			}
 		}
+		if err != nil {
+			return 0, nil, err
+		}
+		defer func() { _ = resp.Body.Close() }()
+		data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return resp.StatusCode, data, err
+	}
+	code, data, err := exchange()
+	if err == nil && refusedBeforeStart(code, data) {
+		// The app started after this call was signed: the call was in
+		// flight across the app's restart (net/http resends a GET
+		// whose reused connection had closed). The app ran nothing; the
+		// same call, signed anew, is one made to it.
+		code, data, err = exchange()
 	}
 	if err != nil {
 		return err
 	}
-	defer func() { _ = resp.Body.Close() }()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode == http.StatusUnauthorized {
+	if code == http.StatusUnauthorized {
 		return fmt.Errorf("%s %s: %w: %s", method, path, ErrUnauthorized, bytes.TrimSpace(data))
 	}
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(data))
+	if code/100 != 2 {
+		return fmt.Errorf("%s %s: %d %s: %s", method, path, code, http.StatusText(code), bytes.TrimSpace(data))
 	}
 	if out == nil {
 		return nil

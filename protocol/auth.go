@@ -74,6 +74,12 @@ var (
 	ErrClockSkew = errors.New("timestamp out of range")
 	// ErrReplayed: a call with this nonce was accepted before.
 	ErrReplayed = errors.New("replayed call")
+	// ErrBeforeStart: the call was signed before this receiver started (its
+	// Verifier was made), so it was not made to this receiver: a call read
+	// off the wire and sent again after the receiver restarted, whose nonce
+	// the new process cannot remember. A genuine sender meets it only when
+	// its call was in flight across the restart; it signs anew and retries.
+	ErrBeforeStart = errors.New("signed before this receiver started")
 	// ErrBusy: MaxNonces calls are remembered and none has expired; the
 	// caller may retry once one has.
 	ErrBusy = errors.New("too many calls to remember")
@@ -115,9 +121,21 @@ func Sign(req *http.Request, token string, body []byte, now time.Time) {
 
 // Verifier checks signed calls for one receiver and remembers their nonces.
 // Its methods are safe for concurrent use.
+//
+// The nonces live in memory only, so a Verifier also refuses every call
+// signed before it was made (ErrBeforeStart): a call captured before a
+// restart cannot be replayed to the new process, which never saw its
+// nonce. The bound is the start itself, not the start less MaxClockSkew:
+// the sender and the receiver read the node's one clock, so no genuine
+// call to this receiver bears an earlier timestamp, while a replay 15 s
+// after a restart would pass a bound that allowed the skew.
 type Verifier struct {
 	token string
 	now   func() time.Time
+	// startMillis is the Unix time in milliseconds when the Verifier was
+	// made, truncated as a Handoff-Timestamp is, so that a call signed in
+	// the same millisecond is not refused.
+	startMillis int64
 
 	mu sync.Mutex
 	// seen holds the nonces of accepted calls, each until its timestamp
@@ -127,19 +145,26 @@ type Verifier struct {
 }
 
 // NewVerifier returns a Verifier of calls signed with token (CheckToken's
-// form), reading the time from now (time.Now when nil).
+// form), reading the time from now (time.Now when nil). It refuses calls
+// signed before this moment (ErrBeforeStart), so a receiver makes it
+// before it opens its listener.
 func NewVerifier(token string, now func() time.Time) *Verifier {
 	if now == nil {
 		now = time.Now
 	}
-	return &Verifier{token: token, now: now, seen: map[string]time.Time{}}
+	return &Verifier{token: token, now: now, startMillis: now().UnixMilli(), seen: map[string]time.Time{}}
 }
 
+// Started is when v was made, to the millisecond: calls signed before it
+// are refused with ErrBeforeStart.
+func (v *Verifier) Started() time.Time { return time.UnixMilli(v.startMillis) }
+
 // Verify checks that r, whose body is body (read whole by the caller), is a
-// signed call with the Verifier's token, made within MaxClockSkew of now,
-// whose nonce was not accepted before; it then remembers the nonce. The
-// error wraps ErrUnsigned, ErrBadSignature, ErrClockSkew, ErrReplayed or
-// ErrBusy and says what was wrong, never the token or the signature
+// signed call with the Verifier's token, made within MaxClockSkew of now
+// and not before the Verifier was made, whose nonce was not accepted
+// before; it then remembers the nonce. The error wraps ErrUnsigned,
+// ErrBadSignature, ErrClockSkew, ErrBeforeStart, ErrReplayed or ErrBusy
+// and says what was wrong, never the token or the signature
 // expected. The signature is compared in constant time (crypto/hmac) and
 // checked before the timestamp and the nonce, so that only the token's
 // holders learn anything from the answer or fill the nonce memory.
@@ -167,6 +192,9 @@ func (v *Verifier) Verify(r *http.Request, body []byte) error {
 	now := v.now()
 	if d := now.Sub(at); d > MaxClockSkew || d < -MaxClockSkew {
 		return fmt.Errorf("%w: %s is %s from this process's clock; want at most %s either way", ErrClockSkew, TimestampHeader, d.Round(time.Millisecond), MaxClockSkew)
+	}
+	if ms < v.startMillis {
+		return fmt.Errorf("%w: %s %d is %s before this receiver started (%d); a call made before a restart is not accepted after it: sign it anew and retry", ErrBeforeStart, TimestampHeader, ms, time.Duration(v.startMillis-ms)*time.Millisecond, v.startMillis)
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()

@@ -41,7 +41,13 @@ func TestSignatureVector(t *testing.T) {
 func TestVerify(t *testing.T) {
 	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
 	body := []byte(`{"cancel":true}`)
-	v := func() *protocol.Verifier { return protocol.NewVerifier(token, func() time.Time { return now }) }
+	// A receiver that started an hour ago.
+	v := func() *protocol.Verifier {
+		clock := now.Add(-time.Hour)
+		v := protocol.NewVerifier(token, func() time.Time { return clock })
+		clock = now
+		return v
+	}
 	other := strings.Repeat("f", 64)
 	for _, tc := range []struct {
 		name string

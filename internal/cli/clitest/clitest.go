@@ -15,13 +15,13 @@ import (
 )
 
 // TokenFile writes a token file as the install step does (64 hex digits,
-// mode 0644) in a temporary directory and returns its path.
+// mode 0440, the install step's default) in a temporary directory and returns its path.
 func TokenFile(t testing.TB) string {
 	t.Helper()
 	var b [32]byte
 	_, _ = rand.Read(b[:])
 	path := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(path, []byte(hex.EncodeToString(b[:])+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(hex.EncodeToString(b[:])+"\n"), 0o440); err != nil {
 		t.Fatal(err)
 	}
 	return path

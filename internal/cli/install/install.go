@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/spf13/pflag"
 
@@ -19,12 +20,11 @@ import (
 	"github.com/handoff-dev/handoff/protocol"
 )
 
-// tokenMode is the token file's mode. The worker container reads it too and
-// may run as any user, so it is readable by all: the file lives in the
-// handoff-bin emptyDir, which the injector mounts only into handoff-install,
-// the sidecar and the worker container (read-only into the last two), so no
-// other container of the pod can see it at any mode.
-const tokenMode = 0o644
+// defaultTokenMode is the token file's mode unless --token-mode says
+// otherwise: readable by its owner and its group alone. The injector
+// chooses the owner and the group so that the sidecar and the worker, and
+// no other user, read it (inject.TokenFileAccess, docs/security.md).
+const defaultTokenMode = 0o440
 
 // Command is the install command.
 var Command = command.Command{
@@ -32,7 +32,8 @@ var Command = command.Command{
 	Short: "Copy this binary to the file DEST and write the pod's token (the init step that gives the worker container its preStop hook)",
 	Long: `install copies the running handoff binary to the file DEST with mode 0755,
 and, with --token-file, writes the pod's token to FILE: 64 hex digits (256
-bits from crypto/rand), mode 0644, through a temporary file, so a reader
+bits from crypto/rand), mode --token-mode (0440: its owner, the user
+install runs as, and its group), through a temporary file, so a reader
 never sees half a token. A FILE that already holds a token is kept, so that a
 rerun of the init step (a restart of the pod's sandbox) keeps the token the
 sidecar and the worker read for the pod's whole life.
@@ -43,10 +44,15 @@ emptyDir volume, and only the pod's own sidecar, hook and worker know the
 token the control API and the app require.`,
 	MaxArgs: 1,
 	Setup: func(fs *pflag.FlagSet) func(command.Invocation) error {
-		var tokenFile string
+		var tokenFile, tokenMode string
 		fs.StringVar(&tokenFile, "token-file", "", "write the pod's token to this file, unless it holds one already")
+		fs.StringVar(&tokenMode, "token-mode", fmt.Sprintf("%04o", defaultTokenMode), "the token file's mode, in octal: 0400, 0440 or 0444 (who may read it; no one may write it)")
 		return func(inv command.Invocation) error {
 			args := inv.Args
+			mode, err := strconv.ParseUint(tokenMode, 8, 32)
+			if err != nil || (mode != 0o400 && mode != 0o440 && mode != 0o444) {
+				return fmt.Errorf("--token-mode %q: want 0400, 0440 or 0444", tokenMode)
+			}
 			if len(args) == 0 && tokenFile == "" {
 				return errors.New("nothing to install: give DEST, --token-file FILE, or both")
 			}
@@ -61,7 +67,7 @@ token the control API and the app require.`,
 				fmt.Fprintf(inv.Out, "installed %s\n", args[0])
 			}
 			if tokenFile != "" {
-				kept, err := writeToken(tokenFile)
+				kept, err := writeToken(tokenFile, os.FileMode(mode))
 				if err != nil {
 					return fmt.Errorf("--token-file: %w", err)
 				}
@@ -80,7 +86,7 @@ token the control API and the app require.`,
 // token (protocol.ReadTokenFile): then it keeps it and returns true. The
 // new file is linked into place, so that of two writers only one token
 // wins, and every reader sees a whole one.
-func writeToken(dst string) (kept bool, err error) {
+func writeToken(dst string, mode os.FileMode) (kept bool, err error) {
 	if _, err := protocol.ReadTokenFile(dst); err == nil {
 		return true, nil
 	} else if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, protocol.ErrNoToken) {
@@ -97,7 +103,7 @@ func writeToken(dst string) (kept bool, err error) {
 		_ = tmp.Close()
 		return false, err
 	}
-	if err := tmp.Chmod(tokenMode); err != nil {
+	if err := tmp.Chmod(mode); err != nil {
 		_ = tmp.Close()
 		return false, err
 	}

@@ -38,8 +38,8 @@ func TestInstallWritesTheTokenOnce(t *testing.T) {
 	if len(first) != 64 || strings.Trim(first, "0123456789abcdef") != "" {
 		t.Errorf("token %q: want 64 hex digits", first)
 	}
-	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o644 {
-		t.Errorf("token file mode %v (%v): want 0644", fi.Mode(), err)
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o440 {
+		t.Errorf("token file mode %v (%v): want 0440", fi.Mode(), err)
 	}
 	if again := run(); again != first {
 		t.Errorf("a second install changed the token from %q to %q; want it kept", first, again)

@@ -108,7 +108,7 @@ export function readTokenFile(path: string): string {
 }
 
 /** Why Verifier.verify refused a call. */
-export type RefusalKind = 'unsigned' | 'bad-signature' | 'clock-skew' | 'replayed' | 'busy';
+export type RefusalKind = 'unsigned' | 'bad-signature' | 'clock-skew' | 'before-start' | 'replayed' | 'busy';
 
 /** A call Verifier.verify refused: answered 401, or 503 with Retry-After: 1 when busy. */
 export class Refusal extends Error {
@@ -139,10 +139,20 @@ export interface SignedCall {
  * as the Go protocol.Verifier: the signature first, in constant time, then
  * the timestamp (30 s either way) and the nonce (never accepted before);
  * at most maxNonces remembered, each until its timestamp is 30 s old.
+ *
+ * The nonces live in memory only, so it also refuses every call signed
+ * before it was made ('before-start'), to the millisecond: a call captured
+ * before a restart cannot be replayed to the new process. Make it before the
+ * receiver listens. The bound is the start itself, not the start less the
+ * 30 s skew: the sender and the receiver read the node's one clock, so no
+ * genuine call to this receiver bears an earlier timestamp; a sender whose
+ * call was in flight across the restart signs anew and retries.
  */
 export class Verifier {
   readonly #key: Buffer;
   readonly #now: () => number;
+  /** The Unix ms when the Verifier was made, truncated as a timestamp is. */
+  readonly startedMillis: number;
   readonly #max: number;
   /** Accepted nonces, each with the Unix ms until which its timestamp is accepted. */
   readonly #seen = new Map<string, number>();
@@ -154,6 +164,7 @@ export class Verifier {
   constructor(token: string, options: { now?: () => number; maxNonces?: number } = {}) {
     this.#key = Buffer.from(token, 'latin1');
     this.#now = options.now ?? Date.now;
+    this.startedMillis = Math.floor(this.#now());
     this.#max = options.maxNonces ?? maxNonces;
   }
 
@@ -162,7 +173,7 @@ export class Verifier {
     return this.#seen.size;
   }
 
-  /** verify throws a Refusal unless call is signed with the token, within 30 s of now, with a nonce not seen before; it then remembers the nonce. */
+  /** verify throws a Refusal unless call is signed with the token, within 30 s of now and not before the Verifier was made, with a nonce not seen before; it then remembers the nonce. */
   verify(call: SignedCall): void {
     const authz = call.header('authorization') ?? '';
     const sp = authz.indexOf(' ');
@@ -195,6 +206,12 @@ export class Verifier {
     const d = now - at;
     if (d > maxClockSkewMillis || d < -maxClockSkewMillis) {
       throw new Refusal('clock-skew', `timestamp out of range: ${timestampHeader} is ${(d / 1000).toFixed(3)}s from this process's clock; want at most 30s either way`);
+    }
+    if (at < this.startedMillis) {
+      throw new Refusal(
+        'before-start',
+        `signed before this receiver started: ${timestampHeader} ${ts} is ${((this.startedMillis - at) / 1000).toFixed(3)}s before this receiver started (${this.startedMillis}); a call made before a restart is not accepted after it: sign it anew and retry`,
+      );
     }
     if (this.#seen.has(nonce)) {
       throw new Refusal('replayed', `replayed call: ${nonceHeader} ${nonce} was accepted before; want a new nonce for every call`);

@@ -94,12 +94,34 @@ test('the scheme is read in any case, and the signature in upper case hex too', 
 });
 
 test('a timestamp more than 30 s away, either way, is refused', () => {
-  const now = 1_800_000_000_000;
+  // A receiver that started a minute ago.
+  let now = 1_800_000_000_000 - 60_000;
   const v = new Verifier(tok, { now: () => now });
+  now = 1_800_000_000_000;
   v.verify(signed('GET', '/a', '', now - 30_000));
   v.verify(signed('GET', '/a', '', now + 30_000));
   assert.equal(refusal(() => v.verify(signed('GET', '/a', '', now - 30_001))).kind, 'clock-skew');
   assert.equal(refusal(() => v.verify(signed('GET', '/a', '', now + 30_001))).kind, 'clock-skew');
+});
+
+test('a call signed before the receiver started is refused 401 before-start, within the skew too', () => {
+  const start = 1_800_000_000_500;
+  let now = start;
+  const v = new Verifier(tok, { now: () => now });
+  assert.equal(v.startedMillis, start);
+  now = start + 15_000; // a restart 15 s ago: a call captured before it, replayed
+  for (const at of [start - 15_000, start - 1]) {
+    const e = refusal(() => v.verify(signed('POST', '/handoff/v1/stop-claiming', '{}', at)));
+    assert.equal(e.kind, 'before-start', String(at));
+    assert.equal(e.status, 401);
+    assert.match(e.message, /^signed before this receiver started/);
+  }
+  // Past the skew it is refused for that, as before.
+  assert.equal(refusal(() => v.verify(signed('POST', '/a', '{}', start - 60_000))).kind, 'clock-skew');
+  assert.equal(v.remembered, 0);
+  // Signed at the start, or after, it is accepted.
+  v.verify(signed('POST', '/a', '{}', start));
+  v.verify(signed('POST', '/a', '{}', start + 1));
 });
 
 test(`at most ${maxNonces} nonces are remembered: then 503 with Retry-After until one expires`, () => {

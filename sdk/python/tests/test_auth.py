@@ -33,7 +33,11 @@ def test_body_digest_of_no_bytes() -> None:
 
 
 def verifier(now: float = NOW, max_nonces: int = 1 << 16) -> Verifier:
-    return Verifier(TOKEN, now=lambda: now, max_nonces=max_nonces)
+    """A Verifier that started an hour before ``now`` (test_before_start.py: one that started since)."""
+    clock = [now - 3600]
+    v = Verifier(TOKEN, now=lambda: clock[0], max_nonces=max_nonces)
+    clock[0] = now
+    return v
 
 
 def test_signed_call_accepted_once() -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "BadSignature",
     "ClockSkew",
     "Replayed",
+    "BeforeStart",
     "Busy",
     "body_digest",
     "signature",
@@ -75,6 +76,15 @@ class ClockSkew(AuthError):
 
 class Replayed(AuthError):
     """A call with this nonce was accepted before."""
+
+
+class BeforeStart(AuthError):
+    """The call was signed before this receiver (its :class:`Verifier`) started.
+
+    A call captured before a restart and sent again after it: the new process
+    never saw its nonce. A genuine sender meets it only when its call was in
+    flight across the restart; it signs anew and retries.
+    """
 
 
 class Busy(AuthError):
@@ -130,11 +140,21 @@ class Verifier:
 
     Thread-safe. ``now`` returns the Unix time in seconds (default
     :func:`time.time`: the node's wall clock, which the sidecar signs with).
+
+    The nonces live in memory only, so a Verifier also refuses every call
+    signed before it was made (:class:`BeforeStart`), to the millisecond: a
+    call captured before a restart cannot be replayed to the new process.
+    Make it before the receiver listens. The bound is the start itself, not
+    the start less the 30 s skew: the sender and the receiver read the
+    node's one clock, so no genuine call to this receiver bears an earlier
+    timestamp.
     """
 
     def __init__(self, token: str, now: Optional[Callable[[], float]] = None, max_nonces: int = MAX_NONCES) -> None:
         self._token = token.encode()
         self._now = now or time.time
+        #: The Unix time in milliseconds when the Verifier was made, truncated as a timestamp is.
+        self.started_millis = int(self._now() * 1000)
         self._max = max_nonces
         self._lock = threading.Lock()
         self._seen: Dict[str, float] = {}  # nonce -> Unix seconds after which its timestamp is refused anyway
@@ -147,7 +167,8 @@ class Verifier:
         or a dict with canonical or lowercase names). The signature is
         compared in constant time and checked before the timestamp and the
         nonce, so only the token's holders learn anything or fill the nonce
-        memory. On success the nonce is remembered until its timestamp is 30 s
+        memory. A call signed before the Verifier was made raises
+        :class:`BeforeStart`. On success the nonce is remembered until its timestamp is 30 s
         old.
         """
         authz = _header(headers, "Authorization")
@@ -184,6 +205,12 @@ class Verifier:
         if abs(now - at) > MAX_CLOCK_SKEW:
             raise ClockSkew(
                 "timestamp out of range: %s is %.3fs from this process's clock; want at most 30s either way" % (TIMESTAMP_HEADER, now - at)
+            )
+        if int(ts) < self.started_millis:
+            raise BeforeStart(
+                "signed before this receiver started: %s %s is %.3fs before this receiver started (%d); "
+                "a call made before a restart is not accepted after it: sign it anew and retry"
+                % (TIMESTAMP_HEADER, ts, (self.started_millis - int(ts)) / 1000.0, self.started_millis)
             )
         with self._lock:
             if nonce in self._seen:
