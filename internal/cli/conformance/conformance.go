@@ -40,7 +40,12 @@ command run with a step appended:
 -o text (the default) prints a line a case and a summary; -o json one JSON
 object ({"cases": [{"name", "result", "reason", "seconds"}], "passed",
 "failed", "skipped"}); -o junit JUnit XML, for a CI's test report. The exit
-status is the same for each.`,
+status is the same for each.
+
+--list prints the cases without running any: a line a case with its id, its
+group (the set-up it runs in) and the rule it checks, quoted from
+docs/protocol.md with its anchor; -o json as {"cases": [{"id", "group",
+"rule", "anchor"}]}.`,
 	Setup: func(f *pflag.FlagSet) func(command.Invocation) error {
 		var (
 			appURL, tokenFile     string
@@ -48,6 +53,7 @@ status is the same for each.`,
 			leaseDuration         time.Duration
 			timeout               time.Duration
 			output                string
+			list                  bool
 		)
 		d, _ := config.Lookup("app-url")
 		f.StringVar(&appURL, "app-url", cmp.Or(os.Getenv(protocol.AppURLEnv), d.Default), "address of the app's side of the handoff protocol (default $"+protocol.AppURLEnv+", else the injected pod's): "+d.Form)
@@ -57,7 +63,18 @@ status is the same for each.`,
 		f.DurationVar(&leaseDuration, "lease-duration", 0, "the lease duration the app bounds grants by (default $"+protocol.LeaseDurationEnv+", else 1h)")
 		f.StringVarP(&output, "output", "o", "text", "text, json or junit (JUnit XML)")
 		f.DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long; the cases not run are reported skip")
+		f.BoolVar(&list, "list", false, "print the cases (id, group, rule and its anchor in docs/protocol.md) and run none; -o text or json")
 		return func(inv command.Invocation) error {
+			if list {
+				switch output {
+				case "text":
+					return conformance.WriteCatalog(inv.Out)
+				case "json":
+					return conformance.WriteCatalogJSON(inv.Out)
+				default:
+					return fmt.Errorf("--output %q with --list: want text or json", output)
+				}
+			}
 			_, err := protocol.ParseEndpoint(appURL)
 			if err != nil {
 				return fmt.Errorf("--app-url: %w", err)

@@ -117,3 +117,37 @@ func TestConformanceCommandRefusesBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// handoff conformance --list prints every case of the table, a line each
+// with its group and the rule's anchor, or the same as JSON, and runs none
+// (no app is reachable at the default address here: a run would fail).
+func TestConformanceListPrintsTheTable(t *testing.T) {
+	cases := conformance.Catalog()
+	if len(cases) == 0 {
+		t.Fatal("conformance.Catalog is empty")
+	}
+	out, err := runConformance(t, "--list")
+	if err != nil {
+		t.Fatalf("conformance --list: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != len(cases) {
+		t.Errorf("conformance --list printed %d lines, want one a case (%d)", len(lines), len(cases))
+	}
+	for i, c := range cases {
+		if i < len(lines) && (!strings.HasPrefix(lines[i], c.ID+" ") || !strings.Contains(lines[i], c.Group) || !strings.Contains(lines[i], c.Anchor)) {
+			t.Errorf("line %d %q: want case %s, group %s, anchor %s", i, lines[i], c.ID, c.Group, c.Anchor)
+		}
+	}
+	out, err = runConformance(t, "--list", "-o", "json")
+	if err != nil {
+		t.Fatalf("conformance --list -o json: %v\n%s", err, out)
+	}
+	var got struct{ Cases []conformance.CaseInfo }
+	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got.Cases) != len(cases) || got.Cases[0] != cases[0] {
+		t.Errorf("conformance --list -o json: %v, %d cases (first %+v); want the %d cases of Catalog", err, len(got.Cases), got.Cases, len(cases))
+	}
+	if _, err := runConformance(t, "--list", "-o", "junit"); err == nil || !strings.Contains(err.Error(), "with --list") {
+		t.Errorf("conformance --list -o junit: %v, want an error naming --list", err)
+	}
+}
