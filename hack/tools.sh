@@ -36,6 +36,10 @@ BIN="$CACHE/bin"
 mkdir -p "$BIN"
 
 log() { echo "tools: $*" >&2; }
+# One install at a time (make lint, the tests and e2e all call this; two at
+# once would build into the same wrapper module).
+exec 9>"$BIN/.lock"
+flock 9
 goversion=$(go env GOVERSION)
 
 while IFS= read -r line; do
