@@ -19,13 +19,14 @@ import (
 	"runtime"
 
 	"github.com/go-logr/logr/testr"
+	"k8s.io/apimachinery/pkg/watch"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
 	"github.com/handoff-dev/handoff/worker"
-	"k8s.io/apimachinery/pkg/watch"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 )
 
 // A preStop in a pod that is not being deleted is the kubelet killing the

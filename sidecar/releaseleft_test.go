@@ -20,13 +20,14 @@ import (
 	"encoding/json"
 	"io"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+
 	"github.com/handoff-dev/handoff/internal/faultproxy"
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/sidecar"
 	"github.com/handoff-dev/handoff/worker"
-	coordinationv1 "k8s.io/api/coordination/v1"
 )
 
 // holdAnswer sends the first Lease write after armed to the apiserver

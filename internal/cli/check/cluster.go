@@ -260,7 +260,7 @@ func truncList(s []string) string {
 func checkSidecarVersions(ctx context.Context, e *checkEnv) (string, error) {
 	hooks, err := kube.WebhookVersions(ctx, e.client, "", kube.WebhookSelector)
 	if err != nil {
-		return "", fmt.Errorf("%w: the webhook's pods: %s", errSkip, err)
+		return "", fmt.Errorf("%w: the webhook's pods: %w", errSkip, err)
 	}
 	newest := ""
 	for v := range hooks {
