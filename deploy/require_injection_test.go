@@ -160,8 +160,8 @@ func refusedUninjected(err error) bool {
 // Ignore (the default) and no webhook behind its Service, the API server
 // admits every pod without calling it; the chart's require-injection
 // ValidatingAdmissionPolicy then refuses, for each webhook.selectBy, exactly
-// the pods the webhook would have been sent (TestWebhookIsSentOnlySelectedPods
-// has the same table), with a message that names the cause and `handoff
+// the pods the webhook would have been sent (selectionTable, as
+// TestWebhookIsSentOnlySelectedPods), with a message that names the cause and `handoff
 // check`; every other pod is created as it is.
 func TestUninjectedPodsThatAskAreRefused(t *testing.T) {
 	env := kubetest.Get(t)
@@ -175,41 +175,15 @@ func TestUninjectedPodsThatAskAreRefused(t *testing.T) {
 	if _, err := env.Client.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	type pod struct {
-		ns, label, annotation string // "" is none
-		refused               bool
-	}
-	for _, tc := range []struct {
-		selectBy string
-		pods     []pod
-	}{
-		{"pod", []pod{
-			{ns: plain, label: "true", refused: true},
-			{ns: labelled, label: "true", refused: true},
-			{ns: plain},
-			{ns: plain, annotation: "true"}, // not sent to the webhook: not refused either
-			{ns: plain, label: "false"},
-			{ns: labelled},
-		}},
-		{"namespace", []pod{
-			{ns: labelled, refused: true},
-			{ns: labelled, annotation: "true", refused: true},
-			{ns: labelled, label: "true", refused: true},
-			{ns: labelled, label: "false"},
-			{ns: plain, label: "true"},
-			{ns: plain},
-		}},
-		{"podOrNamespace", []pod{
-			{ns: plain, label: "true", refused: true},
-			{ns: labelled, refused: true},
-			{ns: labelled, label: "true", refused: true},
-			{ns: labelled, label: "false"},
-			{ns: plain},
-			{ns: plain, annotation: "true"},
-		}},
-	} {
+	for _, tc := range selectionTable {
 		t.Run(tc.selectBy, func(t *testing.T) {
-			mk := func(p pod) *corev1.Pod {
+			nsOf := func(p selectionPod) string {
+				if p.labelledNamespace {
+					return labelled
+				}
+				return plain
+			}
+			mk := func(p selectionPod) *corev1.Pod {
 				o := plainPod("p")
 				if p.label != "" {
 					o.Labels[inject.LabelInject] = p.label
@@ -222,22 +196,22 @@ func TestUninjectedPodsThatAskAreRefused(t *testing.T) {
 			cleanup := installRequireInjection(t, nil, "webhook.selectBy="+tc.selectBy)
 			defer cleanup()
 			kubetest.WaitFor(t, 15*time.Second, "the require-injection policy to take effect", func() bool {
-				return refusedUninjected(createPod(t, tc.pods[0].ns, mk(tc.pods[0])))
+				return refusedUninjected(createPod(t, nsOf(tc.pods[0]), mk(tc.pods[0])))
 			})
 			for _, p := range tc.pods {
 				o := mk(p)
-				err := createPod(t, p.ns, o)
+				err := createPod(t, nsOf(p), o)
 				switch {
-				case p.refused && !refusedUninjected(err):
+				case p.asks && !refusedUninjected(err):
 					t.Errorf("pod in namespace labelled %v, label %q, annotation %q: %v; want refused: %s",
-						p.ns == labelled, p.label, p.annotation, err, notInjected)
-				case p.refused && !strings.Contains(err.Error(), `missing: annotation handoff.dev/status: injected, label handoff.dev/injected: "true", init container handoff-install, sidecar container handoff`):
+						p.labelledNamespace, p.label, p.annotation, err, notInjected)
+				case p.asks && !strings.Contains(err.Error(), `missing: annotation handoff.dev/status: injected, label handoff.dev/injected: "true", init container handoff-install, sidecar container handoff`):
 					t.Errorf("the refusal does not name what is missing: %v", err)
-				case p.refused && !strings.Contains(err.Error(), "pod "+o.Name+","):
+				case p.asks && !strings.Contains(err.Error(), "pod "+o.Name+","):
 					t.Errorf("the refusal does not name pod %s: %v", o.Name, err)
-				case !p.refused && err != nil:
+				case !p.asks && err != nil:
 					t.Errorf("pod in namespace labelled %v, label %q, annotation %q: %v; want created",
-						p.ns == labelled, p.label, p.annotation, err)
+						p.labelledNamespace, p.label, p.annotation, err)
 				}
 			}
 		})

@@ -38,39 +38,7 @@ func TestWebhookIsSentOnlySelectedPods(t *testing.T) {
 	if _, err := env.Client.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	type pod struct {
-		ns, label, annotation string // "" is none
-		sent                  bool
-	}
-	for _, tc := range []struct {
-		selectBy string
-		pods     []pod
-	}{
-		{"pod", []pod{
-			{ns: plain, label: "true", sent: true},
-			{ns: labelled, label: "true", sent: true},
-			{ns: plain},
-			{ns: plain, annotation: "true"}, // the trade-off: not seen
-			{ns: plain, label: "false"},
-			{ns: labelled},
-		}},
-		{"namespace", []pod{
-			{ns: labelled, sent: true},
-			{ns: labelled, annotation: "true", sent: true},
-			{ns: labelled, label: "true", sent: true},
-			{ns: labelled, label: "false"},
-			{ns: plain, label: "true"},
-			{ns: plain},
-		}},
-		{"podOrNamespace", []pod{
-			{ns: plain, label: "true", sent: true},
-			{ns: labelled, sent: true},
-			{ns: labelled, label: "true", sent: true},
-			{ns: labelled, label: "false"},
-			{ns: plain},
-			{ns: plain, annotation: "true"},
-		}},
-	} {
+	for _, tc := range selectionTable {
 		t.Run(tc.selectBy, func(t *testing.T) {
 			rendered := helm(t, "template", "handoff", "../charts/handoff", "--namespace", "handoff", "--kube-version", "1.35.0",
 				"--show-only", "templates/mutatingwebhookconfiguration.yaml",
@@ -84,29 +52,79 @@ func TestWebhookIsSentOnlySelectedPods(t *testing.T) {
 			if _, err := res.Create(ctx, objs[0], metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
+			nsOf := func(p selectionPod) string {
+				if p.labelledNamespace {
+					return labelled
+				}
+				return plain
+			}
 			probe := tc.pods[0]
 			// The apiserver picks up webhook configurations asynchronously:
 			// wait until it sends the first pod, and, after the delete,
 			// until it no longer does.
 			kubetest.WaitFor(t, 10*time.Second, "the webhook configuration to take effect", func() bool {
-				return sentToWebhook(t, probe.ns, probe.label, probe.annotation)
+				return sentToWebhook(t, nsOf(probe), probe.label, probe.annotation)
 			})
 			defer func() {
 				if err := res.Delete(ctx, objs[0].GetName(), metav1.DeleteOptions{}); err != nil {
 					t.Fatal(err)
 				}
 				kubetest.WaitFor(t, 10*time.Second, "the webhook configuration to be gone", func() bool {
-					return !sentToWebhook(t, probe.ns, probe.label, probe.annotation)
+					return !sentToWebhook(t, nsOf(probe), probe.label, probe.annotation)
 				})
 			}()
 			for _, p := range tc.pods {
-				if got := sentToWebhook(t, p.ns, p.label, p.annotation); got != p.sent {
+				if got := sentToWebhook(t, nsOf(p), p.label, p.annotation); got != p.asks {
 					t.Errorf("pod in namespace labelled %v, label %q, annotation %q: sent to the webhook %v; want %v",
-						p.ns == labelled, p.label, p.annotation, got, p.sent)
+						p.labelledNamespace, p.label, p.annotation, got, p.asks)
 				}
 			}
 		})
 	}
+}
+
+// selectionPod is a pod of selectionTable: in a namespace labelled
+// handoff.dev/inject=true or not, with the label and annotation
+// handoff.dev/inject given ("" for none), and whether it asks for
+// injection under its webhook.selectBy. The webhook is sent exactly the
+// pods that ask (TestWebhookIsSentOnlySelectedPods), and the
+// require-injection policy refuses exactly those that ask and were not
+// injected (TestUninjectedPodsThatAskAreRefused).
+type selectionPod struct {
+	labelledNamespace bool
+	label, annotation string
+	asks              bool
+}
+
+// selectionTable is the pods of each webhook.selectBy; its first pod asks.
+var selectionTable = []struct {
+	selectBy string
+	pods     []selectionPod
+}{
+	{"pod", []selectionPod{
+		{label: "true", asks: true},
+		{labelledNamespace: true, label: "true", asks: true},
+		{},
+		{annotation: "true"}, // the trade-off: not seen
+		{label: "false"},
+		{labelledNamespace: true},
+	}},
+	{"namespace", []selectionPod{
+		{labelledNamespace: true, asks: true},
+		{labelledNamespace: true, annotation: "true", asks: true},
+		{labelledNamespace: true, label: "true", asks: true},
+		{labelledNamespace: true, label: "false"},
+		{label: "true"},
+		{},
+	}},
+	{"podOrNamespace", []selectionPod{
+		{label: "true", asks: true},
+		{labelledNamespace: true, asks: true},
+		{labelledNamespace: true, label: "true", asks: true},
+		{labelledNamespace: true, label: "false"},
+		{},
+		{annotation: "true"},
+	}},
 }
 
 var podSeq atomic.Int64
