@@ -248,11 +248,24 @@ func resign(r *http.Request, body []byte) {
 	r.Header.Set("Authorization", protocol.AuthScheme+" "+protocol.Signature(testToken, r.Method, r.RequestURI, ts, nonce, protocol.BodyDigest(body)))
 }
 
-// genuine says whether r is signed with the pod's token (a verifier of its
-// own: the app's keeps its nonces).
+// genuine says whether r is signed with the pod's token: a verifier of its
+// own (the app's keeps its nonces), started when the test binary did, so
+// that a call signed before this check is not refused as signed before the
+// receiver started (protocol.ErrBeforeStart).
 func genuine(r *http.Request, body []byte) bool {
-	return protocol.NewVerifier(testToken, nil).Verify(r, body) == nil
+	started := false
+	now := func() time.Time {
+		if !started { // NewVerifier's reading: its start
+			started = true
+			return testStart
+		}
+		return time.Now()
+	}
+	return protocol.NewVerifier(testToken, now).Verify(r, body) == nil
 }
+
+// testStart is when the test binary started: before any call its tests sign.
+var testStart = time.Now()
 
 // nonces are those a broken app has seen.
 var nonces = struct {

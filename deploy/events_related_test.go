@@ -24,7 +24,7 @@ func TestSidecarEventNamesNoOtherPodAsRelated(t *testing.T) {
 	ctx := context.Background()
 	ns := env.Namespace(t)
 	const sa = "orders"
-	applyAll(t, env.Config, renderSidecar(t, `[{"namespace":"`+ns+`","serviceAccount":"`+sa+`","leases":["orders-leader"]}]`), 1, 4)
+	applyAll(t, env.Config, renderSidecar(t, `[{"namespace":"`+ns+`","serviceAccount":"`+sa+`","leases":["orders-leader"]}]`), 1, 5) // 5: the pod-bound Leases, Events and status, the Lease names, the sidecar subjects
 	podA, podB := env.Pod(t, ns, "orders-a", 30), env.Pod(t, ns, "orders-b", 30)
 	asA := kubernetes.NewForConfigOrDie(impersonate(env.Config, ns, sa, podA.Name, string(podA.UID)))
 	refA := corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: podA.Name, UID: podA.UID}
