@@ -184,7 +184,7 @@ func startSidecarProcess(t *testing.T, env *kubetest.Env) *sidecarProcess {
 
 	kubetest.WaitFor(t, 30*time.Second, "the sidecar to lead the Lease and answer /healthz", func() bool {
 		l, err := env.Client.CoordinationV1().Leases(ns).Get(context.Background(), "work", metav1.GetOptions{})
-		return err == nil && ptr.Deref(l.Spec.HolderIdentity, "") == identity && probe(metrics) == nil
+		return err == nil && ptr.Deref(l.Spec.HolderIdentity, "") == identity && clitest.Probe(metrics) == nil
 	})
 	kubetest.WaitFor(t, 10*time.Second, "the worker to be told it leads", func() bool { _, ok := agent.Leader("work"); return ok })
 	return &sidecarProcess{ns: ns, pod: "worker-0", metrics: metrics, control: control, token: token, agent: agent, cmd: cmd, exited: exited, pid: pid}
@@ -229,23 +229,6 @@ func freeLoopbackAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// probeClient probes as the kubelet does: a new connection each time, a
-// 1 s timeout (timeoutSeconds' default), from 127.0.0.1.
-var probeClient = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
-
-// probe GETs /healthz at addr; nil when it answers 200.
-func probe(addr string) error {
-	resp, err := probeClient.Get("http://" + addr + "/healthz")
-	if err != nil {
-		return err
-	}
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return errors.New(resp.Status)
-	}
-	return nil
-}
-
 // metric reads one unlabelled metric from /metrics at addr.
 func metric(t testing.TB, addr, name string) float64 {
 	t.Helper()
@@ -260,7 +243,7 @@ func metric(t testing.TB, addr, name string) float64 {
 // prefix.
 func metricLine(t testing.TB, addr, prefix string) string {
 	t.Helper()
-	resp, err := probeClient.Get("http://" + addr + "/metrics")
+	resp, err := clitest.ProbeClient.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +283,7 @@ func startProber(addr string, period time.Duration) *prober {
 			case <-time.After(period):
 			}
 			start := time.Now()
-			err := probe(addr)
+			err := clitest.Probe(addr)
 			p.stats.total++
 			if err == nil {
 				run = 0

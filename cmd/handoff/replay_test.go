@@ -38,7 +38,7 @@ func TestSidecarRefusesAPreStopReplayedAfterARestart(t *testing.T) {
 			"HANDOFF_CONTROL_ADDR="+control, "HANDOFF_METRICS_ADDR="+metrics,
 			"HANDOFF_APP_URL=http://127.0.0.1:1", // no app: nothing to drain
 			"HANDOFF_LEASE_DURATION=3s", "HANDOFF_RENEW_DEADLINE=2s", "HANDOFF_RETRY_PERIOD=250ms")
-		kubetest.WaitFor(t, 20*time.Second, "the sidecar to answer /healthz", func() bool { return probe(metrics) == nil })
+		kubetest.WaitFor(t, 20*time.Second, "the sidecar to answer /healthz", func() bool { return clitest.Probe(metrics) == nil })
 		return func() { terminate(t, cmd, exited, "sidecar") }
 	}
 	// send writes raw, one HTTP/1.1 request's bytes, on a new connection

@@ -6,9 +6,12 @@ package clitest
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/worker"
@@ -40,4 +43,22 @@ func TokenAgent(t testing.TB) (path, token string, agent *worker.Agent) {
 		t.Fatal(err)
 	}
 	return path, token, agent
+}
+
+// ProbeClient probes as the kubelet does: a new connection each time, a
+// 1 s timeout (timeoutSeconds' default), from 127.0.0.1.
+var ProbeClient = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
+
+// Probe GETs /healthz at addr (host:port) with ProbeClient; nil when it
+// answers 200, else the error or the status.
+func Probe(addr string) error {
+	resp, err := ProbeClient.Get("http://" + addr + "/healthz")
+	if err != nil {
+		return err
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(resp.Status)
+	}
+	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/handoff-dev/handoff/internal/cli/clitest"
 	"github.com/handoff-dev/handoff/internal/cli/serve"
 	coord "github.com/handoff-dev/handoff/sidecar"
 )
@@ -45,7 +46,7 @@ func TestProbePortCapsConnectionsPerAddress(t *testing.T) {
 	if !errors.Is(err, syscall.ECONNRESET) {
 		t.Errorf("connection %d from 127.0.0.2: %v; want it reset at once", ProbeTimeouts.Conns.PerAddr+1, err)
 	}
-	if err := probe(srv.Addr); err != nil {
+	if err := clitest.Probe(srv.Addr); err != nil {
 		t.Errorf("GET /healthz from 127.0.0.1 with 127.0.0.2 at its cap: %v; want 200", err)
 	}
 	req, err := http.NewRequest(http.MethodGet, "http://"+srv.Addr+"/healthz", nil)
@@ -55,7 +56,7 @@ func TestProbePortCapsConnectionsPerAddress(t *testing.T) {
 	// net/http reads up to 4 KiB past MaxHeaderBytes (its bufio slop).
 	big := serve.MaxHeaderBytes + 4<<10 + 1
 	req.Header.Set("X-Big", strings.Repeat("x", big))
-	resp, err := probeClient.Do(req)
+	resp, err := clitest.ProbeClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,21 +64,4 @@ func TestProbePortCapsConnectionsPerAddress(t *testing.T) {
 	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
 		t.Errorf("a header of %d bytes: %s; want 431", big, resp.Status)
 	}
-}
-
-// probeClient probes as the kubelet does: a new connection each time, a
-// 1 s timeout (timeoutSeconds' default), from 127.0.0.1.
-var probeClient = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
-
-// probe GETs /healthz at addr; nil when it answers 200.
-func probe(addr string) error {
-	resp, err := probeClient.Get("http://" + addr + "/healthz")
-	if err != nil {
-		return err
-	}
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return errors.New(resp.Status)
-	}
-	return nil
 }
