@@ -6,20 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-)
 
-const deployment = `apiVersion: apps/v1
-kind: Deployment
-metadata: {name: orders}
-spec:
-  selector: {matchLabels: {app: orders}}
-  template:
-    metadata:
-      labels: {app: orders}
-      annotations: {handoff.dev/inject: "true", handoff.dev/fallback: %s}
-    spec:
-      containers: [{name: worker, image: orders:1}]
-`
+	"github.com/handoff-dev/handoff/internal/cli/clitest"
+)
 
 // The repository's chart carries no release's version: a release stamps
 // its version and appVersion (helm package --version --app-version) from
@@ -63,7 +52,7 @@ func TestStampedVersionIsEverywhere(t *testing.T) {
 		t.Errorf("handoff inject --help: %v\n%s\nwant the default image ghcr.io/handoff-dev/handoff-sidecar:%s, and no development note", err, help, v)
 	}
 	inject := exec.Command(bin, "inject")
-	inject.Stdin = strings.NewReader(strings.Replace(deployment, "%s", "cancel", 1))
+	inject.Stdin = strings.NewReader(clitest.Deployment("cancel"))
 	out, err := inject.Output()
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,3 +63,23 @@ func Probe(addr string) error {
 	}
 	return nil
 }
+
+// Deployment is a Deployment manifest (YAML) of one worker container,
+// labelled for injection, whose handoff.dev/fallback annotation is
+// fallback: the input of the inject command's tests.
+func Deployment(fallback string) string {
+	return strings.Replace(deployment, "%s", fallback, 1)
+}
+
+const deployment = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: orders}
+spec:
+  selector: {matchLabels: {app: orders}}
+  template:
+    metadata:
+      labels: {app: orders}
+      annotations: {handoff.dev/inject: "true", handoff.dev/fallback: %s}
+    spec:
+      containers: [{name: worker, image: orders:1}]
+`

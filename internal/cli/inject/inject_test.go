@@ -8,23 +8,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/handoff-dev/handoff/internal/cli/clitest"
+
 	"github.com/handoff-dev/handoff/internal/cli/command"
 	"github.com/handoff-dev/handoff/internal/cli/injectflags"
 	"github.com/handoff-dev/handoff/version"
 )
-
-const deployment = `apiVersion: apps/v1
-kind: Deployment
-metadata: {name: orders}
-spec:
-  selector: {matchLabels: {app: orders}}
-  template:
-    metadata:
-      labels: {app: orders}
-      annotations: {handoff.dev/inject: "true", handoff.dev/fallback: %s}
-    spec:
-      containers: [{name: worker, image: orders:1}]
-`
 
 func runInject(t *testing.T, stdin string, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
@@ -34,7 +23,7 @@ func runInject(t *testing.T, stdin string, args ...string) (stdout, stderr strin
 }
 
 func TestInjectCommand(t *testing.T) {
-	out, log, err := runInject(t, strings.Replace(deployment, "%s", "cancel", 1), "--image", "handoff:test")
+	out, log, err := runInject(t, clitest.Deployment("cancel"), "--image", "handoff:test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +41,7 @@ func TestInjectCommand(t *testing.T) {
 // container is injected, with the admission webhook's warning on stderr;
 // others give the token to the sidecar alone, without a warning.
 func TestInjectCommandWarnsOfATokenInEveryContainer(t *testing.T) {
-	on := strings.Replace(strings.Replace(deployment, "%s", "cancel", 1), "containers:", "automountServiceAccountToken: true\n      containers:", 1)
+	on := strings.Replace(clitest.Deployment("cancel"), "containers:", "automountServiceAccountToken: true\n      containers:", 1)
 	out, log, err := runInject(t, on, "--image", "handoff:test")
 	if err != nil {
 		t.Fatal(err)
@@ -63,14 +52,14 @@ func TestInjectCommandWarnsOfATokenInEveryContainer(t *testing.T) {
 	if want := "warning: Deployment orders: spec.automountServiceAccountToken true: every container of the pod holds the service account's token"; !strings.Contains(log, want) {
 		t.Errorf("stderr %q lacks %q", log, want)
 	}
-	out, log, err = runInject(t, strings.Replace(deployment, "%s", "cancel", 1), "--image", "handoff:test")
+	out, log, err = runInject(t, clitest.Deployment("cancel"), "--image", "handoff:test")
 	if err != nil || strings.Contains(log, "warning") || !strings.Contains(out, "automountServiceAccountToken: false") || !strings.Contains(out, "name: handoff-api-token") {
 		t.Errorf("a template without the field: %v, stderr %q, output:\n%s", err, log, out)
 	}
 }
 
 func TestInjectCommandRefusesAndWritesNothing(t *testing.T) {
-	out, _, err := runInject(t, strings.Replace(deployment, "%s", "drop", 1))
+	out, _, err := runInject(t, clitest.Deployment("drop"))
 	if err == nil || !strings.Contains(err.Error(), "Deployment orders: ") || !strings.Contains(err.Error(), `"drop" for annotation handoff.dev/fallback`) ||
 		!strings.Contains(err.Error(), "one of return, cancel, abandon") {
 		t.Errorf("error %v: want the object, the annotation and the accepted form named", err)
@@ -82,7 +71,7 @@ func TestInjectCommandRefusesAndWritesNothing(t *testing.T) {
 
 func TestInjectCommandDiff(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "deploy.yaml")
-	if err := os.WriteFile(f, []byte(strings.Replace(deployment, "%s", "return", 1)), 0o600); err != nil {
+	if err := os.WriteFile(f, []byte(clitest.Deployment("return")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	out, _, err := runInject(t, "", "--diff", "-f", f)
@@ -123,13 +112,13 @@ func TestInjectCommandRejectsBadFlags(t *testing.T) {
 		{[]string{"--sidecar-cpu-request", "-10m"}, `--sidecar-cpu-request "-10m": want a quantity from 0`},
 		{[]string{"--image", ""}, "--image: want an image reference, like " + injectflags.DefaultImage()},
 	} {
-		if _, _, err := runInject(t, strings.Replace(deployment, "%s", "cancel", 1), tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, _, err := runInject(t, clitest.Deployment("cancel"), tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v; want %q", tc.args, err, tc.want)
 		}
 	}
 	// A request equal to the limit, or with no limit, is the API server's to accept.
 	for _, args := range [][]string{{"--sidecar-memory-request", "128Mi"}, {"--sidecar-memory-request", "256Mi", "--sidecar-memory-limit", ""}} {
-		if _, _, err := runInject(t, strings.Replace(deployment, "%s", "cancel", 1), args...); err != nil {
+		if _, _, err := runInject(t, clitest.Deployment("cancel"), args...); err != nil {
 			t.Errorf("%v: %v", args, err)
 		}
 	}
@@ -140,11 +129,11 @@ func TestInjectCommandRejectsBadFlags(t *testing.T) {
 func TestInjectNamesTheFileOfAnError(t *testing.T) {
 	dir := t.TempDir()
 	good, bad := filepath.Join(dir, "good.yaml"), filepath.Join(dir, "bad.yaml")
-	if err := os.WriteFile(good, []byte(strings.Replace(deployment, "%s", "cancel", 1)), 0o644); err != nil {
+	if err := os.WriteFile(good, []byte(clitest.Deployment("cancel")), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// The second document of bad.yaml: a fallback not in the accepted set.
-	if err := os.WriteFile(bad, []byte("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\n"+strings.Replace(deployment, "%s", "drop", 1)), 0o644); err != nil {
+	if err := os.WriteFile(bad, []byte("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\n"+clitest.Deployment("drop")), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out, _, err := runInject(t, "", "-f", good, "-f", bad)
