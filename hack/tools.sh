@@ -29,7 +29,17 @@ prometheus=github.com/prometheus/prometheus/cmd/prometheus@v0.316.0 -tags=remove
 promtool=github.com/prometheus/prometheus/cmd/promtool@v0.316.0 -tags=remove_all_sd,enable_kubernetes_sd
 krew=sigs.k8s.io/krew/cmd/krew@v0.4.3
 validate-krew-manifest=sigs.k8s.io/krew/cmd/validate-krew-manifest@v0.4.3
+# The NetworkPolicy firewall of the e2e cluster (e2e/cluster/up.sh), never shipped:
+# v2.1.0 is the only version the module proxy here serves.
+kube-router=github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@v2.1.0
 '
+
+# Every tool is built by the Go the Makefile pins, whatever the caller's
+# shell says: a stamp records the Go that built a tool, so callers on two
+# Gos would each rebuild every tool in turn (an hour cold).
+GOTOOLCHAIN=$(sed -n 's/^GOTOOLCHAIN ?= *//p' "$(dirname "$0")/../Makefile")
+[[ -n "$GOTOOLCHAIN" ]] || { echo "tools: no 'GOTOOLCHAIN ?= goX.Y.Z' line in the Makefile" >&2; exit 1; }
+export GOTOOLCHAIN
 
 CACHE=${HANDOFF_CACHE:-$HOME/.cache/handoff}
 BIN="$CACHE/bin"
