@@ -93,20 +93,23 @@ func TestNetworkPoliciesAdmitOnlyTheScraperToMetrics(t *testing.T) {
 	}
 	const scraperJSON = `networkPolicy.scraper={"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}},"podSelector":{"matchLabels":{"app":"prometheus"}}}`
 	bindings := `rbac.sidecarBindings=[{"namespace":"` + shop + `","serviceAccount":"orders","leases":[]},{"namespace":"` + shop + `","serviceAccount":"mail","leases":[]},{"namespace":"` + billing + `","serviceAccount":"ledger","leases":[]}]`
+	// A worker port of the example's, listed with its source: the frontend pods.
+	frontend := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "frontend"}}}
+	const workerJSON = `networkPolicy.sidecar.workerIngress=[{"from":[{"podSelector":{"matchLabels":{"app":"frontend"}}}],"ports":[{"protocol":"TCP","port":8000}]}]`
 	for _, tc := range []struct {
 		name       string
 		set        []string
 		port       int32 // the sidecar's
 		withScrape bool
-		otherPorts bool
+		worker     bool // TCP 8000 listed for the frontend
 	}{
-		{"defaults, no scraper", nil, 7451, false, true},
-		{"a scraper", []string{"--set-json", scraperJSON}, 7451, true, true},
-		{"the port moved to 9090", []string{"--set-json", scraperJSON, "--set", "networkPolicy.sidecar.metricsPort=9090"}, 9090, true, true},
-		{"the first port", []string{"--set", "networkPolicy.sidecar.metricsPort=1"}, 1, false, true},
-		{"the last port", []string{"--set", "networkPolicy.sidecar.metricsPort=65535"}, 65535, false, true},
-		{"other ports closed", []string{"--set-json", scraperJSON, "--set", "networkPolicy.sidecar.allowOtherPorts=false"}, 7451, true, false},
-		{"other ports closed, no scraper", []string{"--set", "networkPolicy.sidecar.allowOtherPorts=false"}, 7451, false, false},
+		{"defaults, no scraper", nil, 7451, false, false},
+		{"a scraper", []string{"--set-json", scraperJSON}, 7451, true, false},
+		{"the port moved to 9090", []string{"--set-json", scraperJSON, "--set", "networkPolicy.sidecar.metricsPort=9090"}, 9090, true, false},
+		{"the first port", []string{"--set", "networkPolicy.sidecar.metricsPort=1"}, 1, false, false},
+		{"the last port", []string{"--set", "networkPolicy.sidecar.metricsPort=65535"}, 65535, false, false},
+		{"a worker port listed", []string{"--set-json", scraperJSON, "--set-json", workerJSON}, 7451, true, true},
+		{"a worker port listed, no scraper", []string{"--set-json", workerJSON}, 7451, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"template", "handoff", "../charts/handoff", "--namespace", release, "--kube-version", "1.35.0",
@@ -132,18 +135,74 @@ func TestNetworkPoliciesAdmitOnlyTheScraperToMetrics(t *testing.T) {
 				if !reflect.DeepEqual(np.Spec.PodSelector.MatchLabels, map[string]string{"handoff.dev/injected": "true"}) {
 					t.Errorf("%s: selects %v; want the injected pods", np.Namespace, np.Spec.PodSelector)
 				}
-				// Every port of every protocol: only the sidecar's TCP port
-				// is closed to any pod, and open to the scraper if any.
+				// Every port of every protocol: nothing from any pod, the
+				// scraper only on the sidecar's port, the frontend only on
+				// the worker port listed for it. What no policy admits stays
+				// as the namespace's own policies decide: closed here.
 				for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP} {
 					for port := int32(1); port <= 65535; port++ {
 						sidecar := proto == corev1.ProtocolTCP && port == tc.port
-						want := tc.otherPorts && !sidecar
-						if got := admits(np, proto, port, nil); got != want {
-							t.Fatalf("%s: %s %d from any pod: %v; want %v", np.Namespace, proto, port, got, want)
+						worker := tc.worker && proto == corev1.ProtocolTCP && port == 8000
+						if got := admits(np, proto, port, nil); got {
+							t.Fatalf("%s: %s %d from any pod: admitted; want closed", np.Namespace, proto, port)
 						}
-						if got, want := admits(np, proto, port, &scraper), want || sidecar && tc.withScrape; got != want {
+						if got, want := admits(np, proto, port, &scraper), sidecar && tc.withScrape; got != want {
 							t.Fatalf("%s: %s %d from the scraper: %v; want %v", np.Namespace, proto, port, got, want)
 						}
+						if got, want := admits(np, proto, port, &frontend), worker; got != want {
+							t.Fatalf("%s: %s %d from the frontend: %v; want %v", np.Namespace, proto, port, got, want)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// The workload chart's policy, which the README's quickstart installs: by
+// default only the node reaches an injected pod of its namespace (so a
+// namespace's default deny is never widened); a scraper reaches only the
+// sidecar's port; the worker's own ports only from the sources listed.
+func TestWorkloadNetworkPolicyOnlyNarrows(t *testing.T) {
+	needHelm(t)
+	env := kubetest.Get(t)
+	shop := env.Namespace(t)
+	scraper := networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "monitoring"}}}
+	frontend := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "frontend"}}}
+	for _, tc := range []struct {
+		name            string
+		set             []string
+		scrape, worker  bool
+		wantPodSelector map[string]string
+	}{
+		{"defaults", nil, false, false, map[string]string{"handoff.dev/injected": "true"}},
+		{"scraper, worker port and the workload's labels", []string{
+			"--set-json", `networkPolicy.scraper={"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}`,
+			"--set-json", `networkPolicy.ingress=[{"from":[{"podSelector":{"matchLabels":{"app":"frontend"}}}],"ports":[{"protocol":"TCP","port":8000}]}]`,
+			"--set-json", `networkPolicy.podLabels={"app":"orders"}`,
+		}, true, true, map[string]string{"handoff.dev/injected": "true", "app": "orders"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"template", "orders-handoff", "../charts/handoff-workload", "--namespace", shop, "--kube-version", "1.35.0",
+				"--show-only", "templates/networkpolicy.yaml", "--set", "serviceAccount.name=orders"}, tc.set...)
+			policies := dryRun(t, env, helm(t, args...))
+			if len(policies) != 1 {
+				t.Fatalf("%d NetworkPolicies; want 1", len(policies))
+			}
+			np := policies[0]
+			if !reflect.DeepEqual(np.Spec.PodSelector.MatchLabels, tc.wantPodSelector) {
+				t.Errorf("selects %v; want %v", np.Spec.PodSelector.MatchLabels, tc.wantPodSelector)
+			}
+			for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP} {
+				for port := int32(1); port <= 65535; port++ {
+					if admits(np, proto, port, nil) {
+						t.Fatalf("%s %d from any pod: admitted; want closed", proto, port)
+					}
+					if got, want := admits(np, proto, port, &scraper), tc.scrape && proto == corev1.ProtocolTCP && port == 7451; got != want {
+						t.Fatalf("%s %d from the scraper: %v; want %v", proto, port, got, want)
+					}
+					if got, want := admits(np, proto, port, &frontend), tc.worker && proto == corev1.ProtocolTCP && port == 8000; got != want {
+						t.Fatalf("%s %d from the frontend: %v; want %v", proto, port, got, want)
 					}
 				}
 			}
