@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -50,17 +51,22 @@ func (s *suite) otherToken() string {
 	return wrong
 }
 
-// refusedCalls sends each state-changing call (stop-claiming, return, a
-// grant and a revoke carrying a later sequence) and the drain status once
-// with each signer, wants every one refused 401 with a JSON error and a
-// HANDOFF-HMAC-SHA256 challenge, and then checks that none was acted on:
-// the app is not stopping, and a grant with the next sequence is applied
-// (it would be stale had a refused message been recorded). It returns how
-// many calls were refused.
-func (s *suite) refusedCalls(ctx context.Context, lease string, signers []struct {
+// refusal is a way of signing a call that the app must refuse: what says
+// how, in a failure's reason.
+type refusal struct {
 	what string
 	sign signer
-}) (int, error) {
+}
+
+// refusedCalls sends each state-changing call (stop-claiming, return, a
+// grant and a revoke carrying a later sequence) and the drain status once
+// with each signer, wants every one refused 401 with a JSON error (that
+// begins with says, when says is set) and a HANDOFF-HMAC-SHA256
+// challenge, and then checks that none was acted on: the app is not
+// stopping, and a grant with the next sequence is applied (it would be
+// stale had a refused message been recorded). It returns how many calls
+// were refused.
+func (s *suite) refusedCalls(ctx context.Context, lease, says string, signers []refusal) (int, error) {
 	refusedSeq := time.Now().Add(500 * time.Millisecond).UnixNano()
 	calls := []struct{ method, path, body string }{
 		{http.MethodPost, protocol.StopClaimingPath, "{}"},
@@ -82,6 +88,14 @@ func (s *suite) refusedCalls(ctx context.Context, lease string, signers []struct
 			}
 			if ch := a.header.Get("WWW-Authenticate"); !strings.HasPrefix(strings.ToUpper(ch), protocol.AuthScheme) {
 				return n, fmt.Errorf("%s: WWW-Authenticate %q, want a %s challenge", what, ch, protocol.AuthScheme)
+			}
+			if says != "" {
+				var e struct {
+					Error string `json:"error"`
+				}
+				if json.Unmarshal(a.body, &e) != nil || !strings.HasPrefix(e.Error, says) {
+					return n, fmt.Errorf("%s = %s: want an error that begins %q", what, a, says)
+				}
 			}
 			n++
 		}
@@ -106,10 +120,7 @@ func (s *suite) refusedCalls(ctx context.Context, lease string, signers []struct
 // pod's token as a bearer token, another scheme) is refused 401 and acted
 // on by none.
 func (s *suite) authUnsigned(ctx context.Context) (string, error) {
-	n, err := s.refusedCalls(ctx, s.lease("unsigned"), []struct {
-		what string
-		sign signer
-	}{
+	n, err := s.refusedCalls(ctx, s.lease("unsigned"), "", []refusal{
 		{"with no Authorization header", unsigned("")},
 		{"with the token as a bearer token", unsigned("Bearer " + s.t.Token)},
 		{"with another scheme", unsigned("Basic " + s.t.Token)},
@@ -126,10 +137,7 @@ func (s *suite) authUnsigned(ctx context.Context) (string, error) {
 // refused 401 and acted on by none.
 func (s *suite) authBadSignature(ctx context.Context) (string, error) {
 	wrong := s.otherToken()
-	n, err := s.refusedCalls(ctx, s.lease("badsig"), []struct {
-		what string
-		sign signer
-	}{
+	n, err := s.refusedCalls(ctx, s.lease("badsig"), "", []refusal{
 		{"signed with another token", signedWith(wrong, time.Now())},
 		{"with another target than signed", s.thenAltered(func(r *http.Request) { r.URL.RawQuery = "x=1" })},
 		{"with another timestamp than signed", s.thenAltered(func(r *http.Request) {
@@ -150,10 +158,7 @@ func (s *suite) authBadSignature(ctx context.Context) (string, error) {
 // now, either way, is refused 401 and acted on by none.
 func (s *suite) authStale(ctx context.Context) (string, error) {
 	off := protocol.MaxClockSkew + 5*time.Second
-	n, err := s.refusedCalls(ctx, s.lease("stale"), []struct {
-		what string
-		sign signer
-	}{
+	n, err := s.refusedCalls(ctx, s.lease("stale"), "", []refusal{
 		{fmt.Sprintf("signed %s ago", off), signedWith(s.t.Token, time.Now().Add(-off))},
 		{fmt.Sprintf("signed %s ahead", off), signedWith(s.t.Token, time.Now().Add(off))},
 	})
@@ -681,6 +686,60 @@ func (s *suite) newInstance(ctx context.Context) (string, error) {
 		return "", errors.New("the restarted app says stopping")
 	}
 	return fmt.Sprintf("instance %q, then %q after the restart", before.Instance, after.Instance), nil
+}
+
+// beforeStart is how long before the suite begins a restart it signs the
+// calls of auth/signed-before-start-refused: the restarted receiver took
+// its start after that began, so the calls are signed at least this long
+// before it, clear of any rounding (a receiver truncates its start to the
+// millisecond, as a timestamp is) and of a receiver that reads its start a
+// little early.
+const beforeStart = time.Second
+
+// authBeforeStart: a call signed before the receiver started (a call of
+// the process before, replayed after a restart), with a nonce the new
+// process never saw and a timestamp within the 30 s skew, is refused 401
+// with an error that begins "signed before this receiver started", and
+// acted on by none: every call the protocol signs, on a fresh process
+// (Fixture.Restart) holding one claim, which a refused return would hand
+// back and a refused stop-claiming would stop. Then calls signed now are
+// answered 200. The suite knows when the receiver started only from a
+// restart (the fixture's restart replaces the process, and a receiver
+// takes its start before it listens), so the case is skipped without a
+// Fixture; and when the restart and the hold took so long that the calls
+// would reach the app more than half the 30 s skew after their timestamp
+// (a receiver checks the skew first, and would refuse them for that).
+func (s *suite) authBeforeStart(ctx context.Context) (string, error) {
+	f := s.t.Fixture
+	if f == nil {
+		return "", errSkip{"needs a Fixture (--fixture-cmd): only a restart tells the suite when the app's receiver started, and a call signed before an app started more than 30 s ago is refused for its timestamp alone"}
+	}
+	began := time.Now()
+	if err := f.Restart(ctx); err != nil {
+		return "", fmt.Errorf("Fixture.Restart: %w", err)
+	}
+	if err := f.Hold(ctx, 1); err != nil {
+		return "", fmt.Errorf("Fixture.Hold(1): %w", err)
+	}
+	defer func() { _ = f.Finish(ctx) }()
+	at := began.Add(-beforeStart)
+	if age := time.Since(at); age > protocol.MaxClockSkew/2 {
+		return "", errSkip{fmt.Sprintf("Fixture.Restart and Hold took %s: calls signed before the restart would reach the app more than %s after their timestamp, too near the %s skew the app checks first", time.Since(began).Round(time.Millisecond), protocol.MaxClockSkew/2, protocol.MaxClockSkew)}
+	}
+	n, err := s.refusedCalls(ctx, s.lease("beforestart"), protocol.ErrBeforeStart.Error(), []refusal{
+		{fmt.Sprintf("signed %s before the restart began", beforeStart), signedWith(s.t.Token, at)},
+	})
+	if err != nil {
+		return "", err
+	}
+	st, err := s.status(ctx)
+	if err != nil {
+		return "", err
+	}
+	if st.InFlight != 1 {
+		return "", fmt.Errorf("after return calls refused 401, with 1 claim held by the fixture: drain status %+v, want inFlight 1: a refused call was acted on", st)
+	}
+	return fmt.Sprintf("%d calls signed %s before a restart answered 401 %q and acted on by none (not stopping, the claim still held); a drain status, a grant and a revoke signed now answered 200", n, beforeStart, protocol.ErrBeforeStart.Error()), nil
 }
 
 // drainGroup: stop-claiming and the drain long poll. With a Fixture, on a

@@ -26,8 +26,9 @@
 //     sequence, refused messages (422) (group idle), and, with a
 //     LeaderFixture, the term on the app's own clock, the revoke ack after
 //     leader work stopped and a stale revoke leaving leader work alone
-//     (group leader); with a Fixture, a restart names a new instance
-//     (group restart);
+//     (group leader); with a Fixture, a restart names a new instance, and
+//     the restarted process refuses, and acts on none of, the calls
+//     signed before the restart began (group restart);
 //  2. the drain, on that same process without a Fixture, or on a fresh one
 //     (Fixture.Restart) holding 3 claims with one: stop-claiming (twice),
 //     the drain long poll and its edge values, leadership during the drain
@@ -84,9 +85,11 @@ type Target struct {
 // work in flight. Each method is bounded by its ctx.
 type Fixture interface {
 	// Restart replaces the app with a fresh process (a new instance, not
-	// stopping, holding nothing) answering at Target.URL, and returns once
-	// it answers. The suite calls it first, and before each group that
-	// needs claims (five in all, beside the CancelFixture and UnstartedFixture groups).
+	// stopping, holding nothing, whose receiver took its start after
+	// Restart was called) answering at Target.URL, and returns once it
+	// answers. The suite calls it first, in each case of the group
+	// restart, and before each group that needs claims (five in all,
+	// beside the CancelFixture and UnstartedFixture groups).
 	Restart(ctx context.Context) error
 	// Hold makes the app claim n messages and keep them started and
 	// unfinished until Finish, counted in flight (worker: Receive.Hold).

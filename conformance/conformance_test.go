@@ -45,6 +45,9 @@ type goApp struct {
 	// noHandBack, set, is a broken app: it has no HandBack, so its
 	// unstarted claims stay held to the drain deadline.
 	noHandBack bool
+	// started is when Restart began making the current Agent: no later
+	// than its receiver started.
+	started time.Time
 }
 
 func newGoApp(t *testing.T) *goApp {
@@ -68,6 +71,7 @@ func (g *goApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (g *goApp) Restart(context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	started := time.Now()
 	opts := worker.Options{Token: testToken, ReturnClaims: g.returnClaims}
 	if !g.noHandBack {
 		// The queue has them again at once: nothing to do but say so.
@@ -80,8 +84,15 @@ func (g *goApp) Restart(context.Context) error {
 	for _, c := range g.claims {
 		c.Done()
 	}
-	g.agent, g.claims, g.unacked = a, nil, 0
+	g.agent, g.claims, g.unacked, g.started = a, nil, 0, started
 	return nil
+}
+
+// startedAt is when Restart began making the current Agent.
+func (g *goApp) startedAt() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.started
 }
 
 // HoldCancelable holds n claims whose work ends at the cancel fallback
@@ -226,7 +237,7 @@ func TestWithoutFixturesCasesAreSkippedNotPassed(t *testing.T) {
 		t.Fatalf("failed without fixtures:\n%s", rep)
 	}
 	for _, name := range []string{"leadership/revoke-acked-after-leader-work-stopped", "leadership/term-ends-at-validForMillis", "leadership/term-ends-at-until", "leadership/stale-revoke-leaves-leader-work",
-		"drain/long-poll-waits-waitMillis", "drain/waitMillis-0-answers-at-once", "drain/long-poll-returns-when-drained", "return/counts", "return/cancel-then-return", "return/cancel-hands-back-canceled-work"} {
+		"drain/long-poll-waits-waitMillis", "drain/waitMillis-0-answers-at-once", "drain/long-poll-returns-when-drained", "return/counts", "return/cancel-then-return", "return/cancel-hands-back-canceled-work", "auth/signed-before-start-refused"} {
 		if c, _ := rep.Case(name); c.Result != conformance.Skip {
 			t.Errorf("%s = %s (%s), want skip without its fixture", name, c.Result, c.Reason)
 		}
@@ -252,12 +263,16 @@ func resign(r *http.Request, body []byte) {
 // own (the app's keeps its nonces), started when the test binary did, so
 // that a call signed before this check is not refused as signed before the
 // receiver started (protocol.ErrBeforeStart).
-func genuine(r *http.Request, body []byte) bool {
+func genuine(r *http.Request, body []byte) bool { return genuineSince(testStart, r, body) }
+
+// genuineSince says whether r is signed with the pod's token, within the
+// clock skew, by a verifier of its own that started at since.
+func genuineSince(since time.Time, r *http.Request, body []byte) bool {
 	started := false
 	now := func() time.Time {
 		if !started { // NewVerifier's reading: its start
 			started = true
-			return testStart
+			return since
 		}
 		return time.Now()
 	}
@@ -392,7 +407,7 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			resign(r, body)
 			return false
 		},
-		fails: []string{"auth/unsigned-refused", "auth/bad-signature-refused", "auth/stale-timestamp-refused", "auth/replay-refused", "auth/scheme-in-any-case"},
+		fails: []string{"auth/unsigned-refused", "auth/bad-signature-refused", "auth/stale-timestamp-refused", "auth/replay-refused", "auth/scheme-in-any-case", "auth/signed-before-start-refused"},
 	}, {
 		// Seen in an app written from the docs alone: it read the scheme,
 		// in any case, and refused a call without it, but checked no
@@ -431,6 +446,45 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			return false
 		},
 		fails: []string{"auth/replay-refused"},
+	}, {
+		// A receiver whose nonces live in memory and that takes no start:
+		// a call of the process before, replayed within 30 s of a
+		// restart, is served (issue 31).
+		name: "serves a call signed before it started, within the skew",
+		f: func(_ http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			ms, _ := strconv.ParseInt(r.Header.Get(protocol.TimestampHeader), 10, 64)
+			if ms < next.(*goApp).startedAt().UnixMilli() && genuineSince(time.Time{}, r, body) {
+				resign(r, body)
+			}
+			return false
+		},
+		fails: []string{"auth/signed-before-start-refused"},
+	}, {
+		// The sidecar signs a call anew only on the refusal that says it
+		// was signed before the receiver started.
+		name: "refuses a call signed before it started for another reason",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			ms, _ := strconv.ParseInt(r.Header.Get(protocol.TimestampHeader), 10, 64)
+			if ms >= next.(*goApp).startedAt().UnixMilli() || !genuineSince(time.Time{}, r, body) {
+				return false
+			}
+			protocol.Refuse(w, fmt.Errorf("%w: a call of another process", protocol.ErrReplayed))
+			return true
+		},
+		fails: []string{"auth/signed-before-start-refused"},
+	}, {
+		name: "acts on a return it refuses as signed before it started",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			ms, _ := strconv.ParseInt(r.Header.Get(protocol.TimestampHeader), 10, 64)
+			if r.URL.Path != protocol.ReturnPath || ms >= next.(*goApp).startedAt().UnixMilli() || !genuineSince(time.Time{}, r, body) {
+				return false
+			}
+			resign(r, body)
+			forward(next, r, body) // acted on, then refused
+			protocol.Refuse(w, fmt.Errorf("%w: too late", protocol.ErrBeforeStart))
+			return true
+		},
+		fails: []string{"auth/signed-before-start-refused"},
 	}, {
 		name: "serves a call signed a minute away",
 		f: func(_ http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {

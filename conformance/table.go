@@ -83,8 +83,9 @@ var table = []entry{
 	{"leadership/term-ends-at-validForMillis", "leader", "The app leads until the earlier of until and receipt + validForMillis, measured on its own clock", "leadership-grants-about-every-retry-period", (*suite).termValidFor},
 	{"leadership/term-ends-at-until", "leader", "The app leads until the earlier of until and receipt + validForMillis, measured on its own clock", "leadership-grants-about-every-retry-period", (*suite).termUntil},
 
-	// restart: a restart by the Fixture.
+	// restart: a restart by the Fixture, in each case.
 	{"restart/new-instance", "restart", "instance (optional) names the app process, new for each process", "what-the-app-serves-sidecar--app", (*suite).newInstance},
+	{"auth/signed-before-start-refused", "restart", "A receiver MUST take the time … when it starts, before it opens its socket or port, and MUST refuse with 401 every call whose timestamp is earlier, with an error that begins signed before this receiver started", "signed-calls", (*suite).authBeforeStart},
 
 	// drain: stop-claiming, on the app as given, or on a fresh process
 	// holding `held` claims (drainGroup); the cases after stop-claiming
