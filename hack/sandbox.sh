@@ -116,17 +116,21 @@ EOF
 
   cat >"$DIR/sandbox.env" <<EOF
 # The sandbox of hack/sandbox.sh in $DIR (stop it: hack/sandbox.sh down $DIR).
+# Source this file, then run the README's quickstart.
 export KUBECONFIG=$KUBECONFIG
-# kubectl $(basename "$(dirname "$kubectl")") and the pinned helm:
+# kubectl $("$kubectl/kubectl" version --client | sed -n 's/^Client Version: //p') and the pinned helm $("$tools/helm" version --short):
 export PATH=$kubectl:$tools:\$PATH
-# The quickstart's variables (NAMESPACE=shop, DEPLOYMENT=orders and
-# LEASE=orders-leader are its defaults):
+# The quickstart's variables for this build (NAMESPACE=shop,
+# DEPLOYMENT=orders and LEASE=orders-leader are its defaults):
 export HANDOFF_VERSION=$version
 export HANDOFF_CHARTS=oci://$registry/charts
 # A build of your own: add to step 1
 #   --set image.repository=$registry/handoff --set sidecar.image.repository=$registry/handoff-sidecar
-# and, the registry being plain HTTP on loopback, --plain-http to every helm install.
-# kubectl handoff: the release's CLI is $DIR/bin/handoff.
+# (helm speaks plain HTTP to a registry on 127.0.0.1 by itself; one elsewhere
+# needs --plain-http on each helm install).
+# kubectl handoff: the release's CLI, $DIR/bin/handoff, on PATH as kubectl-handoff.
+# shop/orders's pods crash-loop until step 3: the SDK does not run without
+# the sidecar's token.
 EOF
   cat "$DIR/sandbox.env"
 }
