@@ -28,7 +28,7 @@
 #
 # down stops what up started, each by the PID its script recorded: the
 # cluster (e2e/cluster/down.sh, which also undoes its host changes),
-# PostgreSQL and the registry; then removes DIR.
+# PostgreSQL and the registry; then removes what it made in DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export GOTOOLCHAIN=${GOTOOLCHAIN:-go1.27.3} # as the Makefile builds
@@ -46,8 +46,10 @@ down() {
     log "the cluster was not stopped; kept $DIR (run e2e/cluster/down.sh $DIR/cluster)"
     return 1
   fi
-  rm -rf "$DIR"
-  log "stopped; removed $DIR"
+  # What up made, by name: DIR itself may be one of the caller's.
+  rm -rf "${DIR:?}"/{registry,dist,bin,cluster,pg,sandbox.env}
+  rmdir "$DIR" 2>/dev/null || true
+  log "stopped; removed its files from $DIR"
 }
 
 up() {
