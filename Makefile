@@ -38,7 +38,7 @@ GO_PKGS := ./... ./protocol/... ./worker/... ./worker/jetstream/... ./worker/rab
 # The packages whose tests talk to the apiserver, run again on the newest.
 API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
 
-.PHONY: all build image release deploy demo test test-newest integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
+.PHONY: all build image release deploy demo sandbox sandbox-down test test-newest integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
 
 ## Builds the binaries (make with no target)
 all: build
@@ -103,6 +103,18 @@ demo:
 	$(GOBUILD) -o bin/demo ./examples/demo
 	@$(KUBE_OLDEST) bash hack/kube-assets.sh >/dev/null
 	bin/demo --handoff bin/handoff-sidecar --worker bin/pgworker --svg bin/demo-timeline.svg $(DEMO_ARGS)
+
+## Boots a cluster to try the README's quickstart on (root; hack/sandbox.sh)
+# The e2e cluster (a real kubelet on containerd) with a release of this
+# checkout in a loopback registry, PostgreSQL, and the Deployment shop/orders
+# of the example worker the quickstart enables; prints the quickstart's
+# variables. SANDBOX_DIR defaults to $TMPDIR/handoff-sandbox.
+sandbox: tools
+	bash hack/sandbox.sh up $(SANDBOX_DIR)
+
+## Stops the sandbox and everything make sandbox started
+sandbox-down:
+	bash hack/sandbox.sh down $(SANDBOX_DIR)
 
 ## Runs every suite: integration, the SDKs, end to end (hack/test.sh)
 # Every test: unit and integration, then end to end on a real kubelet. Each
