@@ -96,8 +96,9 @@ var workerLeases = []string{
 	"shards-leader",                              // TestShardRollout, beside its shard set shardLeases
 	"upgrade-leader",                             // TestUpgradeWithPodsRunning
 	"scalein-cost-leader", "scalein-base-leader", // TestScaleInKeepsBusyPods
-	"restartall-leader", // TestRestartAllContainersResumes
-	"preempt-leader",    // TestPreemptionHandsOver
+	"restartall-leader",                         // TestRestartAllContainersResumes
+	"preempt-leader",                            // TestPreemptionHandsOver
+	"token-user-leader", "token-fsgroup-leader", // TestTokenFileOnARealKubelet
 }
 
 var cluster struct {
@@ -108,13 +109,19 @@ var cluster struct {
 	// ctr is containerd's ctr on the node's socket, in namespace k8s.io:
 	// only on our own cluster, whose node is this machine.
 	ctr []string
+	// kubeletRoot is the kubelet's --root-dir, whose pods' volumes this
+	// machine sees: only on our own cluster.
+	kubeletRoot string
 }
 
 // images are the images under test, as the pods name them: each
 // repository@sha256:digest, pulled from the registry.
 var images = struct {
 	pgworker, riverworker, pause string
-	pullPolicy                   corev1.PullPolicy
+	// netprobe tries HTTP GETs to other pods on request
+	// (e2e/cluster/netprobe): what a NetworkPolicy lets through.
+	netprobe   string
+	pullPolicy corev1.PullPolicy
 	// release is the installed release of handoff: its two images and
 	// its chart.
 	release *release
@@ -285,6 +292,7 @@ func (s *setup) cluster() error {
 		}
 		s.hostIP = ownHostIP
 		cluster.ctr = []string{"ctr", "--address", filepath.Join(runDir, "containerd", "containerd.sock"), "-n", "k8s.io"}
+		cluster.kubeletRoot = filepath.Join(runDir, "kubelet", "root")
 	} else if s.hostIP == "" {
 		return errors.New("HANDOFF_E2E_KUBECONFIG needs HANDOFF_E2E_HOST_IP (this machine's address as the pods reach it, like 172.18.0.1 for kind)")
 	}
@@ -344,7 +352,8 @@ func (s *setup) images() error {
 		return err
 	}
 	// -B: each image is REGISTRY/e2e/<the package's last element>.
-	pkgs := map[string]*string{"./examples/pgworker": &images.pgworker, "./examples/riverworker": &images.riverworker, "./e2e/cluster/pause": &images.pause}
+	pkgs := map[string]*string{"./examples/pgworker": &images.pgworker, "./examples/riverworker": &images.riverworker, "./e2e/cluster/pause": &images.pause,
+		"./e2e/cluster/netprobe": &images.netprobe}
 	args := []string{"build", "-B", "--tags", "e2e", "--platform", platforms(), "--sbom", "none"}
 	for pkg := range pkgs {
 		args = append(args, pkg)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Boots a single-node Kubernetes v1.35 on this machine without Docker: etcd,
-# kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and a
-# kubelet on containerd + runc (Debian packages, installed if missing). The
+# kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, a
+# kubelet on containerd + runc (Debian packages, installed if missing) and
+# kube-router's NetworkPolicy firewall. The
 # node and the control plane share the host; pods get addresses on the
 # bridge handoff0 (10.89.0.0/24, the host is 10.89.0.1, where the API
 # listens). Every file is under one run directory; e2e/cluster/down.sh stops
@@ -50,7 +51,7 @@ if ip link show "$BRIDGE" >/dev/null 2>&1; then
   exit 1
 fi
 missing=()
-for p in containerd runc iptables openssl; do command -v "$p" >/dev/null || missing+=("$p"); done
+for p in containerd runc iptables ipset openssl; do command -v "$p" >/dev/null || missing+=("$p"); done
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]} from Debian"
@@ -217,5 +218,18 @@ start kubelet "$BIN/kubelet" --config "$RUN/kubelet/config.yaml" --kubeconfig "$
   --root-dir "$RUN/kubelet/root" --hostname-override 127.0.0.1 "${gates[@]}"
 wait_for "node 127.0.0.1 Ready" 90 kctl wait --for=condition=Ready node/127.0.0.1 --timeout=1s
 wait_for "the default ServiceAccount" 30 kctl -n default get serviceaccount default
+
+# NetworkPolicy enforced, as on a cluster with a policy plugin: kube-router's
+# firewall alone (iptables and ipsets on the bridge; no routing, no service
+# proxy), built from the Go module proxy by hack/tools.sh. It admits what
+# comes from the node itself (the kubelet's probes, the API server's pod
+# proxy, the tests). SIG Network's kube-network-policies, which kind ships,
+# needs nftables' queue statement, which this kernel lacks (no NFT_QUEUE).
+KUBE_ROUTER=$(bash hack/tools.sh)/kube-router
+start kube-router "$KUBE_ROUTER" --run-firewall --run-router=false --run-service-proxy=false \
+  --kubeconfig "$KUBECONFIG" --hostname-override 127.0.0.1 --service-cluster-ip-range "$SERVICE_CIDR" \
+  --health-port 20244 --metrics-port 0 --iptables-sync-period 1m
+echo "$KUBE_ROUTER --cleanup-config" >>"$RUN/undo"
+wait_for kube-router 60 bash -c 'exec 3<>/dev/tcp/127.0.0.1/20244 && printf "GET /healthz HTTP/1.0\r\n\r\n" >&3 && grep -q "200 OK" <&3'
 log "node Ready; kubeconfig $KUBECONFIG; stop with e2e/cluster/down.sh $RUN"
 echo "$KUBECONFIG"
