@@ -98,6 +98,7 @@ var workerLeases = []string{
 	"scalein-cost-leader", "scalein-base-leader", // TestScaleInKeepsBusyPods
 	"restartall-leader", // TestRestartAllContainersResumes
 	"preempt-leader",    // TestPreemptionHandsOver
+	"waiting-leader",    // TestRolloutWaitsForTheWebhook
 }
 
 var cluster struct {
