@@ -100,11 +100,21 @@ func refusingPolicy(message string) string {
 func eventTimes(ev *corev1.Event) (first, last time.Time, count int32) {
 	first, last, count = ev.FirstTimestamp.Time, ev.LastTimestamp.Time, ev.Count
 	if ev.Series != nil {
-		last, count = cmp.Or(ev.Series.LastObservedTime.Time, last), ev.Series.Count
+		last, count = firstSet(ev.Series.LastObservedTime.Time, last), ev.Series.Count
 	}
-	first = cmp.Or(first, ev.EventTime.Time, ev.CreationTimestamp.Time)
-	last = cmp.Or(last, ev.EventTime.Time, first)
+	first = firstSet(first, ev.EventTime.Time, ev.CreationTimestamp.Time)
+	last = firstSet(last, ev.EventTime.Time, first)
 	return first, last, max(count, 1)
+}
+
+// firstSet returns the first of ts that is not zero, or the zero time.
+func firstSet(ts ...time.Time) time.Time {
+	for _, t := range ts {
+		if !t.IsZero() {
+			return t
+		}
+	}
+	return time.Time{}
 }
 
 // refusals groups the FailedCreate Events whose message names a
