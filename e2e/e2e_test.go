@@ -99,6 +99,7 @@ var workerLeases = []string{
 	"restartall-leader",                         // TestRestartAllContainersResumes
 	"preempt-leader",                            // TestPreemptionHandsOver
 	"token-user-leader", "token-fsgroup-leader", // TestTokenFileOnARealKubelet
+	"waiting-leader", // TestRolloutWaitsForTheWebhook
 }
 
 var cluster struct {

@@ -291,8 +291,10 @@ type chartWebhook struct {
 	release, ns, podNs, secretName string
 	port                           int
 	certDir                        string
-	cmd                            *exec.Cmd
-	exited                         <-chan error
+	// args are the process's (runMain's), to start it again.
+	args   string
+	cmd    *exec.Cmd
+	exited <-chan error
 }
 
 // startChartWebhook installs the chart's webhook objects with
@@ -321,8 +323,9 @@ func startChartWebhook(t *testing.T, env *kubetest.Env, failurePolicy string) *c
 	}
 	charttest.Create(t, env.Config, objs)
 	kubeconfig := clitest.ServiceAccountKubeconfig(t, env, w.ns, sa, authorizationv1.ResourceAttributes{Namespace: w.ns, Verb: "list", Resource: "secrets", Name: w.secretName})
-	w.cmd, w.exited = runMain(t, fmt.Sprintf("webhook --kubeconfig %s --port %d --cert-dir %s --namespace %s --cert-secret %s --webhook-config %s --service %s --cert-dns-names localhost --metrics-addr 0 --health-addr 127.0.0.1:0 --image handoff:test",
-		kubeconfig, w.port, w.certDir, w.ns, w.secretName, w.release, sa))
+	w.args = fmt.Sprintf("webhook --kubeconfig %s --port %d --cert-dir %s --namespace %s --cert-secret %s --webhook-config %s --service %s --cert-dns-names localhost --metrics-addr 0 --health-addr 127.0.0.1:0 --image handoff:test",
+		kubeconfig, w.port, w.certDir, w.ns, w.secretName, w.release, sa)
+	w.cmd, w.exited = runMain(t, w.args)
 	return w
 }
 

@@ -1,7 +1,8 @@
 // Package check is the check command: checks of a handoff installation
 // against the cluster, as linkerd check runs them. The checks are data
 // (checks.go, one table), run and printed by one runner (runner.go); each
-// check's work is a function of the cluster it reads (cluster.go).
+// check's work is a function of the cluster it reads (cluster.go; the
+// require-injection policy's, refused.go, with its pure parts apart).
 package check
 
 import (
@@ -22,12 +23,15 @@ did not pass; it exits non-zero when a check failed (warnings do not).
 
 Without --pre, the live checks: the API server and its version; the
 webhook's MutatingWebhookConfiguration (label app.kubernetes.io/part-of=
-handoff), its caBundle and its expiry, its Service's ready endpoints; a
-server-side dry run of a pod labelled handoff.dev/inject=true in -n's
-namespace, which must come back injected (with failurePolicy Ignore, a
-webhook the API server cannot reach lets pods start without the sidecar,
-and only this shows it); then, for the injected pods of -n's namespace (all
-with -A): pods labelled for injection that run without the sidecar,
+handoff), its caBundle and its expiry, its Service's ready endpoints, its
+require-injection ValidatingAdmissionPolicy and binding (a warning when a
+webhook that fails open has none); a server-side dry run of a pod labelled
+handoff.dev/inject=true in -n's namespace, which must come back injected
+(with failurePolicy Ignore, a webhook the API server cannot reach lets
+pods start without the sidecar, and only this shows it); then, for -n's
+namespace (all with -A): the workloads whose pods the require-injection
+policy refused in the last 30 minutes (their FailedCreate Events) and that
+still wait for them, pods labelled for injection that run without the sidecar,
 sidecars older than the webhook, each pod's service account allowed to
 update its Leases and no other (SubjectAccessReview), and each pod's time
 budgets (its sidecar's lease duration, renew deadline and retry period,
