@@ -41,7 +41,13 @@ func (c checkRun) status(id string) string {
 // handoffCheck runs `handoff check -n namespace -o json` on the cluster.
 func handoffCheck(t *testing.T) (checkRun, string) {
 	t.Helper()
-	out, _ := exec.Command(mustCLI(t), "check", "--kubeconfig", cluster.kubeconfig, "-n", namespace, "-o", "json").Output()
+	return handoffCheckIn(t, namespace)
+}
+
+// handoffCheckIn runs `handoff check -n ns -o json` on the cluster.
+func handoffCheckIn(t *testing.T, ns string) (checkRun, string) {
+	t.Helper()
+	out, _ := exec.Command(mustCLI(t), "check", "--kubeconfig", cluster.kubeconfig, "-n", ns, "-o", "json").Output()
 	var r checkRun
 	if err := json.Unmarshal(out, &r); err != nil {
 		t.Fatalf("handoff check -o json: %v\n%s", err, out)

@@ -147,6 +147,13 @@ func TestQuickstart(t *testing.T) {
 		}
 	}
 
+	// handoff check, which the README points at, passes the quickstart's
+	// own set-up (its lease-rbac once took the workload chart's ClusterRole
+	// for a Role that grants Leases by no name).
+	if r, raw := handoffCheckIn(t, quickstartNamespace); !r.Success || r.status("lease-rbac") != "ok" {
+		t.Errorf("handoff check -n %s on the quickstart's set-up:\n%s", quickstartNamespace, raw)
+	}
+
 	// The rollout restart replaced injected pods: each handed over.
 	deadline := time.Now().Add(30 * time.Second)
 	for {

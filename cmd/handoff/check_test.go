@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/inject"
+	"github.com/handoff-dev/handoff/internal/charttest"
 	"github.com/handoff-dev/handoff/internal/cli/check"
 	"github.com/handoff-dev/handoff/internal/cli/command"
 	"github.com/handoff-dev/handoff/internal/kubetest"
@@ -278,5 +280,55 @@ func TestCheckPassesAHealthyInstallAndNamesEachBreak(t *testing.T) {
 	expectChecks(t, "a caBundle that is not a certificate", r, raw, map[string]string{"webhook-ca-bundle": checkFailed, "webhook-ca-expiry": checkSkipped})
 	if !strings.Contains(raw, checkHintBase+"webhook-ca-bundle") {
 		t.Errorf("a failed check gives no hint URL:\n%s", raw)
+	}
+}
+
+// A workload enabled the README quickstart's way, with the handoff-workload
+// chart: RBAC grants its service account every Lease of its namespace
+// through the ClusterRole <release>-sidecar, and the admission policy
+// <release>-sidecar-lease-grants refuses its writes of a Lease it is not
+// granted hold on by name. lease-rbac passes it (it failed it before,
+// taking the ClusterRole for a Role that grants Leases by no name), and
+// fails it, naming the Lease and the policy, once the grant of hold is gone.
+func TestCheckLeaseRBACKnowsSelfService(t *testing.T) {
+	env := kubetest.Get(t)
+	ctx := context.Background()
+	w := startChartWebhook(t, env, "Ignore")
+	w.rotated(t, nil)
+	ns := w.podNs
+	kube := env.Client
+	charttest.Create(t, env.Config, charttest.Render(t, w.release, w.ns, "--show-only", "templates/sidecar-self-service.yaml"))
+	charttest.Create(t, env.Config, charttest.Decode(t, charttest.Helm(t, "template", "mail-handoff", filepath.Join(charttest.Root(t), "charts", "handoff-workload"),
+		"--namespace", ns, "--kube-version", "1.35.0", "--show-only", "templates/rbac.yaml",
+		"--set", "serviceAccount.name=mail", "--set", "leases={mail-leader}", "--set", "sidecarClusterRole="+w.release+"-sidecar")))
+	kubetest.WaitFor(t, 60*time.Second, "a pod injected through the webhook", func() bool {
+		p, err := kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "mail-0", Labels: map[string]string{inject.LabelInject: "true"}, Annotations: map[string]string{config.AnnotationPrefix + "leases": "mail-leader"}},
+			Spec:       corev1.PodSpec{ServiceAccountName: "mail", Containers: []corev1.Container{{Name: "worker", Image: "worker:1"}}},
+		}, metav1.CreateOptions{})
+		if err == nil && p.Labels[inject.LabelInjected] != "true" {
+			_ = kube.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+			return false
+		}
+		return err == nil
+	})
+
+	args := []string{"--kubeconfig", env.Kubeconfig, "-n", ns}
+	r, raw, _ := runCheck(t, args...)
+	expectChecks(t, "self-service", r, raw, map[string]string{"lease-rbac": checkOK})
+
+	if err := kube.RbacV1().Roles(ns).Delete(ctx, "handoff-leases-mail", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	kubetest.WaitFor(t, 10*time.Second, "lease-rbac to fail without the grant of hold", func() bool {
+		r, raw, _ = runCheck(t, args...)
+		out = raw
+		return r.statuses()["lease-rbac"] == checkFailed
+	})
+	for _, want := range []string{"is not granted hold on its Leases mail-leader", w.release + "-sidecar-lease-grants"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("lease-rbac without the grant of hold: the output does not say %q:\n%s", want, out)
+		}
 	}
 }

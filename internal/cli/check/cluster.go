@@ -17,6 +17,7 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
@@ -356,11 +357,76 @@ func checkLeaseRBAC(ctx context.Context, e *checkEnv) (string, error) {
 		if ok, err := allowed("update", other); err != nil {
 			return "", err
 		} else if ok {
-			errs = append(errs, fmt.Errorf("%s/%s may update Leases it does not name (%s among them): a Role grants it Leases by no name", a.ns, a.sa, other))
+			// Self-service (the handoff-workload chart): RBAC grants every
+			// Lease through the ClusterRole <release>-sidecar, and the
+			// admission policy <release>-sidecar-lease-grants refuses the
+			// writes of any Lease not granted hold by name.
+			policy, err := selfServiceLeasePolicy(ctx, e, may)
+			if err != nil {
+				return "", err
+			}
+			if policy == "" {
+				errs = append(errs, fmt.Errorf("%s/%s may update Leases it does not name (%s among them): a Role grants it Leases by no name", a.ns, a.sa, other))
+			} else {
+				var ungranted []string
+				for _, l := range slices.Sorted(maps.Keys(names)) {
+					ok, err := may(authorizationv1.ResourceAttributes{Verb: "hold", Group: "handoff.dev", Resource: "leases", Name: l})
+					if err != nil {
+						return "", err
+					}
+					if !ok {
+						ungranted = append(ungranted, l)
+					}
+				}
+				if len(ungranted) > 0 {
+					errs = append(errs, fmt.Errorf("%s/%s is not granted hold on its Leases %s: the admission policy %s refuses its writes of them (name them in its handoff-workload release's leases, or in a Role granting hold on handoff.dev/leases by name)", a.ns, a.sa, strings.Join(ungranted, ", "), policy))
+				}
+			}
 		}
 		checked++
 	}
 	return fmt.Sprintf("%d service accounts", checked), errors.Join(errs...)
+}
+
+// leaseGrantsSuffix ends the name of the chart's self-service Lease
+// policy and its binding: <fullname>-sidecar-lease-grants, where <fullname>
+// names its MutatingWebhookConfiguration (sidecar-self-service.yaml).
+const leaseGrantsSuffix = "-sidecar-lease-grants"
+
+// selfServiceLeasePolicy returns the name of the admission policy that
+// limits a self-service sidecar account's Lease writes to the Leases it is
+// granted hold on, when may (a SubjectAccessReview as that account) says
+// it holds the self-service mark (use of handoff.dev/sidecars, and not of
+// handoff.dev/wildcard-probe, which only a wildcard grants) and a handoff
+// webhook configuration found by webhook-config has that policy with a
+// binding that denies; "" otherwise.
+func selfServiceLeasePolicy(ctx context.Context, e *checkEnv, may func(authorizationv1.ResourceAttributes) (bool, error)) (string, error) {
+	marked, err := may(authorizationv1.ResourceAttributes{Verb: "use", Group: "handoff.dev", Resource: "sidecars"})
+	if err != nil || !marked {
+		return "", err
+	}
+	wildcard, err := may(authorizationv1.ResourceAttributes{Verb: "use", Group: "handoff.dev", Resource: "wildcard-probe"})
+	if err != nil || wildcard {
+		return "", err
+	}
+	for _, cfg := range e.configs {
+		name := cfg.Name + leaseGrantsSuffix
+		if _, err := e.client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			continue
+		} else if err != nil {
+			return "", err
+		}
+		b, err := e.client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		} else if err != nil {
+			return "", err
+		}
+		if b.Spec.PolicyName == name && slices.Contains(b.Spec.ValidationActions, admissionregistrationv1.Deny) {
+			return name, nil
+		}
+	}
+	return "", nil
 }
 
 // checkBudgets loads each injected pod's sidecar settings as the sidecar
