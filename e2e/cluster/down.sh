@@ -42,6 +42,24 @@ for ipt in iptables ip6tables; do
     done
   done
 done
+# kube-router's firewall (up.sh records this in its undo): the jumps it
+# added to INPUT, FORWARD and OUTPUT, its chains, and its ipsets. Its own
+# --cleanup-config leaves them (and then crashes in its IPVS cleanup).
+kube_router_cleanup() {
+  local ipt chains c
+  for ipt in iptables ip6tables; do
+    command -v "$ipt" >/dev/null || continue
+    "$ipt-save" -t filter 2>/dev/null | grep -- '--comment "kube-router netpol' | grep '^-A ' | sed 's/^-A /-D /' |
+      while read -r rule; do eval "$ipt -t filter $rule" || true; done
+    chains=$("$ipt-save" -t filter 2>/dev/null | sed -n 's/^:\(KUBE-\(ROUTER\|POD-FW\|NWPLCY\|SRC\|DST\)[-A-Z0-9]*\) .*/\1/p')
+    for c in $chains; do "$ipt" -t filter -F "$c"; done
+    for c in $chains; do "$ipt" -t filter -X "$c"; done
+  done
+  if command -v ipset >/dev/null; then
+    ipset list -n 2>/dev/null | grep -E '^(KUBE-(DST|SRC)-|kube-router-)' | while read -r set; do ipset destroy "$set"; done
+  fi
+  return 0
+}
 tac "$RUN/undo" | while read -r line; do eval "$line" >/dev/null 2>&1 || log "could not undo: $line"; done
 rm -f "$RUN/pids"
 if [ "${2:-}" != --keep ]; then rm -rf "$RUN"; fi

@@ -229,7 +229,7 @@ KUBE_ROUTER=$(bash hack/tools.sh)/kube-router
 start kube-router "$KUBE_ROUTER" --run-firewall --run-router=false --run-service-proxy=false \
   --kubeconfig "$KUBECONFIG" --hostname-override 127.0.0.1 --service-cluster-ip-range "$SERVICE_CIDR" \
   --health-port 20244 --metrics-port 0 --iptables-sync-period 1m
-echo "$KUBE_ROUTER --cleanup-config" >>"$RUN/undo"
+echo "kube_router_cleanup" >>"$RUN/undo" # down.sh's
 wait_for kube-router 60 bash -c 'exec 3<>/dev/tcp/127.0.0.1/20244 && printf "GET /healthz HTTP/1.0\r\n\r\n" >&3 && grep -q "200 OK" <&3'
 log "node Ready; kubeconfig $KUBECONFIG; stop with e2e/cluster/down.sh $RUN"
 echo "$KUBECONFIG"
