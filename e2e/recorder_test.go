@@ -221,6 +221,28 @@ func (r *recorder) checkTerms(t *testing.T, lease string) {
 	t.Logf("Lease %s, each change of holder:\n%s", lease, r.changesLocked())
 }
 
+// moves counts how many times the Lease passed from one pod to another
+// between from and to (a free Lease between two holders is no move; the
+// same pod's new elector is none either), and returns the pods that held
+// it in turn, the holder at from first.
+func (r *recorder) moves(from, to time.Time) (int, []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var path []string
+	if h := podOf(r.holderAtLocked(from)); h != "" {
+		path = append(path, h)
+	}
+	for _, o := range r.holders {
+		if !o.at.After(from) || o.at.After(to) {
+			continue
+		}
+		if h := podOf(o.holder); h != "" && (len(path) == 0 || path[len(path)-1] != h) {
+			path = append(path, h)
+		}
+	}
+	return max(len(path)-1, 0), path
+}
+
 // changes is the Lease's each change of holder, a line each.
 func (r *recorder) changes() string {
 	r.mu.Lock()

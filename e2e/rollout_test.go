@@ -89,6 +89,11 @@ type rolloutRun struct {
 	// backlog is a pod deleted while it held claimed batches it had not
 	// started (deleteBackloggedPod).
 	backlog *replacedPod
+	// moves is how many times the Lease passed from one pod to another
+	// during the rollout (from the restart until every old pod was gone),
+	// and path the pods that held it in turn (recorder.moves).
+	moves int
+	path  []string
 }
 
 // restartUnderLoad deploys 3 workers named name, restarts them under load
@@ -149,10 +154,13 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 		alerts = promBefore(t)
 	}
 	restart := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"e2e/restartedAt":%q}}}}}`, time.Now().Format(time.RFC3339Nano))
+	restartAt := time.Now()
 	if _, err := cluster.kube.AppsV1().Deployments(namespace).Patch(ctx, name, types.StrategicMergePatchType, []byte(restart), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitRollout(t, name, 3*time.Minute)
+	run.moves, run.path = run.rec.moves(restartAt, time.Now())
+	t.Logf("Lease %s during the rollout: %d moves, held in turn by %s", lease, run.moves, strings.Join(run.path, " → "))
 	time.Sleep(3 * time.Second)
 	stopLoad()
 	load.Wait()
@@ -492,6 +500,7 @@ back at stop-claiming) was claimed by another pod; the baseline has no such hand
 		row(fmt.Sprintf("backlogged pod: unstarted claims claimed again (%d; baseline: its %d unfinished)", b.handedBack, bo.unfinished),
 			b.handedClaimed, bo.claimed)
 	}
+	fmt.Fprintf(tw, "Lease moves in the rollout (pod to pod; the least possible is 1)\t%d\t%d\n", with.moves, without.moves)
 	fmt.Fprintf(tw, "unfinished claims at termination (all pods)\t%d\t%d\n", w.unfinished, wo.unfinished)
 	late := "-"
 	if w.returned > 0 {
