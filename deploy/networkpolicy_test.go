@@ -16,9 +16,9 @@ import (
 	"github.com/handoff-dev/handoff/internal/kubetest"
 )
 
-// No network plugin here enforces NetworkPolicy (the e2e cluster runs
-// Debian's bridge CNI plugin), so the chart's policies are checked in two
-// ways: the apiserver validates and defaults each rendered policy (a
+// Here, without a network plugin (the e2e suite's TestNetworkPoliciesOnlyNarrow
+// tries them on a cluster where kube-router enforces them), the chart's
+// policies are checked in two ways: the apiserver validates and defaults each rendered policy (a
 // server-side dry run), and what comes back is evaluated port by port under
 // the NetworkPolicy rules (a rule with no from admits any peer; a port with
 // no number is every port of its protocol; endPort closes a range). The
