@@ -16,13 +16,14 @@ import (
 	"github.com/handoff-dev/handoff/internal/kubetest"
 )
 
-// Here, without a network plugin (the e2e suite's TestNetworkPoliciesOnlyNarrow
-// tries them on a cluster where kube-router enforces them), the chart's
-// policies are checked in two ways: the apiserver validates and defaults each rendered policy (a
-// server-side dry run), and what comes back is evaluated port by port under
-// the NetworkPolicy rules (a rule with no from admits any peer; a port with
-// no number is every port of its protocol; endPort closes a range). The
-// node's own traffic, which a policy always admits, is left out.
+// Here, without a network plugin (the e2e suite's
+// TestNetworkPoliciesOnlyNarrow tries them on a cluster where kube-router
+// enforces them), the chart's policies are checked in two ways: the
+// apiserver validates and defaults each rendered policy (a server-side dry
+// run), and what comes back is evaluated port by port under the
+// NetworkPolicy rules (a rule with no from admits any peer; a port with no
+// number is every port of its protocol; endPort closes a range). The node's
+// own traffic, which a policy always admits, is left out.
 
 // admits reports whether np admits TCP, UDP or SCTP traffic to port from
 // peer: nil is any peer, which only a rule without from admits.
