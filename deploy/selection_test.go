@@ -74,9 +74,9 @@ func TestWebhookIsSentOnlySelectedPods(t *testing.T) {
 				})
 			}()
 			for _, p := range tc.pods {
-				if got := sentToWebhook(t, nsOf(p), p.label, p.annotation); got != p.asks {
+				if got := sentToWebhook(t, nsOf(p), p.label, p.annotation); got != p.sent {
 					t.Errorf("pod in namespace labelled %v, label %q, annotation %q: sent to the webhook %v; want %v",
-						p.labelledNamespace, p.label, p.annotation, got, p.asks)
+						p.labelledNamespace, p.label, p.annotation, got, p.sent)
 				}
 			}
 		})
@@ -85,42 +85,49 @@ func TestWebhookIsSentOnlySelectedPods(t *testing.T) {
 
 // selectionPod is a pod of selectionTable: in a namespace labelled
 // handoff.dev/inject=true or not, with the label and annotation
-// handoff.dev/inject given ("" for none), and whether it asks for
-// injection under its webhook.selectBy. The webhook is sent exactly the
-// pods that ask (TestWebhookIsSentOnlySelectedPods), and the
-// require-injection policy refuses exactly those that ask and were not
-// injected (TestUninjectedPodsThatAskAreRefused).
+// handoff.dev/inject given ("" for none); whether its webhook.selectBy
+// has the API server send it to the webhook (TestWebhookIsSentOnlySelectedPods),
+// and whether it asks for injection: sent, and its own label or annotation
+// "true", which is what the webhook injects (inject.wanted). The
+// require-injection policy refuses exactly the pods that ask and were not
+// injected (TestUninjectedPodsThatAskAreRefused), and none while the
+// webhook is up (TestRequireInjectionRefusesNothingWhileTheWebhookIsUp): a
+// pod of a labelled namespace that does not ask itself is sent, so that
+// its annotations are read, and created as it is.
 type selectionPod struct {
 	labelledNamespace bool
 	label, annotation string
-	asks              bool
+	sent, asks        bool
 }
 
-// selectionTable is the pods of each webhook.selectBy; its first pod asks.
+// selectionTable is the pods of each webhook.selectBy; its first pod is
+// sent and asks.
 var selectionTable = []struct {
 	selectBy string
 	pods     []selectionPod
 }{
 	{"pod", []selectionPod{
-		{label: "true", asks: true},
-		{labelledNamespace: true, label: "true", asks: true},
+		{label: "true", sent: true, asks: true},
+		{labelledNamespace: true, label: "true", sent: true, asks: true},
 		{},
 		{annotation: "true"}, // the trade-off: not seen
 		{label: "false"},
 		{labelledNamespace: true},
 	}},
 	{"namespace", []selectionPod{
-		{labelledNamespace: true, asks: true},
-		{labelledNamespace: true, annotation: "true", asks: true},
-		{labelledNamespace: true, label: "true", asks: true},
+		{labelledNamespace: true, annotation: "true", sent: true, asks: true},
+		{labelledNamespace: true, label: "true", sent: true, asks: true},
+		{labelledNamespace: true, sent: true}, // seen, so its annotations are read; it does not ask
+		{labelledNamespace: true, annotation: "false", sent: true},
 		{labelledNamespace: true, label: "false"},
 		{label: "true"},
 		{},
 	}},
 	{"podOrNamespace", []selectionPod{
-		{label: "true", asks: true},
-		{labelledNamespace: true, asks: true},
-		{labelledNamespace: true, label: "true", asks: true},
+		{label: "true", sent: true, asks: true},
+		{labelledNamespace: true, annotation: "true", sent: true, asks: true},
+		{labelledNamespace: true, label: "true", sent: true, asks: true},
+		{labelledNamespace: true, sent: true},
 		{labelledNamespace: true, label: "false"},
 		{},
 		{annotation: "true"},
