@@ -42,7 +42,7 @@ func helm(t *testing.T, args ...string) []byte {
 
 func TestChartLints(t *testing.T) {
 	for _, set := range []string{"", "certs.certManager.enabled=true,rbac.sidecarBindings[0].namespace=shop,rbac.sidecarBindings[0].serviceAccount=orders,rbac.sidecarBindings[0].leases={orders-leader}",
-		"createNamespace=true,namespacePodSecurity=baseline,webhook.metricsSecure=false,rbac.webhookCABundleOnly=false,networkPolicy.sidecar.workerIngress[0].ports[0].port=8000,networkPolicy.sidecar.namespaces={shop},networkPolicy.scraper.namespaceSelector.matchLabels.team=monitoring"} {
+		"createNamespace=true,namespacePodSecurity=baseline,webhook.metricsSecure=false,rbac.webhookCABundleOnly=false,networkPolicy.sidecar.workerIngress[0].from[0].podSelector.matchLabels.app=frontend,networkPolicy.sidecar.workerIngress[0].ports[0].port=8000,networkPolicy.sidecar.namespaces={shop},networkPolicy.scraper.namespaceSelector.matchLabels.team=monitoring"} {
 		args := []string{"lint", "--strict", "../charts/handoff"}
 		if set != "" {
 			args = append(args, "--set", set)

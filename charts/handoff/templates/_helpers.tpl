@@ -128,8 +128,8 @@ no pod may scrape (the node still may).
 */}}
 {{- define "handoff.scraperPeer" -}}
 {{- $peer := dict }}
-{{- with .Values.networkPolicy.scraper.namespaceSelector }}{{ $_ := set $peer "namespaceSelector" . }}{{ end }}
-{{- with .Values.networkPolicy.scraper.podSelector }}{{ $_ := set $peer "podSelector" . }}{{ end }}
+{{- with .Values.networkPolicy.scraper.namespaceSelector }}{{ if or .matchLabels .matchExpressions }}{{ $_ := set $peer "namespaceSelector" . }}{{ end }}{{ end }}
+{{- with .Values.networkPolicy.scraper.podSelector }}{{ if or .matchLabels .matchExpressions }}{{ $_ := set $peer "podSelector" . }}{{ end }}{{ end }}
 {{- if $peer }}{{ toJson $peer }}{{ end }}
 {{- end }}
 
