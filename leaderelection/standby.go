@@ -46,6 +46,7 @@ type watchedLeases struct {
 	// no deadline of their own.
 	writeTimeout time.Duration
 	clock        clock.Clock
+	trace        func(Hop) // Config.Trace
 
 	answered bool      // a Get has been answered
 	last     []byte    // the record in the last answer
@@ -122,6 +123,9 @@ func (c *watchedLeases) get(ctx context.Context, api coordinationv1client.LeaseI
 		free := lease == nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == ""
 		if !c.answered || free || !bytes.Equal(raw, c.last) || !now.Before(c.expires) {
 			c.answer(lease, raw, now)
+			if free && c.trace != nil {
+				c.trace(HopFreeAnswered)
+			}
 			if lease == nil {
 				return nil, apierrors.NewNotFound(coordinationv1.Resource("leases"), name)
 			}
