@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -26,6 +28,37 @@ type floor struct {
 	// (the release), its watch event received, and a write sent at once
 	// (the acquire) acknowledged.
 	path []time.Duration
+	// fsync is a 4 KiB write and fsync of a file in the temporary
+	// directory, where envtest's etcd keeps its data: etcd syncs its WAL
+	// once per write (or batch of writes) before answering.
+	fsync []time.Duration
+}
+
+// measureFsync writes 4 KiB to a file in os.TempDir and syncs it, at
+// random intervals, until ctx ends.
+func measureFsync(ctx context.Context) ([]time.Duration, error) {
+	f, err := os.CreateTemp("", "takeover-fsync-*")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close(); _ = os.Remove(f.Name()) }()
+	buf := make([]byte, 4096)
+	var out []time.Duration
+	for {
+		select {
+		case <-ctx.Done():
+			return out, nil
+		case <-time.After(50*time.Millisecond + rand.N(200*time.Millisecond)):
+		}
+		start := time.Now()
+		if _, err := f.WriteAt(buf, 0); err != nil {
+			return out, err
+		}
+		if err := f.Sync(); err != nil {
+			return out, err
+		}
+		out = append(out, time.Since(start))
+	}
 }
 
 // measureFloor writes a Lease of its own over and over (a release-like
@@ -33,8 +66,14 @@ type floor struct {
 // intervals, until ctx ends, through a client built from cfg as the
 // candidates' are, watching it with a raw watch (field selector on its name)
 // as a standby's informer does.
-func measureFloor(ctx context.Context, cfg *rest.Config) (floor, error) {
-	var fl floor
+func measureFloor(ctx context.Context, cfg *rest.Config) (fl floor, err error) {
+	var (
+		fsync    []time.Duration
+		fsyncErr error
+		fsyncs   sync.WaitGroup
+	)
+	fsyncs.Go(func() { fsync, fsyncErr = measureFsync(ctx) })
+	defer func() { fsyncs.Wait(); fl.fsync, err = fsync, errors.Join(err, fsyncErr) }()
 	leases := kubernetes.NewForConfigOrDie(cfg).CoordinationV1().Leases(namespace)
 	name := "floor"
 	l, err := leases.Create(ctx, &coordinationv1.Lease{

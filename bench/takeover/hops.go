@@ -69,4 +69,5 @@ func printHops(hs []handover, fl floor) {
 	fmt.Printf("    %-54s %s\n", "write acknowledged -> watch event received", stats.Summary(fl.event))
 	fmt.Printf("    %-54s %s\n", "write sent -> watch event received", stats.Summary(fl.sentToEvent))
 	fmt.Printf("    %-54s %s\n", "floor path: ack -> event -> next write acknowledged", stats.Summary(fl.path))
+	fmt.Printf("    %-54s %s\n", "disk: 4 KiB write + fsync in etcd's directory", stats.Summary(fl.fsync))
 }
