@@ -25,7 +25,7 @@ const (
 	HopAcquireAcked
 )
 
-// String is the hop's name as bench/takeover prints it.
+// String is the hop's short name, for logs and test failures.
 func (h Hop) String() string {
 	switch h {
 	case HopReleaseSent:
