@@ -29,8 +29,9 @@ type floor struct {
 	// (the acquire) acknowledged.
 	path []time.Duration
 	// fsync is a 4 KiB write and fsync of a file in the temporary
-	// directory, where envtest's etcd keeps its data: etcd syncs its WAL
-	// once per write (or batch of writes) before answering.
+	// directory, where envtest's etcd keeps its data. It is not in the
+	// writes above: envtest runs etcd with --unsafe-no-fsync. A real etcd
+	// syncs its WAL before answering a write, and would add about this.
 	fsync []time.Duration
 }
 

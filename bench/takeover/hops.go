@@ -70,4 +70,5 @@ func printHops(hs []handover, fl floor) {
 	fmt.Printf("    %-54s %s\n", "write sent -> watch event received", stats.Summary(fl.sentToEvent))
 	fmt.Printf("    %-54s %s\n", "floor path: ack -> event -> next write acknowledged", stats.Summary(fl.path))
 	fmt.Printf("    %-54s %s\n", "disk: 4 KiB write + fsync in etcd's directory", stats.Summary(fl.fsync))
+	fmt.Printf("      (not in the writes above: envtest's etcd runs with --unsafe-no-fsync; a real etcd adds its WAL sync to each)\n")
 }
