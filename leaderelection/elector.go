@@ -66,6 +66,11 @@ type Config struct {
 	// the real clock for its own retries and record stamps: its config
 	// takes no clock.
 	Clock clock.Clock
+	// Trace, if set, is called at each Hop of a release and of a takeover,
+	// on the goroutine that reaches it, for measurement (bench/takeover
+	// takes the time in it); it must not block. nil in production: each
+	// hop then costs a nil check.
+	Trace func(Hop)
 }
 
 // maxReleaseWrites bounds the release writes of one release: client-go
@@ -179,7 +184,7 @@ func (e *Elector) Run(ctx context.Context) {
 	// the ones client-go sends right after the acquisition, by its clock.
 	own := &ownWrite{clock: clock.RealClock{}}
 	for ctx.Err() == nil {
-		w := newLeaseWatch(e.cfg.Leases.Leases(e.cfg.Namespace), e.cfg.Namespace, e.cfg.Name)
+		w := newLeaseWatch(e.cfg.Leases.Leases(e.cfg.Namespace), e.cfg.Namespace, e.cfg.Name, e.cfg.Trace)
 		wctx, stop := context.WithCancel(ctx)
 		watches.Go(func() { w.run(wctx) })
 		acquired := e.standby(ctx, w, own)
@@ -199,7 +204,7 @@ func (e *Elector) standby(ctx context.Context, w *leaseWatch, own *ownWrite) boo
 	lock := &observedLock{
 		// Its Gets wait on the watch, unbounded; the reads and writes it
 		// sends to the API are bounded per request.
-		Interface: e.leaseLock(&watchedLeases{LeasesGetter: ownLeases{LeasesGetter: e.bounded(), own: own}, watch: w, retryPeriod: e.cfg.RetryPeriod, writeTimeout: e.cfg.RenewDeadline, clock: e.cfg.Clock}),
+		Interface: e.leaseLock(&watchedLeases{LeasesGetter: ownLeases{LeasesGetter: e.bounded(), own: own}, watch: w, retryPeriod: e.cfg.RetryPeriod, writeTimeout: e.cfg.RenewDeadline, clock: e.cfg.Clock, trace: e.cfg.Trace}),
 		e:         e,
 		restamp:   true,
 		// Stop before client-go's first renewal at the short retry period:
@@ -432,6 +437,7 @@ func (l *observedLock) Create(ctx context.Context, r rl.LeaderElectionRecord) er
 	start := l.e.cfg.Clock.Now()
 	if l.restamp {
 		r = stamped(r, start)
+		l.e.trace(HopAcquireSent)
 	}
 	if err := l.Interface.Create(ctx, r); err != nil {
 		l.lastErr = err
@@ -453,6 +459,7 @@ func (l *observedLock) Update(ctx context.Context, r rl.LeaderElectionRecord) er
 	start := l.e.cfg.Clock.Now()
 	if l.restamp {
 		r = stamped(r, start)
+		l.e.trace(HopAcquireSent)
 	}
 	if err := l.Interface.Update(ctx, r); err != nil {
 		l.lastErr = err
@@ -485,6 +492,9 @@ func (l *observedLock) unsure(err error) {
 }
 
 func (l *observedLock) wrote(r rl.LeaderElectionRecord, start time.Time) {
+	if l.restamp {
+		l.e.trace(HopAcquireAcked)
+	}
 	l.e.wrote(r, start)
 	if l.acquired != nil {
 		l.acquired()
@@ -554,10 +564,12 @@ func (l *observedLock) writeRelease(ctx context.Context, r rl.LeaderElectionReco
 		// %v, not %w: a wrapped conflict would make client-go retry again.
 		return fmt.Errorf("not released: %d release writes met conflicts; last: %v", maxReleaseWrites, last) //nolint:errorlint // see above
 	}
+	l.e.trace(HopReleaseSent)
 	if err := l.Interface.Update(ctx, r); err != nil {
 		// Wrapped with %w: client-go retries a conflict (apierrors.IsConflict
 		// looks through the wrapping).
 		return fmt.Errorf("not released: the release write failed: %w", err)
 	}
+	l.e.trace(HopReleaseAcked)
 	return nil
 }

@@ -18,8 +18,15 @@ import (
 
 // wakePeriod is the retry period of a standby's client-go elector. The
 // elector's Gets wait on the watch, so a short period costs no requests: it
-// only bounds how soon after a change the elector reads again.
-const wakePeriod = 10 * time.Millisecond
+// only bounds how soon after a change the elector reads again. That matters
+// when the Lease is released just after a renewal: the elector, handed the
+// renewal, sleeps one to 2.2 periods (client-go's jitter) before its next
+// Get, and sees the release only then. At 10 ms that was up to 22 ms for a
+// release in the 10-22 ms after a renewal (about one in 120 with a renewal
+// every 2 s; bench/takeover's "watch sees it -> standby's elector handed it"
+// hop); at 1 ms it is at most 2.2 ms. The elector still wakes once per
+// change of the Lease, and never sends a request for it.
+const wakePeriod = time.Millisecond
 
 // watchedLeases is the Leases client of a standby's LeaseLock. Its Get
 // waits until the watched Lease changes, is free (no holder, or missing), or
@@ -46,6 +53,7 @@ type watchedLeases struct {
 	// no deadline of their own.
 	writeTimeout time.Duration
 	clock        clock.Clock
+	trace        func(Hop) // Config.Trace
 
 	answered bool      // a Get has been answered
 	last     []byte    // the record in the last answer
@@ -122,6 +130,9 @@ func (c *watchedLeases) get(ctx context.Context, api coordinationv1client.LeaseI
 		free := lease == nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == ""
 		if !c.answered || free || !bytes.Equal(raw, c.last) || !now.Before(c.expires) {
 			c.answer(lease, raw, now)
+			if free && c.trace != nil {
+				c.trace(HopFreeAnswered)
+			}
 			if lease == nil {
 				return nil, apierrors.NewNotFound(coordinationv1.Resource("leases"), name)
 			}

@@ -25,7 +25,9 @@ type leaseWatch struct {
 	changed chan struct{} // closed at the next event
 }
 
-func newLeaseWatch(leases coordinationv1client.LeaseInterface, namespace, name string) *leaseWatch {
+// trace, if set, is called with HopFreeSeen when an event shows the Lease
+// free.
+func newLeaseWatch(leases coordinationv1client.LeaseInterface, namespace, name string, trace func(Hop)) *leaseWatch {
 	byName := fields.OneTermEqualSelector("metadata.name", name).String()
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -44,9 +46,14 @@ func newLeaseWatch(leases coordinationv1client.LeaseInterface, namespace, name s
 	}
 	// Registered before Run, so it cannot fail.
 	_, _ = w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { w.notify() },
-		UpdateFunc: func(any, any) { w.notify() },
-		DeleteFunc: func(any) { w.notify() },
+		AddFunc:    func(obj any) { w.seen(obj, trace); w.notify() },
+		UpdateFunc: func(_, obj any) { w.seen(obj, trace); w.notify() },
+		DeleteFunc: func(any) {
+			if trace != nil {
+				trace(HopFreeSeen)
+			}
+			w.notify()
+		},
 	})
 	return w
 }
@@ -54,6 +61,16 @@ func newLeaseWatch(leases coordinationv1client.LeaseInterface, namespace, name s
 // run lists and watches until ctx ends, re-establishing the watch as
 // client-go's reflector does.
 func (w *leaseWatch) run(ctx context.Context) { w.informer.RunWithContext(ctx) }
+
+// seen calls trace with HopFreeSeen when obj is a Lease with no holder.
+func (w *leaseWatch) seen(obj any, trace func(Hop)) {
+	if trace == nil {
+		return
+	}
+	if l, ok := obj.(*coordinationv1.Lease); ok && (l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "") {
+		trace(HopFreeSeen)
+	}
+}
 
 func (w *leaseWatch) notify() {
 	w.mu.Lock()

@@ -3,10 +3,13 @@
 // election with the same timings, in one run:
 //
 //   - handover latency: from the holder's release write being acknowledged
-//     to the standby leading (its own acquiring write acknowledged);
+//     to the standby leading (its own acquiring write acknowledged), and
+//     for handoff the same path hop by hop (leaderelection.Config.Trace),
+//     beside the floor of the parts measured in the same run: a Lease
+//     write's round trip, and a watch's delivery of it (see floor.go);
 //   - API requests per Lease per minute made by the holder and by a standby.
 //
-// Usage: go run ./bench/takeover [-handovers 50] [-pairs 10] [-window 60s]
+// Usage: go run ./bench/takeover [-handovers 50] [-pairs 10] [-window 60s] [-protobuf]
 // (KUBEBUILDER_ASSETS as for the tests, or built by hack/kube-assets.sh).
 package main
 
@@ -47,6 +50,7 @@ var (
 	leaseDuration = flags.Duration("lease-duration", 15*time.Second, "lease duration, both implementations")
 	renewDeadline = flags.Duration("renew-deadline", 10*time.Second, "renew deadline, both implementations")
 	retryPeriod   = flags.Duration("retry-period", 2*time.Second, "retry period, both implementations")
+	protobuf      = flags.Bool("protobuf", false, "Lease requests and watches in protobuf (rest.Config ContentType) rather than client-go's default JSON, both implementations and the floor")
 )
 
 const namespace = "bench"
@@ -75,29 +79,49 @@ func run() error {
 		return err
 	}
 	impls := []impl{{"handoff", runHandoff}, {"client-go", runClientGo}}
-	fmt.Printf("Lease timings for both: lease duration %s, renew deadline %s, retry period %s\n\n", *leaseDuration, *renewDeadline, *retryPeriod)
+	fmt.Printf("Lease timings for both: lease duration %s, renew deadline %s, retry period %s\n", *leaseDuration, *renewDeadline, *retryPeriod)
+	cfg := rest.CopyConfig(env.Config)
+	encoding := "JSON (client-go's default)"
+	if *protobuf {
+		cfg.ContentType, cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf", "application/vnd.kubernetes.protobuf,application/json"
+		encoding = "protobuf"
+	}
+	fmt.Printf("Lease requests and watches in %s\n\n", encoding)
 
 	fmt.Printf("Handover latency, release acknowledged -> standby leading (%d handovers each, %d Leases at a time)\n", *handovers, *pairs)
 	latency := make([][]time.Duration, len(impls))
+	hops := make([][]handover, len(impls))
 	errs := make([]error, len(impls))
-	var wg sync.WaitGroup
+	floorCtx, stopFloor := context.WithCancel(ctx)
+	var (
+		wg, floorWG sync.WaitGroup
+		fl          floor
+		floorErr    error
+	)
+	floorWG.Go(func() { fl, floorErr = measureFloor(floorCtx, cfg) })
 	for i, im := range impls {
-		wg.Go(func() { latency[i], errs[i] = handoverLatency(env.Config, im) })
+		wg.Go(func() { hops[i], errs[i] = handoverLatency(cfg, im) })
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	stopFloor()
+	floorWG.Wait()
+	if err := errors.Join(append(errs, floorErr)...); err != nil {
 		return err
 	}
 	for i, im := range impls {
+		for _, h := range hops[i] {
+			latency[i] = append(latency[i], h.total())
+		}
 		fmt.Printf("  %-10s %s\n", im.name, stats.Summary(latency[i]))
 	}
+	printHops(hops[0], fl)
 	p50, p99 := ratio(latency[1], latency[0], 50), ratio(latency[1], latency[0], 99)
-	fmt.Printf("  handoff is %.0fx faster at p50, %.0fx at p99 (target: handoff p99 <= 100ms and >= 30x faster)\n\n", p50, p99)
+	fmt.Printf("  handoff is %.0fx faster at p50, %.0fx at p99 (target: handoff p99 <= 5ms, issue 32)\n\n", p50, p99)
 
 	fmt.Printf("API requests per Lease per minute, steady state (one holder, one standby, counted over %s)\n", *window)
 	costs := make([]cost, len(impls))
 	for i, im := range impls {
-		wg.Go(func() { costs[i], errs[i] = apiCost(env.Config, im) })
+		wg.Go(func() { costs[i], errs[i] = apiCost(cfg, im) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
@@ -126,14 +150,15 @@ func ratio(slow, fast []time.Duration, p float64) float64 {
 // it starts leading (after its acquiring write is acknowledged).
 type impl struct {
 	name string
-	run  func(ctx context.Context, leases coordinationv1client.LeasesGetter, lease, identity string, led func())
+	run  func(ctx context.Context, leases coordinationv1client.LeasesGetter, lease, identity string, led func(), trace func(leaderelection.Hop))
 }
 
-func runHandoff(ctx context.Context, leases coordinationv1client.LeasesGetter, lease, identity string, led func()) {
+func runHandoff(ctx context.Context, leases coordinationv1client.LeasesGetter, lease, identity string, led func(), trace func(leaderelection.Hop)) {
 	var once sync.Once
 	e, err := leaderelection.New(leaderelection.Config{
 		Leases: leases, Namespace: namespace, Name: lease, Identity: identity,
 		LeaseDuration: *leaseDuration, RenewDeadline: *renewDeadline, RetryPeriod: *retryPeriod, Logger: logr.Discard(),
+		Trace: trace,
 	}, leaderelection.Callbacks{OnTerm: func(leaderelection.Term) { once.Do(led) }})
 	if err != nil {
 		panic(err) // flags checked by client-go's rules; see leaderelection.New
@@ -141,7 +166,7 @@ func runHandoff(ctx context.Context, leases coordinationv1client.LeasesGetter, l
 	e.Run(ctx)
 }
 
-func runClientGo(ctx context.Context, leases coordinationv1client.LeasesGetter, lease, identity string, led func()) {
+func runClientGo(ctx context.Context, leases coordinationv1client.LeasesGetter, lease, identity string, led func(), _ func(leaderelection.Hop)) {
 	clientgole.RunOrDie(ctx, clientgole.LeaderElectionConfig{
 		Lock: &rl.LeaseLock{
 			LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: lease},
@@ -163,6 +188,23 @@ type candidate struct {
 	done     chan struct{}
 	led      chan time.Time // when it started leading
 	released chan time.Time // when its release write was acknowledged
+	stopAt   time.Time      // when stop was called
+
+	mu  sync.Mutex
+	hop [leaderelection.HopAcquireAcked + 1]time.Time // last time at each hop (handoff only)
+}
+
+func (c *candidate) trace(h leaderelection.Hop) {
+	now := time.Now()
+	c.mu.Lock()
+	c.hop[h] = now
+	c.mu.Unlock()
+}
+
+func (c *candidate) at(h leaderelection.Hop) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hop[h]
 }
 
 func start(cfg *rest.Config, im impl, lease, identity string, requests *stats.Requests) *candidate {
@@ -176,19 +218,19 @@ func start(cfg *rest.Config, im impl, lease, identity string, requests *stats.Re
 	c.cancel = cancel
 	go func() {
 		defer close(c.done)
-		im.run(ctx, leases, lease, identity, func() { c.led <- time.Now() })
+		im.run(ctx, leases, lease, identity, func() { c.led <- time.Now() }, c.trace)
 	}()
 	return c
 }
 
-func (c *candidate) stop() { c.cancel(); <-c.done }
+func (c *candidate) stop() { c.stopAt = time.Now(); c.cancel(); <-c.done }
 
 // handoverLatency hands each of -pairs Leases back and forth between two
 // candidates until -handovers handovers are measured in all.
-func handoverLatency(cfg *rest.Config, im impl) ([]time.Duration, error) {
+func handoverLatency(cfg *rest.Config, im impl) ([]handover, error) {
 	var (
 		mu  sync.Mutex
-		out []time.Duration
+		out []handover
 		wg  sync.WaitGroup
 	)
 	errs := make([]error, *pairs)
@@ -209,7 +251,7 @@ func handoverLatency(cfg *rest.Config, im impl) ([]time.Duration, error) {
 	return out, errors.Join(errs...)
 }
 
-func handOver(cfg *rest.Config, im impl, lease string, rounds int) ([]time.Duration, error) {
+func handOver(cfg *rest.Config, im impl, lease string, rounds int) ([]handover, error) {
 	timeout := *leaseDuration + *renewDeadline
 	holder := start(cfg, im, lease, lease+"-a", nil)
 	defer func() { holder.stop() }()
@@ -218,7 +260,7 @@ func handOver(cfg *rest.Config, im impl, lease string, rounds int) ([]time.Durat
 	case <-time.After(timeout):
 		return nil, fmt.Errorf("%s: first holder did not lead within %s", lease, timeout)
 	}
-	var out []time.Duration
+	var out []handover
 	for i := range rounds {
 		standby := start(cfg, im, lease, fmt.Sprintf("%s-%d", lease, i), nil)
 		// Release at a random point of the standby's polling cycle, once
@@ -234,7 +276,15 @@ func handOver(cfg *rest.Config, im impl, lease string, rounds int) ([]time.Durat
 		}
 		select {
 		case led := <-standby.led:
-			out = append(out, led.Sub(released))
+			h := handover{trigger: holder.stopAt, released: released, led: led}
+			for p := range h.hop {
+				if p <= int(leaderelection.HopReleaseAcked) {
+					h.hop[p] = holder.at(leaderelection.Hop(p))
+				} else {
+					h.hop[p] = standby.at(leaderelection.Hop(p))
+				}
+			}
+			out = append(out, h)
 		case <-time.After(timeout):
 			standby.stop()
 			return out, fmt.Errorf("%s: standby did not lead within %s of the release", lease, timeout)
