@@ -90,8 +90,8 @@ type rolloutRun struct {
 	// started (deleteBackloggedPod).
 	backlog *replacedPod
 	// moves is how many times the Lease passed from one pod to another
-	// during the rollout (from the restart until every old pod was gone),
-	// and path the pods that held it in turn (recorder.moves).
+	// from the restart until the queue emptied after it, and path the pods
+	// that held it in turn (recorder.moves).
 	moves int
 	path  []string
 }
@@ -159,8 +159,6 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 		t.Fatal(err)
 	}
 	waitRollout(t, name, 3*time.Minute)
-	run.moves, run.path = run.rec.moves(restartAt, time.Now())
-	t.Logf("Lease %s during the rollout: %d moves, held in turn by %s", lease, run.moves, strings.Join(run.path, " → "))
 	time.Sleep(3 * time.Second)
 	stopLoad()
 	load.Wait()
@@ -182,6 +180,11 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 	// Every message processed: the handed-back ones within their work, the
 	// stranded ones after their visibility timeout and their work.
 	run.report = checkQueue(t, rolloutVisibility+slowWork+30*time.Second)
+	// The rollout's moves, counted once the queue is empty: by then the
+	// baseline's Lease, which its leaving holder did not release, has
+	// expired and been taken by a pod that stays.
+	run.moves, run.path = run.rec.moves(restartAt, time.Now())
+	t.Logf("Lease %s from the restart until the queue emptied: %d moves, held in turn by %s", lease, run.moves, strings.Join(run.path, " → "))
 
 	run.idleGone, run.idleSamples, run.idleStopped, run.idleStoppedSamples = deleteIdlePod(t, run)
 	run.backlog = deleteBackloggedPod(t, run)
