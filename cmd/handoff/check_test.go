@@ -122,14 +122,7 @@ func TestCheckPassesAHealthyInstallAndNamesEachBreak(t *testing.T) {
 			Spec:       corev1.PodSpec{ServiceAccountName: "orders", Containers: []corev1.Container{{Name: "worker", Image: "worker:1"}}},
 		}
 	}
-	kubetest.WaitFor(t, 60*time.Second, "a pod injected through the webhook", func() bool {
-		p, err := kube.CoreV1().Pods(ns).Create(ctx, worker("orders-0"), metav1.CreateOptions{})
-		if err == nil && p.Labels[inject.LabelInjected] != "true" {
-			_ = kube.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
-			return false
-		}
-		return err == nil
-	})
+	createInjected(t, env, ns, worker("orders-0"))
 
 	args := []string{"--kubeconfig", env.Kubeconfig, "-n", ns}
 	r, raw, failed := runCheck(t, args...)
@@ -301,16 +294,9 @@ func TestCheckLeaseRBACKnowsSelfService(t *testing.T) {
 	charttest.Create(t, env.Config, charttest.Decode(t, charttest.Helm(t, "template", "mail-handoff", filepath.Join(charttest.Root(t), "charts", "handoff-workload"),
 		"--namespace", ns, "--kube-version", "1.35.0", "--show-only", "templates/rbac.yaml",
 		"--set", "serviceAccount.name=mail", "--set", "leases={mail-leader}", "--set", "sidecarClusterRole="+w.release+"-sidecar")))
-	kubetest.WaitFor(t, 60*time.Second, "a pod injected through the webhook", func() bool {
-		p, err := kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: "mail-0", Labels: map[string]string{inject.LabelInject: "true"}, Annotations: map[string]string{config.AnnotationPrefix + "leases": "mail-leader"}},
-			Spec:       corev1.PodSpec{ServiceAccountName: "mail", Containers: []corev1.Container{{Name: "worker", Image: "worker:1"}}},
-		}, metav1.CreateOptions{})
-		if err == nil && p.Labels[inject.LabelInjected] != "true" {
-			_ = kube.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
-			return false
-		}
-		return err == nil
+	createInjected(t, env, ns, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "mail-0", Labels: map[string]string{inject.LabelInject: "true"}, Annotations: map[string]string{config.AnnotationPrefix + "leases": "mail-leader"}},
+		Spec:       corev1.PodSpec{ServiceAccountName: "mail", Containers: []corev1.Container{{Name: "worker", Image: "worker:1"}}},
 	})
 
 	args := []string{"--kubeconfig", env.Kubeconfig, "-n", ns}
@@ -331,4 +317,21 @@ func TestCheckLeaseRBACKnowsSelfService(t *testing.T) {
 			t.Errorf("lease-rbac without the grant of hold: the output does not say %q:\n%s", want, out)
 		}
 	}
+}
+
+// createInjected creates pod in ns through the chart's webhook, retrying
+// for up to a minute until the webhook injects it (until the API server
+// has its configuration and caBundle, a pod is created without the
+// sidecar: it is deleted and created again).
+func createInjected(t *testing.T, env *kubetest.Env, ns string, pod *corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	kubetest.WaitFor(t, 60*time.Second, "a pod injected through the webhook", func() bool {
+		p, err := env.Client.CoreV1().Pods(ns).Create(ctx, pod.DeepCopy(), metav1.CreateOptions{})
+		if err == nil && p.Labels[inject.LabelInjected] != "true" {
+			_ = env.Client.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+			return false
+		}
+		return err == nil
+	})
 }
