@@ -230,6 +230,50 @@ func TestRearmGrantsTheNewProcessAHigherFencingToken(t *testing.T) {
 	p := startPod(t, env.Pod(t, ns, "pod-a", 2), nil, worker.Options{}, nil)
 	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", p.leads)
 	old, _ := p.calls.lastGrant()
+	p.neverAcknowledgeRevokes()
+
+	rep, err := p.c.Shutdown(context.Background(), prestop.TriggerPreStop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sequence: outcome %s, leases %+v, errors %q", rep.Outcome, rep.Leases, rep.Errors)
+	p.restartApp(t, worker.Options{}) // the kubelet starts a new worker process
+	kubetest.WaitFor(t, 10*time.Second, "the new process to lead", p.leads)
+	g, _ := p.calls.lastGrant()
+	if g.FencingToken == old.FencingToken {
+		t.Errorf("the new worker process was granted fencing token %d, the old process's: want a higher one", g.FencingToken)
+	}
+}
+
+// restartedWithHangingPodReads starts pod-a, waits until its app leads,
+// ends its sidecar process, and starts the next one (pod-a/2), whose pod
+// reads hang (hangingPods), and waits until that one leads: a sidecar
+// restarted while the apiserver stops answering its pod reads.
+func restartedWithHangingPodReads(t *testing.T, env *kubetest.Env, ns string) (*pod, *sidecar.Coordinator) {
+	t.Helper()
+	p := newPod(t, ns, "pod-a", nil, worker.Options{})
+	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", p.leads)
+	p.stop()
+	c, err := sidecar.New(sidecar.Options{Token: testToken, Settings: p.settings, Leases: env.Client.CoordinationV1(),
+		Pods: hangingPods{env.Client.CoreV1()}, Metrics: sidecar.NewMetrics(prometheus.NewRegistry()),
+		Logger: testr.New(t).WithName("pod-a/2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.Start(ctx)
+	t.Cleanup(func() { cancel(); c.Wait() })
+	kubetest.WaitFor(t, 10*time.Second, "the second sidecar to lead", func() bool {
+		st := c.Status()
+		return len(st.Leases) == 1 && st.Leases[0].Leader
+	})
+	return p, c
+}
+
+// neverAcknowledgeRevokes makes p's worker process hold every revoke (a
+// PUT of a Leadership with leader false) unanswered until the caller gives
+// up, as a worker stuck in its leader work would; other calls are served.
+func (p *pod) neverAcknowledgeRevokes() {
 	inner := *p.app.Load()
 	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPut {
@@ -244,18 +288,6 @@ func TestRearmGrantsTheNewProcessAHigherFencingToken(t *testing.T) {
 		inner.ServeHTTP(w, r)
 	})
 	p.app.Store(&h)
-
-	rep, err := p.c.Shutdown(context.Background(), prestop.TriggerPreStop)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("sequence: outcome %s, leases %+v, errors %q", rep.Outcome, rep.Leases, rep.Errors)
-	p.restartApp(t, worker.Options{}) // the kubelet starts a new worker process
-	kubetest.WaitFor(t, 10*time.Second, "the new process to lead", p.leads)
-	g, _ := p.calls.lastGrant()
-	if g.FencingToken == old.FencingToken {
-		t.Errorf("the new worker process was granted fencing token %d, the old process's: want a higher one", g.FencingToken)
-	}
 }
 
 // hangingPods is a pods client whose every call waits until its context
@@ -291,22 +323,7 @@ func (hangingPodIf) List(ctx context.Context, _ metav1.ListOptions) (*corev1.Pod
 func TestRearmWaitsOutBadAnswersAndHangingPodReads(t *testing.T) {
 	env := kubetest.Get(t)
 	ns := env.Namespace(t)
-	p := newPod(t, ns, "pod-a", nil, worker.Options{})
-	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", p.leads)
-	p.stop()
-	c, err := sidecar.New(sidecar.Options{Token: testToken, Settings: p.settings, Leases: env.Client.CoordinationV1(),
-		Pods: hangingPods{env.Client.CoreV1()}, Metrics: sidecar.NewMetrics(prometheus.NewRegistry()),
-		Logger: testr.New(t).WithName("pod-a/2")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c.Start(ctx)
-	t.Cleanup(func() { cancel(); c.Wait() })
-	kubetest.WaitFor(t, 10*time.Second, "the second sidecar to lead", func() bool {
-		st := c.Status()
-		return len(st.Leases) == 1 && st.Leases[0].Leader
-	})
+	p, c := restartedWithHangingPodReads(t, env, ns)
 	start := time.Now()
 	rep, err := c.Shutdown(context.Background(), prestop.TriggerPreStop)
 	if err != nil {

@@ -204,20 +204,7 @@ func TestSecondSequenceBeforeRearmKeepsAWithheldLease(t *testing.T) {
 	// the term granted outlasts the deadline, so the release is withheld.
 	p := startPod(t, env.Pod(t, ns, "pod-a", 2), map[string]string{"lease-duration": "10s", "renew-deadline": "5s"}, worker.Options{}, nil)
 	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", p.leads)
-	inner := *p.app.Load()
-	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPut {
-			body, _ := io.ReadAll(r.Body)
-			var l protocol.Leadership
-			if json.Unmarshal(body, &l) == nil && !l.Leader {
-				<-r.Context().Done() // the old process never acknowledges the revoke
-				return
-			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-		}
-		inner.ServeHTTP(w, r)
-	})
-	p.app.Store(&h)
+	p.neverAcknowledgeRevokes()
 
 	first, err := p.c.Shutdown(context.Background(), prestop.TriggerPreStop)
 	if err != nil {

@@ -174,22 +174,7 @@ func TestSignalRacingAPreStopJoinsItsSequence(t *testing.T) {
 func TestSignalDeadlineCountsFromTheSIGTERM(t *testing.T) {
 	env := kubetest.Get(t)
 	ns := env.Namespace(t)
-	p := newPod(t, ns, "pod-a", nil, worker.Options{})
-	kubetest.WaitFor(t, 10*time.Second, "pod-a's app to lead", p.leads)
-	p.stop()
-	c, err := sidecar.New(sidecar.Options{Token: testToken, Settings: p.settings, Leases: env.Client.CoordinationV1(),
-		Pods: hangingPods{env.Client.CoreV1()}, Metrics: sidecar.NewMetrics(prometheus.NewRegistry()),
-		Logger: testr.New(t).WithName("pod-a/2")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c.Start(ctx)
-	t.Cleanup(func() { cancel(); c.Wait() })
-	kubetest.WaitFor(t, 10*time.Second, "the second sidecar to lead", func() bool {
-		st := c.Status()
-		return len(st.Leases) == 1 && st.Leases[0].Leader
-	})
+	p, c := restartedWithHangingPodReads(t, env, ns)
 	sigterm := time.Now()
 	rep, err := c.Signal(context.Background())
 	if err != nil {
