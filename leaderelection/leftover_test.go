@@ -54,18 +54,7 @@ func TestReleaseLeftoverNeverFreesAnotherPodsLease(t *testing.T) {
 	env := kubetest.Get(t)
 	ns := env.Namespace(t)
 	leases := env.Client.CoordinationV1()
-	now := metav1.NewMicroTime(time.Now())
-	create := func(name, holder string) {
-		t.Helper()
-		_, err := leases.Leases(ns).Create(context.Background(), &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: ptrTo[int32](15),
-				RenewTime: &now, AcquireTime: &now, LeaseTransitions: ptrTo[int32](4)},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	create := func(name, holder string) { t.Helper(); createHeldLease(t, leases, ns, name, holder) }
 	const me = "pod-a_uid-a"
 	create("raced", me)
 	w := &takenAfterRead{LeasesGetter: leases, other: leases, ns: ns, by: "pod-a_uid-a2", t: t}
@@ -165,4 +154,19 @@ func ptrDeref[T any](p *T) T {
 		return zero
 	}
 	return *p
+}
+
+// createHeldLease creates Lease name in ns held by holder, renewed now for
+// 15 s, at its fourth transition: a Lease left by a process that is gone.
+func createHeldLease(t *testing.T, leases coordinationv1client.LeasesGetter, ns, name, holder string) {
+	t.Helper()
+	now := metav1.NewMicroTime(time.Now())
+	_, err := leases.Leases(ns).Create(context.Background(), &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: ptrTo[int32](15),
+			RenewTime: &now, AcquireTime: &now, LeaseTransitions: ptrTo[int32](4)},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

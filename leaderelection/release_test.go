@@ -213,18 +213,7 @@ func TestReleaseLeftover(t *testing.T) {
 	env := kubetest.Get(t)
 	ns := env.Namespace(t)
 	leases := env.Client.CoordinationV1()
-	now := metav1.NewMicroTime(time.Now())
-	create := func(name, holder string) {
-		t.Helper()
-		_, err := leases.Leases(ns).Create(context.Background(), &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: ptrTo[int32](15),
-				RenewTime: &now, AcquireTime: &now, LeaseTransitions: ptrTo[int32](4)},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	create := func(name, holder string) { t.Helper(); createHeldLease(t, leases, ns, name, holder) }
 	create("mine", "pod-a_uid-a")
 	create("theirs", "pod-b_uid-b")
 	for _, tc := range []struct {
