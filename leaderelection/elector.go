@@ -16,6 +16,9 @@
 //     already sent is answered, not abandoned: a Lease it won is released
 //     too. Each request is bounded (RequestTimeout), so Run returns within
 //     a few of them.
+//   - A release whose Config.Successor names a candidate is taken by that
+//     candidate first when its watch is up: the others hold back for
+//     SuccessorGrace (AnnotationSuccessor).
 //
 // What it does not guarantee:
 //   - That the Lease is free when Run returns: a release write that fails
@@ -25,6 +28,9 @@
 //     candidate renews a Lease that names its identity as its own.
 //   - Anything against a candidate with a shorter lease duration, or a
 //     clock that drifts past that margin.
+//   - That the named successor leads: gone, or not a candidate, it leaves
+//     the Lease free for SuccessorGrace before the others compete; and a
+//     standby whose watch is down (polling) does not hold back.
 package leaderelection
 
 import (
@@ -71,6 +77,12 @@ type Config struct {
 	// takes the time in it); it must not block. nil in production: each
 	// hop then costs a nil check.
 	Trace func(Hop)
+	// Successor, if set, is called once per release write, just before it
+	// is sent, for the holder identity of the candidate this holder
+	// prefers to take the Lease next (AnnotationSuccessor), or "" for none;
+	// it must not block. The others hold back for SuccessorGrace. nil names
+	// none: every standby competes at once.
+	Successor func() string
 }
 
 // maxReleaseWrites bounds the release writes of one release: client-go
@@ -204,7 +216,7 @@ func (e *Elector) standby(ctx context.Context, w *leaseWatch, own *ownWrite) boo
 	lock := &observedLock{
 		// Its Gets wait on the watch, unbounded; the reads and writes it
 		// sends to the API are bounded per request.
-		Interface: e.leaseLock(&watchedLeases{LeasesGetter: ownLeases{LeasesGetter: e.bounded(), own: own}, watch: w, retryPeriod: e.cfg.RetryPeriod, writeTimeout: e.cfg.RenewDeadline, clock: e.cfg.Clock, trace: e.cfg.Trace}),
+		Interface: e.leaseLock(&watchedLeases{LeasesGetter: ownLeases{LeasesGetter: e.bounded(), own: own, identity: e.cfg.Identity}, watch: w, identity: e.cfg.Identity, retryPeriod: e.cfg.RetryPeriod, writeTimeout: e.cfg.RenewDeadline, clock: e.cfg.Clock, trace: e.cfg.Trace}),
 		e:         e,
 		restamp:   true,
 		// Stop before client-go's first renewal at the short retry period:
@@ -237,7 +249,7 @@ func (e *Elector) lead(ctx context.Context, own *ownWrite) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	started := make(chan struct{})
-	lock := &observedLock{Interface: e.leaseLock(ownLeases{LeasesGetter: e.bounded(), own: own, answer: true}), e: e, own: own, skipWithin: e.cfg.RetryPeriod / 2}
+	lock := &observedLock{Interface: e.leaseLock(ownLeases{LeasesGetter: e.bounded(), own: own, answer: true, identity: e.cfg.Identity, successor: e.cfg.Successor}), e: e, own: own, skipWithin: e.cfg.RetryPeriod / 2}
 	le, err := e.leaderElector(lock, e.cfg.RetryPeriod, true, func(context.Context) { close(started) })
 	if err != nil { // validated in New
 		panic(err)

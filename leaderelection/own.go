@@ -67,11 +67,15 @@ func (o *ownWrite) recent(within time.Duration, identity string, transitions, du
 
 // ownLeases is a Leases client that records each answer to a write in own;
 // with answer set, a Get is answered from the last recorded write when no
-// read has been answered from it yet, and goes to the API otherwise.
+// read has been answered from it yet, and goes to the API otherwise. Each
+// write carries AnnotationSuccessor as withSuccessor says: a release the
+// one successor names, any other write none.
 type ownLeases struct {
 	coordinationv1client.LeasesGetter
-	own    *ownWrite
-	answer bool
+	own       *ownWrite
+	answer    bool
+	identity  string        // this candidate's holder identity
+	successor func() string // Config.Successor; nil for the standby's writes
 }
 
 func (c ownLeases) Leases(namespace string) coordinationv1client.LeaseInterface {
@@ -96,14 +100,14 @@ func (l ownLeaseClient) Get(ctx context.Context, name string, opts metav1.GetOpt
 
 func (l ownLeaseClient) Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error) {
 	at := l.c.own.clock.Now()
-	out, err := l.LeaseInterface.Create(ctx, lease, opts)
+	out, err := l.LeaseInterface.Create(ctx, withSuccessor(lease, l.c.identity, l.c.successor), opts)
 	l.wrote(out, err, at)
 	return out, err
 }
 
 func (l ownLeaseClient) Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
 	at := l.c.own.clock.Now()
-	out, err := l.LeaseInterface.Update(ctx, lease, opts)
+	out, err := l.LeaseInterface.Update(ctx, withSuccessor(lease, l.c.identity, l.c.successor), opts)
 	l.wrote(out, err, at)
 	return out, err
 }

@@ -32,7 +32,9 @@ const wakePeriod = time.Millisecond
 // waits until the watched Lease changes, is free (no holder, or missing), or
 // its lease duration has run out since the elector was last shown a change,
 // and then answers from the watch: so client-go's elector, and only it,
-// decides to acquire, the moment the Lease can be taken. Writes go to the
+// decides to acquire, the moment the Lease can be taken; a free Lease whose
+// release named another candidate as successor is answered only once that
+// candidate has taken it or SuccessorGrace has run out. Writes go to the
 // API. Until the watch has listed, and after a failed write until the watch
 // shows an event, Get reads the API once per retry period (jittered as
 // client-go's polling is), so a broken or stale watch degrades to polling;
@@ -54,6 +56,7 @@ type watchedLeases struct {
 	writeTimeout time.Duration
 	clock        clock.Clock
 	trace        func(Hop) // Config.Trace
+	identity     string    // this candidate's holder identity
 
 	answered bool      // a Get has been answered
 	last     []byte    // the record in the last answer
@@ -61,6 +64,11 @@ type watchedLeases struct {
 	poll     bool      // answer from the API...
 	pollFrom uint64    // ...until the watch has seen more events than this
 	nextPoll time.Time
+	// yieldTo is the resourceVersion of the last release seen naming
+	// another candidate as successor, and yieldUntil when this standby
+	// stops holding back for it (SuccessorGrace after it was first seen).
+	yieldTo    string
+	yieldUntil time.Time
 }
 
 func (c *watchedLeases) Leases(namespace string) coordinationv1client.LeaseInterface {
@@ -128,6 +136,14 @@ func (c *watchedLeases) get(ctx context.Context, api coordinationv1client.LeaseI
 		raw := recordOf(lease)
 		now := c.clock.Now()
 		free := lease == nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == ""
+		if wait := c.yield(lease, now); wait > 0 {
+			// A release naming another successor: let it take the Lease
+			// first; its acquisition (or the grace running out) wakes us.
+			if err := c.sleep(ctx, wait, next, nil); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if !c.answered || free || !bytes.Equal(raw, c.last) || !now.Before(c.expires) {
 			c.answer(lease, raw, now)
 			if free && c.trace != nil {
@@ -142,6 +158,22 @@ func (c *watchedLeases) get(ctx context.Context, api coordinationv1client.LeaseI
 			return nil, err
 		}
 	}
+}
+
+// yield returns how long this standby still holds back from a free Lease
+// whose release named another candidate as successor (AnnotationSuccessor):
+// SuccessorGrace from when it first saw that release, on its own clock; 0
+// when the Lease is held, names no successor or names this candidate, or
+// the grace has run out.
+func (c *watchedLeases) yield(lease *coordinationv1.Lease, now time.Time) time.Duration {
+	s := successorOf(lease)
+	if s == "" || s == c.identity {
+		return 0
+	}
+	if lease.ResourceVersion != c.yieldTo || c.yieldUntil.IsZero() {
+		c.yieldTo, c.yieldUntil = lease.ResourceVersion, now.Add(SuccessorGrace)
+	}
+	return c.yieldUntil.Sub(now)
 }
 
 // sleep waits for d on the clock, or until next or listed is closed; it

@@ -34,6 +34,7 @@ type leases struct {
 	// supports it).
 	failUpdate atomic.Bool
 	slowGet    atomic.Int64
+	slowUpdate atomic.Int64 // delays every Update
 	slowList   atomic.Int64
 	listed     atomic.Bool
 	// watching is the number of watches opened and not yet stopped.
@@ -73,6 +74,9 @@ func (c *leaseClient) Create(ctx context.Context, lease *coordinationv1.Lease, o
 
 func (c *leaseClient) Update(ctx context.Context, lease *coordinationv1.Lease, o metav1.UpdateOptions) (*coordinationv1.Lease, error) {
 	c.l.writes.Add(1)
+	if d := time.Duration(c.l.slowUpdate.Load()); d > 0 {
+		time.Sleep(d)
+	}
 	if c.l.failUpdate.Swap(false) {
 		return nil, apierrors.NewServerTimeout(coordinationv1.Resource("leases"), "update", 1)
 	}
