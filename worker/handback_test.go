@@ -350,3 +350,50 @@ func TestWaitDrainedWaitsForTheHandBackAfterReturn(t *testing.T) {
 		t.Fatal("WaitDrained returned with m still claimed: not handed back yet")
 	}
 }
+
+// WaitDrained waits for a hand-back only within its bound: ReturnClaims
+// stuck past the end of its ctx (here the sidecar gives up on its return
+// call) ends the wait with ErrReturnOverdue rather than holding the
+// worker's exit forever; the claims it did not hand back are left to their
+// visibility timeout.
+func TestWaitDrainedGivesUpOnAHandBackPastItsBound(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	a := newAgent(t, worker.Options{ReturnClaims: func(context.Context) (int, error) {
+		if calls.Add(1) == 1 {
+			close(entered)
+			<-release // stuck, ignoring its ctx
+		}
+		return 0, nil
+	}})
+	app := serve(t, a)
+	t.Cleanup(func() { close(release) }) // before serve's cleanup, which waits for the handler
+	r, err := a.Receive(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := r.Hold()
+	r.End()
+	rctx, giveUp := context.WithCancel(context.Background())
+	returned := make(chan error, 1)
+	go func() {
+		_, err := app.Return(rctx, false, 0)
+		returned <- err
+	}()
+	<-entered
+	c.Done() // nothing held now; the hand-back under way has not returned
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := a.WaitDrained(ended); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitDrained while the return fallback's hand-back runs = %v, want ctx's error", err)
+	}
+	giveUp() // the sidecar gives up on its return call: the call's bound has passed
+	if err := <-returned; err == nil {
+		t.Fatal("the return call given up on answered")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.WaitDrained(ctx); !errors.Is(err, worker.ErrReturnOverdue) {
+		t.Fatalf("WaitDrained with the hand-back stuck past its bound = %v, want ErrReturnOverdue", err)
+	}
+}
