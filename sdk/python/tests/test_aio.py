@@ -184,6 +184,32 @@ def test_wait_drained_waits_for_the_hand_back_after_return() -> None:
     run(main)
 
 
+def test_wait_drained_gives_up_on_a_hand_back_past_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sidecar's return call is not canceled by the Agent: wait_drained waits for it at most CALLBACK_TIMEOUT, then says False."""
+    monkeypatch.setattr(handoff.aio, "CALLBACK_TIMEOUT", 0.2)
+
+    async def main() -> None:
+        entered, release = asyncio.Event(), asyncio.Event()
+
+        async def stuck() -> int:
+            entered.set()
+            await release.wait()
+            return 0
+
+        a = handoff.aio.Agent(insecure_no_token=True, return_claims=stuck)
+        c = a.begin()
+        ret = asyncio.ensure_future(a.return_())
+        await asyncio.wait_for(entered.wait(), 5)
+        c.done()
+        t0 = time.monotonic()
+        assert await a.wait_drained() is False
+        assert time.monotonic() - t0 < 5
+        release.set()
+        await ret
+
+    run(main)
+
+
 def test_leadership_on_a_fake_clock() -> None:
     async def main() -> None:
         clock = FakeClock(wall=1767225600.0)

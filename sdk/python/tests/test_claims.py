@@ -370,6 +370,32 @@ def test_wait_drained_waits_for_the_hand_back_after_return() -> None:
         assert "m" in q.visible, "wait_drained returned with m still claimed"
 
 
+def test_wait_drained_gives_up_on_a_hand_back_past_its_bound(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A return_claims call stuck past handoff.CALLBACK_TIMEOUT ends wait_drained with False, even without a timeout."""
+    monkeypatch.setattr(handoff._agent, "CALLBACK_TIMEOUT", 0.2)
+    q = VisQueue()
+    entered, release = threading.Event(), threading.Event()
+
+    def gate(call: int) -> None:
+        if call == 2:
+            entered.set()
+            release.wait(30)  # stuck
+
+    q.gate = gate
+    a = agent(return_claims=q.return_claims)
+    try:
+        c = a.begin()
+        a.return_()
+        c.done()
+        assert entered.wait(5)
+        t0 = time.monotonic()
+        assert a.wait_drained() is False
+        assert time.monotonic() - t0 < 5
+        assert "did not return within" in caplog.text
+    finally:
+        release.set()
+
+
 def test_wait_drained() -> None:
     a = agent()
     c = a.begin()
