@@ -11,6 +11,7 @@ import {
   ClaimDoneError,
   ConfigError,
   HandedBackError,
+  ReturnOverdueError,
   StoppingError,
   parseGoDuration,
   shardsFromEnv,
@@ -405,6 +406,38 @@ test('waitDrained resolves only once the hand-back after the return fallback has
   resume();
   await app.agent.waitDrained(AbortSignal.timeout(10_000));
   assert.ok(q.visible.includes('m'), 'waitDrained resolved with m still claimed');
+});
+
+test('waitDrained waits for a hand-back only within its bound: past it, a ReturnOverdueError', async (t) => {
+  // returnClaims stuck, ignoring its signal; the sidecar gives up on its
+  // return call (the connection closes), which is that call's bound.
+  let entered;
+  const enteredP = new Promise((r) => (entered = r));
+  let release;
+  const releaseP = new Promise((r) => (release = r));
+  t.after(() => release());
+  let calls = 0;
+  const app = await serve(t, {
+    returnClaims: async () => {
+      if (++calls === 1) {
+        entered();
+        await releaseP;
+      }
+      return 0;
+    },
+  });
+  const r = app.agent.receive();
+  const c = r.hold();
+  r.end();
+  const giveUp = new AbortController();
+  const returned = call(app.url, 'POST', '/handoff/v1/return', '{"cancel":false}', { signal: giveUp.signal });
+  await enteredP;
+  c.done(); // nothing held now; the hand-back under way has not settled
+  const gone = new Error('gave up');
+  await assert.rejects(app.agent.waitDrained(AbortSignal.abort(gone)), (e) => e === gone);
+  giveUp.abort();
+  await assert.rejects(returned);
+  await assert.rejects(app.agent.waitDrained(AbortSignal.timeout(10_000)), ReturnOverdueError);
 });
 
 test('a claim held after the return fallback and given up is handed back', async (t) => {
