@@ -18,7 +18,8 @@
 //     refuses them (ErrHandedBack); only started work drains.
 //   - ReturnClaims, called at the drain deadline to hand back what is left,
 //     and again after each claim that ends after it (one that waited for
-//     its message past the deadline, then gave it up).
+//     its message past the deadline, then gave it up). WaitDrained waits
+//     for those calls too, so a worker may exit once it returns.
 //   - Leader and BeginLeading for leader-only work, with the fencing token to
 //     pass to the systems the leader writes to. Leadership ends on the
 //     worker's own clock even if the sidecar is gone.
@@ -122,7 +123,8 @@ type Options struct {
 	// may give it up without finishing it. Those later calls run in a
 	// goroutine of the Agent's, under a 10 s bound (ctx); claims ending
 	// while one runs are covered by one more call after it. Calls never
-	// overlap. It must be safe to call more than once. Nil: nothing is
+	// overlap, and WaitDrained waits for them (each up to the end of its
+	// ctx). It must be safe to call more than once. Nil: nothing is
 	// handed back and the claims wait for their visibility timeout.
 	ReturnClaims func(ctx context.Context) (returned int, err error)
 	// HandBack hands back claims held unstarted (Receive.HoldUnstarted):
