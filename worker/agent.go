@@ -18,7 +18,8 @@
 //     refuses them (ErrHandedBack); only started work drains.
 //   - ReturnClaims, called at the drain deadline to hand back what is left,
 //     and again after each claim that ends after it (one that waited for
-//     its message past the deadline, then gave it up).
+//     its message past the deadline, then gave it up). WaitDrained waits
+//     for those calls too, so a worker may exit once it returns.
 //   - Leader and BeginLeading for leader-only work, with the fencing token to
 //     pass to the systems the leader writes to. Leadership ends on the
 //     worker's own clock even if the sidecar is gone.
@@ -92,6 +93,14 @@ var ErrHandedBack = errors.New("handoff: unstarted claim handed back at stop-cla
 // ErrClaimDone is returned by Claim.Start after Claim.Done.
 var ErrClaimDone = errors.New("handoff: claim is done")
 
+// ErrReturnOverdue is returned (wrapped) by WaitDrained when nothing is
+// held but a call of Options.ReturnClaims made after the return fallback
+// began has not returned by the end of its ctx (its bound): 10 s for the
+// Agent's own calls, the return call's own for Return's. The worker may
+// exit; what that call has not handed back waits for its visibility
+// timeout.
+var ErrReturnOverdue = errors.New("handoff: a hand-back after the return fallback did not return within its bound")
+
 // handBackTimeout bounds one call of Options.HandBack. Claims it did not
 // hand back in time (or with an error) are left to the drain deadline's
 // fallback (Options.ReturnClaims), then ended.
@@ -114,7 +123,8 @@ type Options struct {
 	// may give it up without finishing it. Those later calls run in a
 	// goroutine of the Agent's, under a 10 s bound (ctx); claims ending
 	// while one runs are covered by one more call after it. Calls never
-	// overlap. It must be safe to call more than once. Nil: nothing is
+	// overlap, and WaitDrained waits for them (each up to the end of its
+	// ctx). It must be safe to call more than once. Nil: nothing is
 	// handed back and the claims wait for their visibility timeout.
 	ReturnClaims func(ctx context.Context) (returned int, err error)
 	// HandBack hands back claims held unstarted (Receive.HoldUnstarted):
@@ -197,6 +207,11 @@ type Agent struct {
 	returned       bool
 	returnAgain    bool
 	returningAgain bool
+	// returning counts the Return calls under way, and callCtx is the ctx
+	// of the ReturnClaims call under way (nil when none): WaitDrained
+	// waits for both, up to the end of callCtx.
+	returning int
+	callCtx   context.Context
 	// returnTurn is held (a value sent) by whoever calls ReturnClaims, so
 	// that calls never overlap; apart from mu, which no call runs under.
 	returnTurn chan struct{}
@@ -423,22 +438,66 @@ func (a *Agent) handBackLoop() {
 	}
 }
 
-// WaitDrained waits until the worker is drained (no claim held and no
-// receive pending) and returns nil, or returns ctx's error if ctx ends
-// first. Before stop-claiming an idle worker usually has a receive pending,
-// so it is not drained.
+// WaitDrained waits until the worker is drained and every claim it ended
+// since the return fallback began has been handed back, and returns nil: a
+// worker may exit once it returns, and leaves nothing claimed. Drained is
+// no claim held and no receive pending, as the sidecar sees it; from the
+// return fallback on (Return) it also waits for Return to answer and for
+// each call of Options.ReturnClaims asked for since (one after each claim
+// ended, see there) to return. Before stop-claiming an idle worker usually
+// has a receive pending, so it is not drained.
+//
+// It returns ctx's error if ctx ends first. It waits for a call of
+// ReturnClaims under way only until that call's ctx ends (its bound: 10 s
+// for the Agent's own calls, the return call's own for Return's, which
+// ends when the sidecar gives up on the call): then, with nothing held, it
+// returns an error wrapping ErrReturnOverdue, and what the call has not
+// handed back waits for its visibility timeout.
 func (a *Agent) WaitDrained(ctx context.Context) error {
+	for {
+		a.mu.Lock()
+		drained, changed := a.held == 0 && len(a.receives) == 0, a.changed
+		settled := a.returning == 0 && !a.returningAgain
+		var bound <-chan struct{} // the end of the call under way's ctx, with nothing held
+		callCtx := a.callCtx
+		if drained && callCtx != nil {
+			bound = callCtx.Done()
+		}
+		a.mu.Unlock()
+		if drained && settled {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-bound:
+			a.mu.Lock()
+			still := a.callCtx == callCtx
+			a.mu.Unlock()
+			if still {
+				return fmt.Errorf("worker: wait drained: Options.ReturnClaims, called after the return fallback began, has not returned by the end of its ctx (%w): %w", context.Cause(callCtx), ErrReturnOverdue)
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// waitClaims waits until the worker is drained as the sidecar sees it (no
+// claim held and no receive pending), or ctx ends: the drain long poll and
+// Return's wait after the cancel fallback, which must not wait for the
+// hand-backs (WaitDrained does).
+func (a *Agent) waitClaims(ctx context.Context) {
 	for {
 		a.mu.Lock()
 		drained, changed := a.held == 0 && len(a.receives) == 0, a.changed
 		a.mu.Unlock()
 		if drained {
-			return nil
+			return
 		}
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return ctx.Err()
+			return
 		}
 	}
 }
@@ -456,12 +515,22 @@ func (a *Agent) WaitDrained(ctx context.Context) error {
 // makes the Agent call ReturnClaims again (see Options.ReturnClaims): a
 // message claimed after this call and given up is handed back too. The
 // count returned is this call's alone; the later calls' are logged.
+// WaitDrained waits for Return, and for those later calls.
 func (a *Agent) Return(ctx context.Context, cancel bool, cancelWait time.Duration) (int, error) {
+	a.mu.Lock()
+	a.returning++
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.returning--
+		a.changedLocked()
+		a.mu.Unlock()
+	}()
 	a.stopClaiming()
 	if cancel {
 		a.cancelWork(ErrCanceled)
 		wctx, stop := context.WithTimeout(ctx, cancelWait)
-		_ = a.WaitDrained(wctx) // not drained in time: hand back what is left
+		a.waitClaims(wctx) // not drained in time: hand back what is left
 		stop()
 	}
 	if !a.takeReturnTurn(ctx) {
@@ -507,11 +576,17 @@ func (a *Agent) returnClaims(ctx context.Context) (int, error) {
 	a.returned, a.returnAgain = true, false // this call covers what ended before
 	failed := a.failed
 	a.failed = nil
+	a.callCtx = ctx
+	a.changedLocked()
 	a.mu.Unlock()
 	n, err := 0, error(nil)
 	if a.opts.ReturnClaims != nil {
 		n, err = a.opts.ReturnClaims(ctx)
 	}
+	a.mu.Lock()
+	a.callCtx = nil
+	a.changedLocked()
+	a.mu.Unlock()
 	<-a.returnTurn
 	for _, c := range failed {
 		c.end(true)
@@ -543,6 +618,7 @@ func (a *Agent) returnAgainLoop() {
 		a.mu.Lock()
 		if !a.returnAgain {
 			a.returningAgain = false
+			a.changedLocked()
 			a.mu.Unlock()
 			<-a.returnTurn
 			return

@@ -29,6 +29,9 @@ type visQueue struct {
 	// it found claimed (the call's view of the queue is taken), before it
 	// returns.
 	hook func()
+	// gate, when set, runs first in ReturnClaims, before it looks at the
+	// queue, with the call's number (1 for the first call).
+	gate func(call int32)
 }
 
 func newVisQueue(t *testing.T) *visQueue {
@@ -77,7 +80,10 @@ func (q *visQueue) returnClaims(context.Context) (int, error) {
 		q.t.Error("ReturnClaims called while another call runs")
 	}
 	defer q.running.Add(-1)
-	q.calls.Add(1)
+	call := q.calls.Add(1)
+	if q.gate != nil {
+		q.gate(call)
+	}
 	q.mu.Lock()
 	n := 0
 	for id := range q.claimed {
@@ -91,6 +97,14 @@ func (q *visQueue) returnClaims(context.Context) (int, error) {
 		q.hook()
 	}
 	return n, nil
+}
+
+// isVisible says whether id is visible now: handed back, free for another
+// worker.
+func (q *visQueue) isVisible(id string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return slices.Contains(q.visible, id)
 }
 
 // waitVisible waits until every one of ids is visible again: handed back,
@@ -282,5 +296,104 @@ func TestReturnStopsClaiming(t *testing.T) {
 	}
 	if _, err := a.Receive(context.Background()); !errors.Is(err, worker.ErrStopping) {
 		t.Errorf("Receive after the return fallback = %v, want ErrStopping", err)
+	}
+}
+
+// A worker that exits once WaitDrained returns leaves nothing claimed: a
+// wait inside Begin claims its message just after the return fallback's
+// hand-back and gives it up, and WaitDrained returns only once the
+// hand-back that follows (ReturnClaims again) has returned. Failed so
+// before: WaitDrained returned as soon as no claim was held, while that
+// hand-back had yet to run, so the worker exited with m claimed until its
+// visibility timeout (seen 10 of 10 times with a worker that exits when its
+// loop ends).
+func TestWaitDrainedWaitsForTheHandBackAfterReturn(t *testing.T) {
+	q := newVisQueue(t)
+	entered, resume := make(chan struct{}), make(chan struct{})
+	q.gate = func(call int32) {
+		if call == 2 { // the hand-back after the return fallback's
+			close(entered)
+			<-resume
+		}
+	}
+	a := newAgent(t, worker.Options{ReturnClaims: q.returnClaims})
+	app := serve(t, a)
+	begun, ended := make(chan struct{}, 1), make(chan string, 1)
+	go beginWorker(t, a, q, begun, ended)
+	<-begun
+	if _, err := app.StopClaiming(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := app.Return(context.Background(), false, 0); err != nil || res.Returned != 0 {
+		t.Fatalf("return = %+v, %v: want 0 returned, nothing claimed yet", res, err)
+	}
+	q.put("m") // lands just after the hand-back; the worker claims it and gives it up
+	if id := <-ended; id != "m" {
+		t.Fatalf("the worker got %q, want m", id)
+	}
+	<-entered // the hand-back of m is under way, and held there
+	if a.InFlight() != 0 {
+		t.Fatalf("%d claims held, want none: the worker is done with m", a.InFlight())
+	}
+	ended0, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := a.WaitDrained(ended0); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitDrained while the hand-back of m after the return fallback runs = %v, want ctx's error: a worker exiting now leaves m claimed until its visibility timeout", err)
+	}
+	close(resume)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.WaitDrained(ctx); err != nil {
+		t.Fatalf("WaitDrained once the hand-back has returned = %v, want nil", err)
+	}
+	if !q.isVisible("m") {
+		t.Fatal("WaitDrained returned with m still claimed: not handed back yet")
+	}
+}
+
+// WaitDrained waits for a hand-back only within its bound: ReturnClaims
+// stuck past the end of its ctx (here the sidecar gives up on its return
+// call) ends the wait with ErrReturnOverdue rather than holding the
+// worker's exit forever; the claims it did not hand back are left to their
+// visibility timeout.
+func TestWaitDrainedGivesUpOnAHandBackPastItsBound(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	a := newAgent(t, worker.Options{ReturnClaims: func(context.Context) (int, error) {
+		if calls.Add(1) == 1 {
+			close(entered)
+			<-release // stuck, ignoring its ctx
+		}
+		return 0, nil
+	}})
+	app := serve(t, a)
+	t.Cleanup(func() { close(release) }) // before serve's cleanup, which waits for the handler
+	r, err := a.Receive(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := r.Hold()
+	r.End()
+	rctx, giveUp := context.WithCancel(context.Background())
+	returned := make(chan error, 1)
+	go func() {
+		_, err := app.Return(rctx, false, 0)
+		returned <- err
+	}()
+	<-entered
+	c.Done() // nothing held now; the hand-back under way has not returned
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := a.WaitDrained(ended); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitDrained while the return fallback's hand-back runs = %v, want ctx's error", err)
+	}
+	giveUp() // the sidecar gives up on its return call: the call's bound has passed
+	if err := <-returned; err == nil {
+		t.Fatal("the return call given up on answered")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.WaitDrained(ctx); !errors.Is(err, worker.ErrReturnOverdue) {
+		t.Fatalf("WaitDrained with the hand-back stuck past its bound = %v, want ErrReturnOverdue", err)
 	}
 }

@@ -85,7 +85,7 @@ func (a *Agent) mux() *http.ServeMux {
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), wait)
 		defer cancel()
-		_ = a.WaitDrained(ctx) // not drained: the status says so
+		a.waitClaims(ctx) // not drained: the status says so
 		writeJSON(w, http.StatusOK, a.drainStatus())
 	})
 	mux.HandleFunc("POST "+protocol.ReturnPath, func(w http.ResponseWriter, r *http.Request) {

@@ -185,13 +185,25 @@ export class Agent extends EventEmitter {
   }
 
   /**
-   * Waits until the worker is drained (no claim held and no receive
-   * pending); rejects with signal's reason if signal aborts first. Before
-   * stop-claiming an idle worker usually has a receive pending, so it is
-   * not drained.
+   * Waits until the worker is drained and every claim it ended since the
+   * return fallback began has been handed back, and resolves: a worker may
+   * exit once it resolves, and leaves nothing claimed. Drained is no claim
+   * held and no receive pending, as the sidecar sees it; from the return
+   * fallback on (return) it also waits for return to settle and for each
+   * call of returnClaims asked for since (one after each claim ended) to
+   * settle. Before stop-claiming an idle worker usually has a receive
+   * pending, so it is not drained.
+   *
+   * Rejects with signal's reason if signal aborts first. It waits for a
+   * call of returnClaims under way only until that call's signal aborts
+   * (its bound: 10 s for the Agent's own calls, the signal given to return
+   * for that call's, which the server aborts when the sidecar gives up on
+   * its `return` call; without one, no bound but signal's): then, with
+   * nothing held, it rejects with a ReturnOverdueError, and what the call
+   * has not handed back waits for its visibility timeout.
    */
   waitDrained(signal?: AbortSignal): Promise<void> {
-    return this.#ledger.waitDrained(signal);
+    return this.#drain.waitDrained(signal);
   }
 
   /**

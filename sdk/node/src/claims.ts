@@ -143,6 +143,14 @@ export class Ledger {
     });
   }
 
+  /** Calls fn at each change (and at changed()) until the returned function is called. */
+  watch(fn: () => void): () => void {
+    this.#drainWaiters.add(fn);
+    return () => {
+      this.#drainWaiters.delete(fn);
+    };
+  }
+
   /** Wakes waitDrained. */
   changed(): void {
     for (const w of [...this.#drainWaiters]) w();

@@ -4,7 +4,7 @@
 // calls of it after the deadline.
 import { abortOnce, type ClaimCore, Ledger } from './claims.js';
 import type { Clock } from './clock.js';
-import { StoppingError } from './errors.js';
+import { ReturnOverdueError, StoppingError } from './errors.js';
 import type { AgentOptions, Logger, ReturnClaimsError, ReturnResult } from './options.js';
 import type { DrainStatus } from './protocol.gen.js';
 import { link } from './signals.js';
@@ -71,6 +71,9 @@ export class Drain {
   #returnAgain = false;
   #returningAgain = false;
   #turn = new Turn();
+  /** The return calls under way, and the signal of the returnClaims call under way (none when none runs): waitDrained waits for both, the call until its signal aborts. */
+  #returning = 0;
+  #callSignal: AbortSignal | undefined;
 
   constructor(opts: AgentOptions, clock: Clock, log: Logger, instance: string, onStop: (reason: StoppingError) => void) {
     this.#opts = opts;
@@ -152,6 +155,16 @@ export class Drain {
 
   /** Agent.return: stop-claiming, the cancel fallback, then returnClaims in its turn. Never rejects. */
   async return(options: { cancel?: boolean; cancelWaitMillis?: number; signal?: AbortSignal } = {}): Promise<ReturnResult> {
+    this.#returning++;
+    try {
+      return await this.#return(options);
+    } finally {
+      this.#returning--;
+      this.ledger.changed();
+    }
+  }
+
+  async #return(options: { cancel?: boolean; cancelWaitMillis?: number; signal?: AbortSignal }): Promise<ReturnResult> {
     const { cancel = false, cancelWaitMillis = 0, signal } = options;
     this.stopClaiming();
     if (cancel) {
@@ -168,6 +181,55 @@ export class Drain {
     const res = await this.#returnClaims(signal ?? new AbortController().signal);
     if (this.#opts.returnClaims) this.#log.info('claims returned', { returned: res.returned, cancel, error: res.error });
     return res;
+  }
+
+  /**
+   * Agent.waitDrained: resolves once drained and every claim ended since
+   * the return fallback began has been handed back (no return call under
+   * way, no returnClaims call asked for or running); rejects with signal's
+   * reason if signal aborts first, and, with nothing held, with a
+   * ReturnOverdueError once the signal of the returnClaims call under way
+   * has aborted (its bound) while the call has not settled.
+   */
+  waitDrained(signal?: AbortSignal): Promise<void> {
+    return new Promise((resolve, reject) => {
+      let unwatch = (): void => {};
+      let unlink = (): void => {};
+      let unbound = (): void => {};
+      let bound: AbortSignal | undefined;
+      let over = false;
+      const finish = (settle: () => void): void => {
+        if (over) return;
+        over = true;
+        unwatch();
+        unlink();
+        unbound();
+        settle();
+      };
+      const check = (): void => {
+        if (over) return;
+        const drained = this.ledger.drained;
+        if (drained && this.#returning === 0 && !this.#returningAgain) return finish(resolve);
+        const call = this.#callSignal;
+        if (!drained || !call) return;
+        if (call.aborted) {
+          const err = new ReturnOverdueError(
+            `handoff: wait drained: returnClaims, called after the return fallback began, has not settled since its signal aborted (${String(call.reason)}); what it has not handed back waits for its visibility timeout`,
+            { cause: call.reason },
+          );
+          return finish(() => reject(err));
+        }
+        if (call !== bound) {
+          unbound();
+          bound = call;
+          unbound = link(call, () => check());
+        }
+      };
+      check();
+      if (over) return;
+      unwatch = this.ledger.watch(check);
+      unlink = link(signal, (reason) => finish(() => reject(reason)));
+    });
   }
 
   /** Waits for drained, at most ms (no bound above 2^31-1 ms) and until signal aborts. */
@@ -197,6 +259,8 @@ export class Drain {
     this.#failed = [];
     const res: ReturnResult = { returned: 0 };
     const fn = this.#opts.returnClaims;
+    this.#callSignal = signal;
+    this.ledger.changed();
     if (fn) {
       try {
         const n = await fn(signal);
@@ -211,6 +275,8 @@ export class Drain {
         if (typeof n === 'number' && Number.isSafeInteger(n) && n >= 0) res.returned = n;
       }
     }
+    this.#callSignal = undefined;
+    this.ledger.changed();
     this.#turn.give();
     for (const c of failed) c.end(true);
     return res;
@@ -231,6 +297,7 @@ export class Drain {
       await this.#turn.take();
       if (!this.#returnAgain) {
         this.#returningAgain = false;
+        this.ledger.changed();
         this.#turn.give();
         return;
       }

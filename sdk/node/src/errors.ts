@@ -68,6 +68,21 @@ export class NotLeaderError extends HandoffError {
 }
 
 /**
+ * The rejection of `Agent.waitDrained` when nothing is held but a call of
+ * `returnClaims` made after the return fallback began has not settled by
+ * the time its signal aborted (its bound: 10 s for the Agent's own calls,
+ * the signal given to `Agent.return` for that call's, which the server
+ * aborts when the sidecar gives up on its `return` call). The worker may
+ * exit; what that call has not handed back waits for its visibility
+ * timeout (Go: `worker.ErrReturnOverdue`).
+ */
+export class ReturnOverdueError extends HandoffError {
+  constructor(message = 'handoff: a hand-back after the return fallback did not return within its bound', options?: { cause?: unknown }) {
+    super('HANDOFF_RETURN_OVERDUE', message, options);
+  }
+}
+
+/**
  * Thrown by the `Agent` constructor and `Agent.listen` for a configuration
  * that cannot work: no token, a bad token file, a bad
  * `HANDOFF_LEASE_DURATION`, a bad address.

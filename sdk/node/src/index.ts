@@ -59,7 +59,16 @@ export {
 } from './auth.js';
 export { realClock, type Clock } from './clock.js';
 export { appSocket, appURLEnv, endpointString, parseEndpoint, socketMode, type Endpoint } from './endpoint.js';
-export { CanceledError, ClaimDoneError, ConfigError, HandedBackError, HandoffError, NotLeaderError, StoppingError } from './errors.js';
+export {
+  CanceledError,
+  ClaimDoneError,
+  ConfigError,
+  HandedBackError,
+  HandoffError,
+  NotLeaderError,
+  ReturnOverdueError,
+  StoppingError,
+} from './errors.js';
 export { maxBodyBytes, maxDrainWaitMillis, maxSequenceAheadNanos, parseWaitMillis, type AppHandler, type AppServer } from './server.js';
 /** The protocol's wire types and operations, generated from docs/protocol.yaml. */
 export * as protocol from './protocol.gen.js';

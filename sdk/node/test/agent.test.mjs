@@ -11,6 +11,7 @@ import {
   ClaimDoneError,
   ConfigError,
   HandedBackError,
+  ReturnOverdueError,
   StoppingError,
   parseGoDuration,
   shardsFromEnv,
@@ -29,6 +30,8 @@ class VisQueue {
   waiters = new Set();
   /** Runs inside returnClaims, after it has looked at the queue. */
   hook = undefined;
+  /** Runs first in returnClaims, before it looks at the queue, with the call's number (1 for the first). */
+  gate = undefined;
 
   put(id) {
     this.visible.push(id);
@@ -56,7 +59,8 @@ class VisQueue {
 
   returnClaims = async () => {
     if (++this.running > 1) this.overlapped = true;
-    this.calls++;
+    const call = ++this.calls;
+    if (this.gate) await this.gate(call);
     const n = this.claimed.size;
     for (const id of this.claimed) this.visible.push(id);
     this.claimed.clear();
@@ -364,6 +368,76 @@ test('a claim ended after the return fallback is handed back: returnClaims runs 
   assert.equal(await ended, 'm');
   await q.waitVisible('m');
   await app.agent.waitDrained();
+});
+
+test('waitDrained resolves only once the hand-back after the return fallback has run', async (t) => {
+  // A worker that exits once waitDrained resolves leaves nothing claimed: a
+  // wait inside begin claims its message just after the hand-back and gives
+  // it up. Failed so before: waitDrained resolved as soon as no claim was
+  // held, with the message still claimed (Go:
+  // TestWaitDrainedWaitsForTheHandBackAfterReturn).
+  const q = new VisQueue();
+  let entered;
+  const enteredP = new Promise((r) => (entered = r));
+  let resume;
+  const resumeP = new Promise((r) => (resume = r));
+  q.gate = async (call) => {
+    if (call !== 2) return; // the hand-back after the return fallback's
+    entered();
+    await resumeP;
+  };
+  const app = await serve(t, { returnClaims: q.returnClaims });
+  let begun;
+  const b = new Promise((r) => (begun = r));
+  const ended = beginWorker(app.agent, q, begun);
+  await b;
+  await app.stopClaiming();
+  assert.deepEqual(await app.return(false, 0), { returned: 0 });
+  q.put('m'); // lands just after the hand-back; the worker claims it and gives it up
+  assert.equal(await ended, 'm');
+  await enteredP; // the hand-back of m is under way, and held there
+  assert.equal(app.agent.inFlight, 0);
+  const gone = new Error('gave up');
+  await assert.rejects(
+    app.agent.waitDrained(AbortSignal.abort(gone)),
+    (e) => e === gone,
+    'drained while the hand-back of m runs: a worker exiting now leaves m claimed',
+  );
+  resume();
+  await app.agent.waitDrained(AbortSignal.timeout(10_000));
+  assert.ok(q.visible.includes('m'), 'waitDrained resolved with m still claimed');
+});
+
+test('waitDrained waits for a hand-back only within its bound: past it, a ReturnOverdueError', async (t) => {
+  // returnClaims stuck, ignoring its signal; the sidecar gives up on its
+  // return call (the connection closes), which is that call's bound.
+  let entered;
+  const enteredP = new Promise((r) => (entered = r));
+  let release;
+  const releaseP = new Promise((r) => (release = r));
+  t.after(() => release());
+  let calls = 0;
+  const app = await serve(t, {
+    returnClaims: async () => {
+      if (++calls === 1) {
+        entered();
+        await releaseP;
+      }
+      return 0;
+    },
+  });
+  const r = app.agent.receive();
+  const c = r.hold();
+  r.end();
+  const giveUp = new AbortController();
+  const returned = call(app.url, 'POST', '/handoff/v1/return', '{"cancel":false}', { signal: giveUp.signal });
+  await enteredP;
+  c.done(); // nothing held now; the hand-back under way has not settled
+  const gone = new Error('gave up');
+  await assert.rejects(app.agent.waitDrained(AbortSignal.abort(gone)), (e) => e === gone);
+  giveUp.abort();
+  await assert.rejects(returned);
+  await assert.rejects(app.agent.waitDrained(AbortSignal.timeout(10_000)), ReturnOverdueError);
 });
 
 test('a claim held after the return fallback and given up is handed back', async (t) => {

@@ -149,6 +149,67 @@ def test_return_with_cancel_and_again_after_the_deadline() -> None:
     run(main)
 
 
+def test_wait_drained_waits_for_the_hand_back_after_return() -> None:
+    """The asyncio twin of test_claims' test: wait_drained is True only once the hand-back after the return fallback has returned."""
+
+    async def main() -> None:
+        visible: List[str] = []
+        claimed: List[str] = []
+        calls = {"n": 0}
+        entered, resume = asyncio.Event(), asyncio.Event()
+
+        async def return_claims() -> int:
+            calls["n"] += 1
+            if calls["n"] == 2:  # the hand-back after the return fallback's
+                entered.set()
+                await resume.wait()
+            n = len(claimed)
+            visible.extend(claimed)
+            claimed.clear()
+            return n
+
+        a = handoff.aio.Agent(insecure_no_token=True, return_claims=return_claims)
+        c = a.begin()  # a wait for a message inside begin
+        a.stop_claiming()
+        assert await a.return_() == handoff.ReturnResult(0)
+        claimed.append("m")  # lands just after the hand-back
+        c.done()  # given up unfinished
+        await asyncio.wait_for(entered.wait(), 5)
+        assert a.in_flight == 0
+        assert await a.wait_drained(0) is False, "drained while the hand-back of m runs: a worker exiting now leaves m claimed"
+        resume.set()
+        assert await a.wait_drained(5) is True
+        assert visible == ["m"], "wait_drained returned with m still claimed"
+
+    run(main)
+
+
+def test_wait_drained_gives_up_on_a_hand_back_past_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sidecar's return call is not canceled by the Agent: wait_drained waits for it at most CALLBACK_TIMEOUT, then says False."""
+    monkeypatch.setattr(handoff.aio, "CALLBACK_TIMEOUT", 0.2)
+
+    async def main() -> None:
+        entered, release = asyncio.Event(), asyncio.Event()
+
+        async def stuck() -> int:
+            entered.set()
+            await release.wait()
+            return 0
+
+        a = handoff.aio.Agent(insecure_no_token=True, return_claims=stuck)
+        c = a.begin()
+        ret = asyncio.ensure_future(a.return_())
+        await asyncio.wait_for(entered.wait(), 5)
+        c.done()
+        t0 = time.monotonic()
+        assert await a.wait_drained() is False
+        assert time.monotonic() - t0 < 5
+        release.set()
+        await ret
+
+    run(main)
+
+
 def test_leadership_on_a_fake_clock() -> None:
     async def main() -> None:
         clock = FakeClock(wall=1767225600.0)

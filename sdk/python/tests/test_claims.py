@@ -251,6 +251,8 @@ class VisQueue:
         self.running = 0
         self.overlap = False
         self.hook = None  # type: ignore[var-annotated]
+        #: Runs first in return_claims, before it looks at the queue, with the call's number (1 for the first).
+        self.gate = None  # type: ignore[var-annotated]
 
     def claim(self, mid: str) -> None:
         with self.lock:
@@ -261,6 +263,10 @@ class VisQueue:
             self.running += 1
             self.overlap |= self.running > 1
             self.calls += 1
+            call = self.calls
+        if self.gate:
+            self.gate(call)
+        with self.lock:
             n = len(self.claimed)
             self.visible += sorted(self.claimed)
             self.claimed.clear()
@@ -328,6 +334,66 @@ def test_return_again_calls_never_overlap() -> None:
     q.wait_visible(*("m%d" % i for i in range(5)))
     assert not q.overlap
     assert q.calls <= 1 + 5
+
+
+def test_wait_drained_waits_for_the_hand_back_after_return() -> None:
+    """A worker that exits once wait_drained returns True leaves nothing claimed (Go: TestWaitDrainedWaitsForTheHandBackAfterReturn).
+
+    A wait inside ``begin`` claims its message just after the return
+    fallback's hand-back and gives it up; wait_drained is True only once the
+    hand-back that follows has returned. Failed so before: True as soon as
+    no claim was held, with the message still claimed.
+    """
+    q = VisQueue()
+    entered, resume = threading.Event(), threading.Event()
+
+    def gate(call: int) -> None:
+        if call == 2:  # the hand-back after the return fallback's
+            entered.set()
+            resume.wait(10)
+
+    q.gate = gate
+    a = agent(return_claims=q.return_claims)
+    try:
+        c = a.begin()  # a wait for a message inside begin
+        a.stop_claiming()
+        assert a.return_() == handoff.ReturnResult(0, ""), "nothing claimed yet"
+        q.claim("m")  # lands just after the hand-back
+        c.done()  # given up unfinished
+        assert entered.wait(5), "return_claims not called again"
+        assert a.in_flight == 0
+        assert a.wait_drained(0) is False, "drained while the hand-back of m runs: a worker exiting now leaves m claimed"
+    finally:
+        resume.set()
+    assert a.wait_drained(5) is True
+    with q.lock:
+        assert "m" in q.visible, "wait_drained returned with m still claimed"
+
+
+def test_wait_drained_gives_up_on_a_hand_back_past_its_bound(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A return_claims call stuck past handoff.CALLBACK_TIMEOUT ends wait_drained with False, even without a timeout."""
+    monkeypatch.setattr(handoff._agent, "CALLBACK_TIMEOUT", 0.2)
+    q = VisQueue()
+    entered, release = threading.Event(), threading.Event()
+
+    def gate(call: int) -> None:
+        if call == 2:
+            entered.set()
+            release.wait(30)  # stuck
+
+    q.gate = gate
+    a = agent(return_claims=q.return_claims)
+    try:
+        c = a.begin()
+        a.return_()
+        c.done()
+        assert entered.wait(5)
+        t0 = time.monotonic()
+        assert a.wait_drained() is False
+        assert time.monotonic() - t0 < 5
+        assert "did not return within" in caplog.text
+    finally:
+        release.set()
 
 
 def test_wait_drained() -> None:

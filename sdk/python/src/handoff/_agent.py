@@ -47,6 +47,10 @@ __all__ = ["Agent", "Receive", "Claim", "LeaderWork"]
 
 _log = logging.getLogger("handoff")
 
+#: How long :meth:`Agent.wait_drained` waits for one ``return_claims`` call after the return fallback began, in seconds
+#: from the call's start: a thread cannot be stopped, so the wait, not the call, is bounded.
+CALLBACK_TIMEOUT = 10.0
+
 
 class Claim(ClaimBase[threading.Event]):
     """One message the worker holds, until :meth:`done` (a ``with`` block calls it at its end).
@@ -238,6 +242,7 @@ class Agent(Core[threading.Event]):
         except Exception as e:
             err = str(e) or type(e).__name__
         finally:
+            self._call_returned()
             self._turn.release()
         self._return_end(failed)
         return n, err
@@ -275,16 +280,38 @@ class Agent(Core[threading.Event]):
         return cast(LeaderWork, self._begin_leading(lease))
 
     def wait_drained(self, timeout: Optional[float] = None) -> bool:
-        """Wait up to ``timeout`` seconds (None: no bound) for no claim held and no receive pending; True if so."""
+        """Wait up to ``timeout`` seconds (None: no bound) for the drain; True once drained, and the worker may exit.
+
+        Drained is no claim held and no receive pending; from the return
+        fallback on (:meth:`return_`) True also waits for ``return_`` to
+        answer and for each ``return_claims`` call asked for since (one
+        after each claim ended) to return, so a worker that exits then
+        leaves nothing claimed. False when ``timeout`` passes first, or,
+        with nothing held, when a ``return_claims`` call has run for
+        :data:`CALLBACK_TIMEOUT` (10 s) without returning (logged; what it
+        has not handed back waits for its visibility timeout).
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            with self._mu:
-                drained, changed = self._drained_locked(), self._changed
-            if drained:
-                return True
+            done, changed, at_most = self._wait_drained_step(CALLBACK_TIMEOUT)
+            if done is not None:
+                return done
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
+            if at_most is not None:
+                left = at_most if left is None else min(left, at_most)
+            changed.wait(left)
+
+    def _wait_claims(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for no claim held and no receive pending (the cancel fallback's wait)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._mu:
+                drained, changed = self._drained_locked(), self._changed
+            left = deadline - time.monotonic()
+            if drained or left <= 0:
+                return
             changed.wait(left)
 
     def return_(self, cancel: bool = False, cancel_wait: float = 0.0, timeout: Optional[float] = None) -> ReturnResult:
@@ -296,23 +323,28 @@ class Agent(Core[threading.Event]):
         calls ``return_claims`` once any call under way has returned (up to
         ``timeout`` seconds; None: no bound). From then on each claim the
         app ends makes the Agent call ``return_claims`` again. The count
-        returned is this call's alone.
+        returned is this call's alone. :meth:`wait_drained` waits for it,
+        and for those later calls.
         """
-        self.stop_claiming()
-        if cancel:
-            self._cancel_work()
-            self.wait_drained(max(cancel_wait, 0.0))
-        if not self._turn.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
-            with self._mu:
-                self._return_again_locked()
-            return ReturnResult(0, "handoff: return: waiting for the hand-back under way: timed out")
-        n, err = self._call_return_claims()
-        if self._return_claims_fn is not None:
-            if err:
-                self._log.error("returning claims failed (returned %d, cancel=%s): %s", n, cancel, err)
-            else:
-                self._log.info("claims returned: %d (cancel=%s)", n, cancel)
-        return ReturnResult(n, err)
+        self._return_enter()
+        try:
+            self.stop_claiming()
+            if cancel:
+                self._cancel_work()
+                self._wait_claims(max(cancel_wait, 0.0))
+            if not self._turn.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+                with self._mu:
+                    self._return_again_locked()
+                return ReturnResult(0, "handoff: return: waiting for the hand-back under way: timed out")
+            n, err = self._call_return_claims()
+            if self._return_claims_fn is not None:
+                if err:
+                    self._log.error("returning claims failed (returned %d, cancel=%s): %s", n, cancel, err)
+                else:
+                    self._log.info("claims returned: %d (cancel=%s)", n, cancel)
+            return ReturnResult(n, err)
+        finally:
+            self._return_exit()
 
     def _wait_leader_work(self, lease: str, terms: List[_TermState[threading.Event]], gone: Callable[[], bool]) -> bool:
         """Wait until the leader work of ``terms`` is done (True), or the caller has gone (False)."""

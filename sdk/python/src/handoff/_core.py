@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Generic, List, Optional, Set, Tuple, TypeVar
 
@@ -250,6 +251,11 @@ class Core(Generic[E]):
         self._returned = False
         self._return_again = False
         self._returning_again = False
+        # return_ calls under way, and when the return_claims call under way
+        # began (time.monotonic(); None when none runs): wait_drained waits
+        # for both, the call up to its bound.
+        self._returning = 0
+        self._call_started: Optional[float] = None
         self._receives: Set[ReceiveBase[E]] = set()
         self._claims: Set[ClaimBase[E]] = set()
         self._changed: E = new_event()
@@ -349,6 +355,45 @@ class Core(Generic[E]):
     def _drained_locked(self) -> bool:
         return self._held == 0 and not self._receives
 
+    def _wait_drained_step(self, bound: float) -> Tuple[Optional[bool], E, Optional[float]]:
+        """One look for ``wait_drained``: (True, ...) once drained and every hand-back after the return fallback has returned.
+
+        From the return fallback on, drained is not enough: ``return_`` must
+        have answered and each ``return_claims`` call asked for since (one
+        after each claim ended) must have returned, so that a worker that
+        exits when ``wait_drained`` returns leaves nothing claimed. A call
+        under way is waited for at most ``bound`` seconds from its start:
+        past that, with nothing held, (False, ...): what it has not handed
+        back waits for its visibility timeout. Else (None, the event set at
+        the next change, the most seconds to wait before looking again).
+        """
+        with self._mu:
+            drained, changed, started = self._drained_locked(), self._changed, self._call_started
+            settled = self._returning == 0 and not self._returning_again
+        if drained and settled:
+            return True, changed, None
+        if drained and started is not None:
+            left = started + bound - time.monotonic()
+            if left <= 0:
+                self._log.error(
+                    "wait for the drain: return_claims, called after the return fallback began, did not return within %gs; "
+                    "what it has not handed back waits for its visibility timeout",
+                    bound,
+                )
+                return False, changed, None
+            return None, changed, left
+        return None, changed, None
+
+    def _return_enter(self) -> None:
+        """A return_ call begins: wait_drained waits for it to answer."""
+        with self._mu:
+            self._returning += 1
+
+    def _return_exit(self) -> None:
+        with self._mu:
+            self._returning -= 1
+            self._changed_locked()
+
     def stop_claiming(self) -> DrainStatus:
         """Stop claiming: set :attr:`stopping`, end every pending receive (cause :class:`Stopping`) and refuse new ones.
 
@@ -415,7 +460,15 @@ class Core(Generic[E]):
         with self._mu:
             self._returned, self._return_again = True, False
             failed, self._failed = self._failed, []
+            self._call_started = time.monotonic()
+            self._changed_locked()
             return failed
+
+    def _call_returned(self) -> None:
+        """The return_claims call under way has returned (before the turn is given back)."""
+        with self._mu:
+            self._call_started = None
+            self._changed_locked()
 
     def _return_end(self, failed: List[ClaimBase[E]]) -> None:
         for c in failed:
@@ -432,6 +485,7 @@ class Core(Generic[E]):
         with self._mu:
             if not self._return_again:
                 self._returning_again = False
+                self._changed_locked()
                 return False
             return True
 

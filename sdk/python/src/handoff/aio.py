@@ -74,7 +74,9 @@ __all__ = ["Agent", "Receive", "Claim", "LeaderWork", "AsyncEvent"]
 
 _log = logging.getLogger("handoff")
 
-#: The bound of one hand_back call, and of each return_claims call after the drain deadline's, in seconds.
+#: The bound of one hand_back call, and of each return_claims call after the drain deadline's, in seconds; and how long
+#: :meth:`Agent.wait_drained` waits for any return_claims call (the sidecar's return call's too, which the Agent does not
+#: cancel) from its start.
 CALLBACK_TIMEOUT = 10.0
 
 
@@ -340,6 +342,7 @@ class Agent(Core[AsyncEvent]):
         except Exception as e:
             err = str(e) or type(e).__name__
         finally:
+            self._call_returned()
             self._turn().release()
         self._return_end(failed)
         return n, err
@@ -361,40 +364,66 @@ class Agent(Core[AsyncEvent]):
         return cast(LeaderWork, self._begin_leading(lease))
 
     async def wait_drained(self, timeout: Optional[float] = None) -> bool:
-        """Wait up to ``timeout`` seconds (None: no bound) for no claim held and no receive pending; True if so."""
+        """Wait up to ``timeout`` seconds (None: no bound) for the drain; True once drained, and the worker may exit.
+
+        See :meth:`handoff.Agent.wait_drained`: from the return fallback on,
+        True also waits for ``return_`` to answer and for each
+        ``return_claims`` call asked for since to return. False when
+        ``timeout`` passes first, or, with nothing held, when a
+        ``return_claims`` call has run for :data:`CALLBACK_TIMEOUT` (10 s)
+        without returning (the Agent's own calls are canceled then; the
+        sidecar's return call is not, and is no longer waited for).
+        """
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            with self._mu:
-                drained, changed = self._drained_locked(), self._changed
-            if drained:
-                return True
+            done, changed, at_most = self._wait_drained_step(CALLBACK_TIMEOUT)
+            if done is not None:
+                return done
             left = None if deadline is None else deadline - loop.time()
             if left is not None and left <= 0:
                 return False
+            if at_most is not None:
+                left = at_most if left is None else min(left, at_most)
+            await _wait(changed, left)
+
+    async def _wait_claims(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for no claim held and no receive pending (the cancel fallback's wait)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            with self._mu:
+                drained, changed = self._drained_locked(), self._changed
+            left = deadline - loop.time()
+            if drained or left <= 0:
+                return
             await _wait(changed, left)
 
     async def return_(self, cancel: bool = False, cancel_wait: float = 0.0, timeout: Optional[float] = None) -> ReturnResult:
         """The drain deadline's fallback; see :meth:`handoff.Agent.return_`."""
         self._event_loop()
-        self.stop_claiming()
-        if cancel:
-            self._cancel_work()
-            await self.wait_drained(max(cancel_wait, 0.0))
-        turn = self._turn()
+        self._return_enter()
         try:
-            await asyncio.wait_for(turn.acquire(), timeout)
-        except asyncio.TimeoutError:
-            with self._mu:
-                self._return_again_locked()
-            return ReturnResult(0, "handoff: return: waiting for the hand-back under way: timed out")
-        n, err = await self._call_return_claims(None)
-        if self._return_claims_fn is not None:
-            if err:
-                self._log.error("returning claims failed (returned %d, cancel=%s): %s", n, cancel, err)
-            else:
-                self._log.info("claims returned: %d (cancel=%s)", n, cancel)
-        return ReturnResult(n, err)
+            self.stop_claiming()
+            if cancel:
+                self._cancel_work()
+                await self._wait_claims(max(cancel_wait, 0.0))
+            turn = self._turn()
+            try:
+                await asyncio.wait_for(turn.acquire(), timeout)
+            except asyncio.TimeoutError:
+                with self._mu:
+                    self._return_again_locked()
+                return ReturnResult(0, "handoff: return: waiting for the hand-back under way: timed out")
+            n, err = await self._call_return_claims(None)
+            if self._return_claims_fn is not None:
+                if err:
+                    self._log.error("returning claims failed (returned %d, cancel=%s): %s", n, cancel, err)
+                else:
+                    self._log.info("claims returned: %d (cancel=%s)", n, cancel)
+            return ReturnResult(n, err)
+        finally:
+            self._return_exit()
 
     async def _wait_leader_work(self, lease: str, terms: List[_TermState[AsyncEvent]], gone: Callable[[], bool]) -> bool:
         """Wait until the leader work of ``terms`` is done (True), or the caller has gone (False)."""
