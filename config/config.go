@@ -161,6 +161,10 @@ type Settings struct {
 	// Off by default: each change is a write of the pod, read by every
 	// watcher of pods (docs/performance.md gives the rate).
 	DeletionCost bool
+	// PreferSuccessor says a release names the Lease's successor (a pod
+	// that stays, picked at the shutdown's start), which the other
+	// standbys let take the Lease first (leaderelection.AnnotationSuccessor).
+	PreferSuccessor bool
 }
 
 // MaxMetricsLinger is the longest metrics-linger: two of the Prometheus
@@ -296,6 +300,9 @@ var Table = []Setting{
 	{Name: "deletion-cost", Default: "false", Form: "true or false", Annotation: true,
 		Usage: "keep the pod's controller.kubernetes.io/pod-deletion-cost current, so that a ReplicaSet scaling in deletes idle pods first and pods holding role Leases, partitions or long work in progress last (docs/scale-in.md); takes effect only on a pod annotated handoff.dev/deletion-cost: \"true\" (the chart's admission policy refuses the write elsewhere); each change is a patch of the pod's status, a lower cost only once it has lasted 20s, at most 3 at once and 1 per 10s sustained",
 		set:   setBool(func(s *Settings) *bool { return &s.DeletionCost })},
+	{Name: "prefer-successor", Default: "true", Form: "true or false", Annotation: true,
+		Usage: "at the shutdown's start, pick for each Lease the pod holds (not the shards: their assignment picks) a successor among the other pods that compete for it, Ready and not being deleted, another revision than this pod's first and then the newest (one watch-list of the namespace's injected pods); its release names it (Lease annotation handoff.dev/successor) and the other standbys hold back 500 ms so that it takes the Lease first: one move per rolling update, not one per old pod (docs/architecture.md, Leadership); false: every standby competes at once",
+		set:   setBool(func(s *Settings) *bool { return &s.PreferSuccessor })},
 }
 
 // Lookup returns the setting named name.

@@ -266,7 +266,7 @@ func render(s *config.Settings) map[string]string {
 		"fallback":     string(s.Fallback),
 		"control-addr": s.ControlAddr.String(), "metrics-addr": s.MetricsAddr, "app-url": s.AppURL.String(),
 		"kubeconfig": s.Kubeconfig, "token-file": s.TokenFile, "log-level": string(s.LogLevel), "metrics-linger": s.MetricsLinger.String(),
-		"deletion-cost": strconv.FormatBool(s.DeletionCost),
+		"deletion-cost": strconv.FormatBool(s.DeletionCost), "prefer-successor": strconv.FormatBool(s.PreferSuccessor),
 	}
 }
 

@@ -84,12 +84,15 @@ type Coordinator struct {
 	app      *protocol.AppClient
 	leaseAPI coordinationv1client.LeasesGetter
 	pods     *prestop.PodWatch // nil when the pod is unknown
-	phases   *phasePublisher   // writes the phase on the pod; nil when the pod is unknown
-	events   record.EventRecorder
-	pod      *corev1.ObjectReference
-	metrics  *Metrics
-	budget   leaderelection.Budget
-	clock    clock.WithTicker
+	// podAPI reads the pod's peers, for a successor (findSuccessors); nil
+	// when the pod is unknown.
+	podAPI  corev1client.PodsGetter
+	phases  *phasePublisher // writes the phase on the pod; nil when the pod is unknown
+	events  record.EventRecorder
+	pod     *corev1.ObjectReference
+	metrics *Metrics
+	budget  leaderelection.Budget
+	clock   clock.WithTicker
 	// peers watches the pods that share the shard set; nil without one.
 	peers *peerWatch
 	// shardWake asks the current round's shard loop to plan again.
@@ -128,7 +131,9 @@ type round struct {
 
 	shutdown chan struct{} // closed when the sequence starts
 	done     chan struct{} // closed when the sequence is over
-	report   *protocol.Report
+	// successors is the sequence's pick of the pods its releases name.
+	successors roundSuccessors
+	report     *protocol.Report
 }
 
 // lease is one Lease's election in one round and what the app was told of it.
@@ -199,6 +204,7 @@ func New(o Options) (*Coordinator, error) {
 	}
 	if o.Pods != nil && s.PodName != "" {
 		c.pods = prestop.NewPodWatch(o.Pods, s.PodNamespace, s.PodName)
+		c.podAPI = o.Pods
 		c.phases = newPhasePublisher(o.Pods.Pods(s.PodNamespace), s.PodName, c.clock, c.log)
 	}
 	if s.DeletionCost && c.pods == nil {
@@ -255,7 +261,8 @@ func (c *Coordinator) newLease(r *round, name string, kind protocol.LeaseKind) (
 	e, err := leaderelection.New(leaderelection.Config{
 		Leases: c.leaseAPI, Namespace: c.s.PodNamespace, Name: name, Identity: c.s.Identity(),
 		LeaseDuration: c.s.LeaseDuration, RenewDeadline: c.s.RenewDeadline, RetryPeriod: c.s.RetryPeriod,
-		Logger: c.log.WithValues("lease", name),
+		Logger:    c.log.WithValues("lease", name),
+		Successor: func() string { return r.successors.of(name) },
 	}, c.callbacks(r, name, l))
 	if err != nil {
 		l.cancel()

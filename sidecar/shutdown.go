@@ -201,6 +201,8 @@ func (c *Coordinator) runSequence(r *round, trigger protocol.Trigger, at time.Ti
 
 	// A pod that is leaving takes no Lease it does not hold.
 	q.stopStandbys()
+	// Step 5's successors, looked up beside the revoke: each release names the pod that stays to take it.
+	r.successors.p.Store(c.findSuccessors(q.heldLeases()))
 	// Step 2, stop claiming, sent at once: it needs no deadline, and reading the pod may be slow.
 	stopped := q.stopClaiming()
 	// Step 1, the deadline, from the pod's own object: its deletion, or the grace period of the kill.
@@ -437,6 +439,18 @@ func (q *sequence) handleClaims(stop stopResult) {
 		st.InFlight, c.s.Fallback, res.Returned, errSuffix(err))
 }
 
+// heldLeases names the Leases of the sequence this pod holds, but for the
+// shards: only the peer a shard is assigned to competes for it.
+func (q *sequence) heldLeases() []string {
+	var names []string
+	for _, l := range q.leases {
+		if _, leader := l.elector.Term(); leader && !slices.Contains(q.c.s.Shards, l.elector.Name()) {
+			names = append(names, l.elector.Name())
+		}
+	}
+	return names
+}
+
 // stopStandbys ends the elections this pod does not lead and never told the
 // app it led: a pod that is leaving must not take a Lease (part of step 2:
 // from here the pod takes nothing new).
@@ -522,6 +536,12 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 			r.Detail = "app did not confirm leader work stopped: left to expire"
 		}
 	}
+	if leader {
+		// The release names the successor: give its lookup a moment if it is late.
+		if s := q.r.successors.p.Load(); s != nil {
+			s.wait(min(successorWait, q.b.left(clk.Now(), q.b.ReleaseBy)))
+		}
+	}
 	l.cancel()
 	ended := true
 	select {
@@ -577,8 +597,12 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 	case !leader:
 		result = ReleaseNotLeader
 	case r.Released:
-		c.event(corev1.EventTypeNormal, ReasonLeaseReleased, "Lease %s (%s) released at %s, %s after the shutdown started",
-			name, l.kind, r.ReleasedAt.Format(time.RFC3339Nano), r.ReleasedAt.Sub(q.rep.Started).Round(time.Millisecond))
+		successor := ""
+		if s := q.r.successors.of(name); s != "" {
+			successor = ", naming successor " + s
+		}
+		c.event(corev1.EventTypeNormal, ReasonLeaseReleased, "Lease %s (%s) released at %s, %s after the shutdown started%s",
+			name, l.kind, r.ReleasedAt.Format(time.RFC3339Nano), r.ReleasedAt.Sub(q.rep.Started).Round(time.Millisecond), successor)
 	case withheld:
 		result = ReleaseWithheld
 		c.event(corev1.EventTypeWarning, ReasonReleaseWithheld, "Lease %s not released: %s", name, r.Detail)
