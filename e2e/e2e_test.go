@@ -96,7 +96,8 @@ var workerLeases = []string{
 	"shards-leader",                              // TestShardRollout, beside its shard set shardLeases
 	"upgrade-leader",                             // TestUpgradeWithPodsRunning
 	"scalein-cost-leader", "scalein-base-leader", // TestScaleInKeepsBusyPods
-	"restartall-leader",                         // TestRestartAllContainersResumes
+	"restartall-leader",                                                      // TestRestartAllContainersResumes
+	"succ3-leader", "succ3-race-leader", "succ5-leader", "succ5-race-leader", // TestRolloutMovesTheRoleOnce
 	"preempt-leader",                            // TestPreemptionHandsOver
 	"token-user-leader", "token-fsgroup-leader", // TestTokenFileOnARealKubelet
 	"waiting-leader", // TestRolloutWaitsForTheWebhook

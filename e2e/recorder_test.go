@@ -263,3 +263,40 @@ func (r *recorder) changesLocked() string {
 	}
 	return strings.Join(changes, "\n")
 }
+
+// freeBeforeEachHolder is, for each move between from and to (as moves
+// counts them), how long the Lease was seen free before its new holder
+// was seen: from the first observation free after the old holder to the
+// first of the new one; 0 where it was never seen free (taken at expiry,
+// or the release and the acquisition within one watch event).
+func (r *recorder) freeBeforeEachHolder(from, to time.Time) []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var gaps []time.Duration
+	last := podOf(r.holderAtLocked(from))
+	var freeAt time.Time
+	for _, o := range r.holders {
+		if !o.at.After(from) || o.at.After(to) {
+			continue
+		}
+		h := podOf(o.holder)
+		switch {
+		case h == "":
+			if freeAt.IsZero() {
+				freeAt = o.at
+			}
+		case h != last:
+			gap := time.Duration(0)
+			if !freeAt.IsZero() {
+				gap = o.at.Sub(freeAt)
+			}
+			if last != "" {
+				gaps = append(gaps, gap)
+			}
+			last, freeAt = h, time.Time{}
+		default:
+			freeAt = time.Time{}
+		}
+	}
+	return gaps
+}
