@@ -40,6 +40,7 @@ type replacedPod struct {
 	claimed       time.Duration // until the last unfinished claim was claimed again by another pod
 	lost          int           // messages it claimed that were neither applied nor pending
 	duplicates    int           // deliveries of messages it claimed that found them applied already
+	hops          handoverHops  // a leader's handover hop by hop (with handoff)
 }
 
 // rolloutPicture draws the figures of two rollouts, with handoff and the

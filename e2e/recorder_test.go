@@ -265,37 +265,43 @@ func (r *recorder) changesLocked() string {
 }
 
 // freeBeforeEachHolder is, for each move between from and to (as moves
-// counts them), how long the Lease was seen free before its new holder
-// was seen: from the first observation free after the old holder to the
-// first of the new one; 0 where it was never seen free (taken at expiry,
-// or the release and the acquisition within one watch event).
+// counts them), how long the Lease was free before its new holder took it,
+// by the Lease's own stamps, not by when this watch saw them (which lags
+// under load): from the release's renewTime (the leaving holder's clock,
+// at its release write) to the new holder's first renewTime (its acquiring
+// write's). Where no release was seen (taken at expiry), from the old
+// holder's last renewTime plus its lease duration.
 func (r *recorder) freeBeforeEachHolder(from, to time.Time) []time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var gaps []time.Duration
-	last := podOf(r.holderAtLocked(from))
-	var freeAt time.Time
+	var last holderSeen // the last holder seen, or the release after it
+	if h := r.holderAtLocked(from); h != "" {
+		for _, o := range r.holders {
+			if !o.at.After(from) && o.holder == h {
+				last = o
+			}
+		}
+	}
 	for _, o := range r.holders {
 		if !o.at.After(from) || o.at.After(to) {
 			continue
 		}
-		h := podOf(o.holder)
 		switch {
-		case h == "":
-			if freeAt.IsZero() {
-				freeAt = o.at
+		case o.holder == "":
+			if last.holder != "" {
+				last = o
 			}
-		case h != last:
-			gap := time.Duration(0)
-			if !freeAt.IsZero() {
-				gap = o.at.Sub(freeAt)
-			}
-			if last != "" {
-				gaps = append(gaps, gap)
-			}
-			last, freeAt = h, time.Time{}
+		case last.holder == "" && !last.at.IsZero():
+			// Taken after a release.
+			gaps = append(gaps, o.renewed.Sub(last.renewed))
+			last = o
+		case podOf(last.holder) != "" && podOf(o.holder) != podOf(last.holder):
+			// Taken at expiry.
+			gaps = append(gaps, o.renewed.Sub(last.renewed.Add(last.duration)))
+			last = o
 		default:
-			freeAt = time.Time{}
+			last = o
 		}
 	}
 	return gaps

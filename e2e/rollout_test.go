@@ -193,6 +193,9 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 
 	for _, pod := range old {
 		p := run.measure(t, pod)
+		if handoff && p.leader && p.successor != "" {
+			p.hops = run.hopsOf(t, p)
+		}
 		run.replaced = append(run.replaced, p)
 		if p.lost > 0 || p.duplicates > 0 {
 			t.Errorf("pod %s: %d of its messages lost, %d delivered again after being applied", pod, p.lost, p.duplicates)
@@ -515,6 +518,11 @@ back at stop-claiming) was claimed by another pod; the baseline has no such hand
 	fmt.Fprintf(tw, "idle pods: containers stopped, each\t%s\t%s\n", shorts(with.idleStoppedSamples), shorts(without.idleStoppedSamples))
 	fmt.Fprintf(tw, "idle pods gone, each\t%s\t%s\n", shorts(with.idleSamples), shorts(without.idleSamples))
 	_ = tw.Flush()
+	for _, p := range with.replaced {
+		if !p.hops.termination.IsZero() {
+			fmt.Fprintf(&b, "\nhandoff: leader %s handed over to %s, hop by hop\n%s", p.name, podOf(p.successor), hopsTable(p.hops))
+		}
+	}
 	return b.String()
 }
 

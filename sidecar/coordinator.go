@@ -553,6 +553,7 @@ func (c *Coordinator) tellApp(l *lease) {
 		return
 	}
 	msg.Sequence = l.nextSequence()
+	first := leader && (l.granted.IsZero() || t.FencingToken != l.token)
 	if leader {
 		msg.Leader, msg.FencingToken, msg.Until = true, t.FencingToken, t.Until
 		msg.ValidForMillis = time.Until(t.Until).Milliseconds()
@@ -573,6 +574,9 @@ func (c *Coordinator) tellApp(l *lease) {
 		c.log.V(1).Info("telling the app about leadership failed", "lease", msg.Lease, "leader", msg.Leader, "error", err.Error())
 	case !leader:
 		l.granted = time.Time{}
+	case first:
+		// The last hop of a handover: the app knows it leads (its "told" time, for the figures).
+		c.log.Info("app told it leads", "lease", msg.Lease, "fencingToken", msg.FencingToken, "told", c.clock.Now().Format(time.RFC3339Nano), "took", c.clock.Since(asked).String())
 	}
 }
 

@@ -9,7 +9,9 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -244,6 +246,7 @@ type replacement struct {
 	steps        []string
 	leaseTakenAt time.Time
 	successor    string
+	toldAt       time.Time     // the successor's app told it leads (its sidecar's log); zero without handoff
 	stranded     int           // claims the old pod held and never finished
 	firstBack    time.Duration // until the first of them was claimed again
 	lastBack     time.Duration // until the last of them was
@@ -308,6 +311,9 @@ func (d *demo) replace(ctx context.Context, old, newName string, handoff bool) (
 	}
 	r.successor = successor
 	r.leaseTakenAt = d.heldSince(successor)
+	if handoff {
+		r.toldAt = d.appToldAt(successor, r.t0, 5*time.Second)
+	}
 	// Stranded claims come back at once with handoff, or at the visibility timeout.
 	waitUntil := time.Now().Add(visibility + 5*time.Second)
 	for {
@@ -402,6 +408,34 @@ func (d *demo) waitHolder(ctx context.Context, not string, timeout time.Duration
 		time.Sleep(20 * time.Millisecond)
 	}
 	return "", fmt.Errorf("no Lease holder other than %q within %s", not, timeout)
+}
+
+// appToldAt is when pod's sidecar logged that it told its app it leads,
+// the first such line after t0, waiting up to timeout for it; zero if none.
+func (d *demo) appToldAt(pod string, t0 time.Time, timeout time.Duration) time.Time {
+	for end := time.Now().Add(timeout); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		f, err := os.Open(filepath.Join(d.o.dir, pod+"-sidecar.log"))
+		if err != nil {
+			return time.Time{}
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 64*1024), 1024*1024)
+		for sc.Scan() {
+			var line struct {
+				Msg  string `json:"msg"`
+				Told string `json:"told"`
+			}
+			if json.Unmarshal(sc.Bytes(), &line) != nil || line.Msg != "app told it leads" {
+				continue
+			}
+			if at, err := time.Parse(time.RFC3339Nano, line.Told); err == nil && at.After(t0) {
+				_ = f.Close()
+				return at
+			}
+		}
+		_ = f.Close()
+	}
+	return time.Time{}
 }
 
 func (d *demo) heldSince(holder string) time.Time {

@@ -21,6 +21,9 @@ func (d *demo) summary(with, without *replacement, rep queue.Report) {
 			fmt.Printf("== without handoff (baseline): %s replaced by %s, processes exit at +0 ms\n", r.old, r.newPod)
 		}
 		fmt.Printf("   %-9s Lease %s held by %s\n", ms(r.leaseTakenAt.Sub(r.t0)), leaseName, r.successor)
+		if !r.toldAt.IsZero() {
+			fmt.Printf("   %-9s %s's app told it leads (%s after the Lease was seen held)\n", ms(r.toldAt.Sub(r.t0)), r.successor, ms(r.toldAt.Sub(r.leaseTakenAt)))
+		}
 		if r.stranded > 0 {
 			fmt.Printf("   %-9s first of %d unfinished claims claimed again by a survivor (last at %s)\n", ms(r.firstBack), r.stranded, ms(r.lastBack))
 		} else {
@@ -30,6 +33,11 @@ func (d *demo) summary(with, without *replacement, rep queue.Report) {
 	fmt.Println()
 	fmt.Printf("%-44s %12s %12s\n", "", "handoff", "baseline")
 	fmt.Printf("%-44s %12s %12s\n", "Lease held by a successor after", ms(with.leaseTakenAt.Sub(with.t0)), ms(without.leaseTakenAt.Sub(without.t0)))
+	told := "-"
+	if !with.toldAt.IsZero() {
+		told = ms(with.toldAt.Sub(with.t0))
+	}
+	fmt.Printf("%-44s %12s %12s\n", "successor's app told it leads after", told, "-")
 	fmt.Printf("%-44s %12s %12s\n", "unfinished claims back in circulation after", back(with), back(without))
 	fmt.Println()
 	fmt.Printf("queue check: %s\n", rep)

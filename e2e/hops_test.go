@@ -1,0 +1,147 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// handoverHops is one leader's handover, hop by hop, from the data the
+// parts recorded: the test's delete request (or its watch's first sight of
+// the deletionTimestamp), the leaving sidecar's shutdown start and release
+// (its LeaseReleased Event: "released at T, D after the shutdown
+// started"), the successor's acquiring write (its first renewTime on the
+// Lease) and its app told it leads (the successor sidecar's log line "app
+// told it leads"). A zero time is a hop not found.
+type handoverHops struct {
+	termination, started, released, acquired, told time.Time
+}
+
+var releasedAt = regexp.MustCompile(`released at (\S+), (\S+) after the shutdown started`)
+
+// hopsOf reads the hops of p's handover to its successor.
+func (r *rolloutRun) hopsOf(t *testing.T, p *replacedPod) handoverHops {
+	t.Helper()
+	h := handoverHops{termination: p.terminating}
+	ctx := context.Background()
+	events, err := cluster.kube.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.name=" + p.name + ",reason=LeaseReleased"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events.Items {
+		if !strings.Contains(e.Message, "Lease "+r.lease+" ") {
+			continue
+		}
+		if m := releasedAt.FindStringSubmatch(e.Message); m != nil {
+			at, err1 := time.Parse(time.RFC3339Nano, m[1])
+			took, err2 := time.ParseDuration(m[2])
+			if err1 == nil && err2 == nil {
+				h.released, h.started = at, at.Add(-took)
+			}
+		}
+	}
+	r.rec.mu.Lock()
+	for _, o := range r.rec.holders {
+		if o.holder == p.successor && o.renewed.After(h.termination.Add(-time.Second)) {
+			h.acquired = o.renewed
+			break
+		}
+	}
+	r.rec.mu.Unlock()
+	h.told = appToldAt(t, podOf(p.successor), r.lease, h.acquired)
+	return h
+}
+
+// appToldAt is the first time after after at which pod's sidecar logged
+// that it told its app it leads lease; zero if not found.
+func appToldAt(t *testing.T, pod, lease string, after time.Time) time.Time {
+	t.Helper()
+	raw, err := cluster.kube.CoreV1().Pods(namespace).GetLogs(pod, &corev1.PodLogOptions{Container: "handoff"}).DoRaw(context.Background())
+	if err != nil {
+		t.Logf("logs of %s's sidecar: %v", pod, err)
+		return time.Time{}
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(raw)))
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		var line struct {
+			Msg   string `json:"msg"`
+			Lease string `json:"lease"`
+			Told  string `json:"told"`
+		}
+		if json.Unmarshal(sc.Bytes(), &line) != nil || line.Msg != "app told it leads" || line.Lease != lease {
+			continue
+		}
+		if at, err := time.Parse(time.RFC3339Nano, line.Told); err == nil && !at.Before(after) {
+			return at
+		}
+	}
+	return time.Time{}
+}
+
+// hopsTable prints hops, one line per hop, each with its time from the
+// previous one and from the termination start.
+func hopsTable(h handoverHops) string {
+	var b strings.Builder
+	prev := h.termination
+	for _, hop := range []struct {
+		name string
+		at   time.Time
+	}{
+		{"termination start → the leaving sidecar's sequence started", h.started},
+		{"→ the Lease released (after the app acknowledged the revoke)", h.released},
+		{"→ the successor's acquiring write", h.acquired},
+		{"→ the successor's app told it leads", h.told},
+	} {
+		if hop.at.IsZero() || prev.IsZero() {
+			fmt.Fprintf(&b, "  %-62s %10s\n", hop.name, "not found")
+			prev = time.Time{}
+			continue
+		}
+		fmt.Fprintf(&b, "  %-62s %+8.1f ms  (%.1f ms from termination start)\n", hop.name,
+			float64(hop.at.Sub(prev).Microseconds())/1000, float64(hop.at.Sub(h.termination).Microseconds())/1000)
+		prev = hop.at
+	}
+	return b.String()
+}
+
+// leaseWriteFloor measures n updates of a scratch Lease from the test
+// process, one after another: the round trip of an empty Lease write on
+// this cluster in this run, the floor of each write of a handover. It
+// returns the median and the largest.
+func leaseWriteFloor(t *testing.T, n int) (p50, maxd time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	leases := cluster.kube.CoordinationV1().Leases(namespace)
+	l, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{GenerateName: "floor-"},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("floor"), LeaseDurationSeconds: ptr.To[int32](15)}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = leases.Delete(ctx, l.Name, metav1.DeleteOptions{}) }()
+	var ds []time.Duration
+	for range n {
+		l.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
+		start := time.Now()
+		if l, err = leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, time.Since(start))
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2], ds[len(ds)-1]
+}
