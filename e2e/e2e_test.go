@@ -467,7 +467,9 @@ func (s *setup) chart() error {
 	if plainHTTP(s.registry) {
 		args = append(args, "--plain-http")
 	}
-	args = append(args, "--timeout", "2m")
+	// 5m: on two cores shared with builds (load 15-20) the webhook's pods
+	// took more than 2m to be ready, twice on 2026-12-07; alone, seconds.
+	args = append(args, "--timeout", "5m")
 	args = append(args, images.release.imageValues()...)
 	_, err = helm(append(args,
 		"--set", "webhook.failurePolicy=Fail",
