@@ -155,8 +155,9 @@ integration-newest: kube-assets-newest queue-servers
 # Every suite that runs on Kubernetes, on the newest supported (1.37):
 # integration (the packages that talk to the API, as make test does) and
 # end to end. The e2e half is not in make test, so not in CI: the node's
-# binaries of a second Kubernetes would take a cold CI run past the hour
-# (docs/development.md, "Which Kubernetes the tests run on").
+# binaries of a second Kubernetes and a second e2e run would take a cold CI
+# run past 70 minutes (docs/development.md, "Which Kubernetes the tests run
+# on").
 # Run before each release (docs/releasing.md).
 test-newest: integration-newest e2e-newest
 

@@ -8,7 +8,7 @@
 # SDKs (their tests and handoff conformance on their example workers), end
 # to end on a real kubelet. End to end on the newest is make e2e-newest (in
 # make test-newest), not run here: a cold build of the newest's node
-# binaries would take a cold CI run past the hour.
+# binaries and a second e2e run would take a cold CI run past 70 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 source hack/lib/phases.sh
