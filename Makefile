@@ -27,18 +27,21 @@ GOTOOLCHAIN ?= go1.27.3
 export GOTOOLCHAIN
 
 # The Kubernetes versions the integration suite runs against, the oldest and
-# the newest supported: kube-apiserver and the etcd it ships with. The e2e
-# kubelet in make e2e is the oldest's; make e2e-newest runs on the newest.
+# the newest supported: kube-apiserver and the etcd it ships with. make test
+# (and so CI) runs on both; the e2e kubelet in make e2e is the oldest's, and
+# make e2e-newest (before a release) runs on the newest.
 KUBE_OLDEST := KUBE_VERSION=v1.35.4 ETCD_VERSION=v3.6.16
 KUBE_NEWEST := KUBE_VERSION=v1.37.2 ETCD_VERSION=v3.7.3
 # Every package of the repository's modules (go.work): ./... holds the
 # main module's alone; the protocol, the Go SDK and its adapters are modules
 # of their own.
 GO_PKGS := ./... ./protocol/... ./worker/... ./worker/jetstream/... ./worker/rabbitmq/... ./worker/redisstreams/... ./worker/river/...
-# The packages whose tests talk to the apiserver, run again on the newest.
+# The packages whose tests talk to the apiserver (their tests import
+# internal/kubetest; docs' TestAPIPackagesAreTheMakefiles checks the list),
+# run again on the newest.
 API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
 
-.PHONY: all build image release deploy demo sandbox sandbox-down test test-newest integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak unit bench fuzz lint vuln kube-assets tools clean
+.PHONY: all build image release deploy demo sandbox sandbox-down test test-newest integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak unit bench fuzz lint vuln kube-assets kube-assets-newest tools clean
 
 ## Builds the binaries (make with no target)
 all: build
@@ -82,10 +85,19 @@ deploy: tools
 
 ## Builds or reuses the oldest supported Kubernetes's control-plane binaries
 # Builds or reuses the control-plane binaries of the oldest supported
-# Kubernetes, which make test runs on (cached under ~/.cache/handoff); the
-# newest's are built by the targets that run on it (test-newest).
+# Kubernetes that the integration suite runs (kube-apiserver, etcd,
+# kube-controller-manager; cached under ~/.cache/handoff). make e2e builds
+# the node's binaries beside them.
 kube-assets:
 	@$(KUBE_OLDEST) bash hack/kube-assets.sh kube-controller-manager >/dev/null
+
+## Builds or reuses the newest supported Kubernetes's control-plane binaries
+# The same of the newest supported Kubernetes, for make integration-newest:
+# only kube-apiserver, its etcd and kube-controller-manager, not the node's
+# binaries (make e2e-newest builds those); cached under ~/.cache/handoff.
+# What a cold build costs: docs/development.md.
+kube-assets-newest:
+	@$(KUBE_NEWEST) bash hack/kube-assets.sh kube-controller-manager >/dev/null
 
 ## Installs or reuses the pinned tools (hack/tools.sh)
 tools:
@@ -116,10 +128,11 @@ sandbox: tools
 sandbox-down:
 	bash hack/sandbox.sh down $(SANDBOX_DIR)
 
-## Runs every suite: integration, the SDKs, end to end (hack/test.sh)
-# Every test: unit and integration, then end to end on a real kubelet. Each
-# suite runs to its end even when one before it failed; hack/test.sh times
-# each and lists the failed tests at the end.
+## Runs every suite: integration (oldest and newest Kubernetes), the SDKs, end to end (hack/test.sh)
+# Every test: unit and integration on the oldest supported Kubernetes, the
+# packages that talk to the API again on the newest, then the SDKs and end
+# to end on a real kubelet. Each suite runs to its end even when one before
+# it failed; hack/test.sh times each and lists the failed tests at the end.
 test:
 	@bash hack/test.sh
 
@@ -135,15 +148,16 @@ integration-oldest: kube-assets queue-servers
 	$(KUBE_OLDEST) KUBEBUILDER_ASSETS=$$($(KUBE_OLDEST) bash hack/kube-assets.sh kube-controller-manager) go test -race -count=1 $(GO_PKGS)
 
 ## Runs the apiserver tests on the newest supported Kubernetes
-integration-newest: queue-servers
+integration-newest: kube-assets-newest queue-servers
 	$(KUBE_NEWEST) KUBEBUILDER_ASSETS=$$($(KUBE_NEWEST) bash hack/kube-assets.sh kube-controller-manager) go test -race -count=1 $(API_PKGS)
 
 ## Runs integration and e2e on the newest Kubernetes (before a release)
 # Every suite that runs on Kubernetes, on the newest supported (1.37):
-# integration (the packages that talk to the API) and end to end. Not in
-# make test, so not in CI: its binaries are another Kubernetes build, which
-# would take a cold CI run past the hour (docs/development.md, "Which
-# Kubernetes the tests run on").
+# integration (the packages that talk to the API, as make test does) and
+# end to end. The e2e half is not in make test, so not in CI: the node's
+# binaries of a second Kubernetes and a second e2e run would take a cold CI
+# run past 70 minutes (docs/development.md, "Which Kubernetes the tests run
+# on").
 # Run before each release (docs/releasing.md).
 test-newest: integration-newest e2e-newest
 
@@ -197,7 +211,7 @@ e2e: e2e-assets
 
 ## Runs the end-to-end suite on the newest supported Kubernetes
 # The same end-to-end suite on the newest supported Kubernetes (apiserver,
-# controllers and kubelet 1.37; part of test-newest, not in CI).
+# controllers and kubelet 1.37; part of test-newest, not in make test or CI).
 e2e-newest: tools
 	$(KUBE_NEWEST) bash hack/kube-assets.sh kubectl kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
 	$(KUBE_NEWEST) go test -race -tags e2e -count=1 -v -timeout 30m ./e2e/

@@ -1,15 +1,19 @@
 // Package docs_test checks that the documentation says what the repository
 // does: every test, benchmark or fuzz target it names exists, the supported
 // Kubernetes versions read the same in the README, the chart and the
-// Makefile, and the make bench commands it lists are the Makefile's.
+// Makefile, the packages run on the newest are every one that talks to the
+// API, and the make bench commands it lists are the Makefile's.
 package docs_test
 
 import (
+	"go/parser"
+	"go/token"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -156,6 +160,64 @@ func TestSupportedKubernetesVersionsAgree(t *testing.T) {
 				t.Errorf("%s says %q; the oldest supported Kubernetes is %s (README)", path, m[0], readme[0])
 			}
 		}
+	}
+}
+
+// The Makefile's API_PKGS, which make integration-newest (in make test)
+// runs on the newest supported Kubernetes, are the packages whose tests
+// talk to an apiserver: those with a _test.go file that imports
+// internal/kubetest, outside the e2e suite (make e2e-newest's). A new such
+// package missing from the list would be tested on the oldest alone.
+func TestAPIPackagesAreTheMakefiles(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^API_PKGS := (.*)$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("Makefile: no API_PKGS := line")
+	}
+	listed := strings.Fields(string(m[1]))
+	const kubetest = "github.com/handoff-dev/handoff/internal/kubetest"
+	var found []string
+	fset := token.NewFileSet()
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") && path != root || d.Name() == "node_modules" || d.Name() == "testdata" || path == filepath.Join(root, "e2e")) {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		for _, imp := range f.Imports {
+			if p, _ := strconv.Unquote(imp.Path.Value); p == kubetest {
+				rel, err := filepath.Rel(root, filepath.Dir(path))
+				if err != nil {
+					return err
+				}
+				found = append(found, "./"+filepath.ToSlash(rel))
+				break
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(found)
+	found = slices.Compact(found)
+	if len(found) == 0 {
+		t.Fatal("no _test.go file imports " + kubetest)
+	}
+	sorted := slices.Sorted(slices.Values(listed))
+	if !slices.Equal(sorted, found) {
+		t.Errorf("Makefile's API_PKGS are\n\t%s\nthe packages whose tests import internal/kubetest are\n\t%s", strings.Join(sorted, " "), strings.Join(found, " "))
 	}
 }
 
