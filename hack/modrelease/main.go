@@ -233,14 +233,24 @@ func require(root, version string) error {
 		}
 	}
 	for _, m := range mods {
+		moved := m.dir == "." // the root module is required by none
 		for _, r := range slices.Clone(wf.Replace) {
-			if r.Old.Path == m.path {
-				if err := wf.DropReplace(r.Old.Path, r.Old.Version); err != nil {
-					return err
+			if r.Old.Path != m.path {
+				continue
+			}
+			// The line moved to version in place, keeping its block and
+			// comments; any other replacement of the module dropped.
+			if tok := r.Syntax.Token; !moved && r.Old.Version != "" && path.Clean(r.New.Path) == m.dir {
+				if i := slices.Index(tok, m.path); i >= 0 && i+1 < len(tok) && tok[i+1] == r.Old.Version {
+					tok[i+1], r.Old.Version, moved = version, version, true
+					continue
 				}
 			}
+			if err := wf.DropReplace(r.Old.Path, r.Old.Version); err != nil {
+				return err
+			}
 		}
-		if m.dir != "." {
+		if !moved {
 			if err := wf.AddReplace(m.path, version, "./"+m.dir, ""); err != nil {
 				return err
 			}
