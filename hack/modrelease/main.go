@@ -27,6 +27,11 @@
 //	    replace directive, every requirement on one of the repository's
 //	    modules names one version, and go.work replaces that version of each
 //	    module (and nothing else) with its directory.
+//	go run ./hack/modrelease tagged VERSION
+//	    Fails unless every module has its tag for VERSION (below), all on
+//	    the commit the tag VERSION is on, and the files there pass check
+//	    with the modules requiring each other at VERSION: what the release
+//	    workflow checks before it publishes anything.
 //	go run ./hack/modrelease proxy -out DIR [-repo REPO] VERSION
 //	    Writes a module proxy's files (GOPROXY=file://DIR) for each module
 //	    at VERSION, made from its tag in the git repository REPO (default
@@ -84,6 +89,11 @@ func main() {
 			usage()
 		}
 		err = check(".")
+	case "tagged":
+		if len(args) != 1 {
+			usage()
+		}
+		err = tagged(".", args[0])
 	case "proxy":
 		fl := flag.NewFlagSet("proxy", flag.ExitOnError)
 		out := fl.String("out", "", "the proxy's directory (GOPROXY=file://DIR), made if missing")
@@ -103,7 +113,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: go run ./hack/modrelease require VERSION | check | proxy -out DIR [-repo REPO] VERSION")
+	fmt.Fprintln(os.Stderr, "usage: go run ./hack/modrelease require VERSION | check | tagged VERSION | proxy -out DIR [-repo REPO] VERSION")
 	os.Exit(2)
 }
 
@@ -439,6 +449,78 @@ func check(root string) error {
 	}
 	if len(problems) > 0 {
 		sort.Strings(problems)
+		return errors.New(strings.Join(problems, "\n"))
+	}
+	return nil
+}
+
+// tagged checks the tags of every module at version in the git repository
+// repo, and the modules' files at the root module's tag.
+func tagged(repo, version string) error {
+	if err := checkVersion(version); err != nil {
+		return err
+	}
+	_, mods, err := workspace(repo)
+	if err != nil {
+		return err
+	}
+	want, err := git(repo, "rev-parse", "--verify", "--quiet", "refs/tags/"+version+"^{commit}")
+	if err != nil {
+		return fmt.Errorf("no tag %s", version)
+	}
+	var problems []string
+	for _, m := range mods {
+		if m.dir == "." {
+			continue
+		}
+		tag := m.dir + "/" + version
+		got, err := git(repo, "rev-parse", "--verify", "--quiet", "refs/tags/"+tag+"^{commit}")
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("module %s: no tag %s (hack/release-modules.sh %s makes every module's tag)", m.path, tag, version))
+		case got != want:
+			problems = append(problems, fmt.Sprintf("module %s: tag %s is on commit %s, %s on %s; want every module's tag on one commit", m.path, tag, strings.TrimSpace(got), version, strings.TrimSpace(want)))
+		}
+	}
+	// The files of the tagged commit, in a directory of their own.
+	tmp, err := os.MkdirTemp("", "modrelease-")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(tmp) }()
+	for _, m := range mods {
+		for _, name := range []string{"go.mod", "go.work"} {
+			if name == "go.work" && m.dir != "." {
+				continue
+			}
+			data, err := git(repo, "show", version+":"+path.Join(m.dir, name))
+			if err != nil {
+				return err
+			}
+			full := filepath.Join(tmp, filepath.FromSlash(m.dir), name)
+			if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+				return err
+			}
+			if err := os.WriteFile(full, []byte(data), 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	if err := check(tmp); err != nil {
+		problems = append(problems, fmt.Sprintf("the modules at %s:\n%v", version, err))
+	}
+	_, tmods, err := workspace(tmp)
+	if err != nil {
+		return err
+	}
+	for _, m := range tmods {
+		for _, r := range m.file.Require {
+			if slices.ContainsFunc(tmods, func(o *mod) bool { return o.path == r.Mod.Path }) && r.Mod.Version != version {
+				problems = append(problems, fmt.Sprintf("%s at %s requires %s %s, want %s", path.Join(m.dir, "go.mod"), version, r.Mod.Path, r.Mod.Version, version))
+			}
+		}
+	}
+	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "\n"))
 	}
 	return nil

@@ -82,6 +82,8 @@ func TestATaggedReleaseInstallsThroughAModuleProxy(t *testing.T) {
 			t.Errorf("the release commit has no tag %s (tags there: %v)", tag, tags)
 		}
 	}
+	// What the release workflow checks before it publishes.
+	run(clone, gitEnv, "go", "run", "./hack/modrelease", "tagged", releaseVersion)
 	proxyDir := filepath.Join(tmp, "proxy")
 	run(clone, gitEnv, "go", "run", "./hack/modrelease", "proxy", "-out", proxyDir, "-repo", clone, releaseVersion)
 
