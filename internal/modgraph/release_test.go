@@ -237,3 +237,36 @@ func releaseModCache(t *testing.T) string {
 	})
 	return dir
 }
+
+// Inside the repository the go command builds the local trees of all the
+// repository's modules (go.work), whatever version the go.mod files require
+// each other at: every one of them resolves to its directory, with no
+// version, and no other version of one is in the build list.
+func TestTheWorkspaceUsesTheLocalTrees(t *testing.T) {
+	r := root(t)
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Path}} {{.Version}} {{.Dir}}", "all")
+	cmd.Dir = r
+	cmd.Env = append(os.Environ(), "GOWORK="+filepath.Join(r, "go.work"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -m all: %v\n%s", err, out)
+	}
+	want := map[string]string{repo: r}
+	for _, dir := range modules {
+		want[repo+"/"+dir] = filepath.Join(r, filepath.FromSlash(dir))
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		dir, ours := want[f[0]]
+		if !ours {
+			continue
+		}
+		delete(want, f[0])
+		if len(f) != 2 || f[1] != dir {
+			t.Errorf("go list -m all in the workspace: %q, want %s at its directory %s", line, f[0], dir)
+		}
+	}
+	for m := range want {
+		t.Errorf("go list -m all in the workspace lists no %s", m)
+	}
+}
