@@ -140,14 +140,3 @@ require (
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 )
-
-// The repository's other modules (go.work lists them all): the wire
-// protocol, the Go SDK and its queue adapters.
-replace (
-	github.com/handoff-dev/handoff/protocol => ./protocol
-	github.com/handoff-dev/handoff/worker => ./worker
-	github.com/handoff-dev/handoff/worker/jetstream => ./worker/jetstream
-	github.com/handoff-dev/handoff/worker/rabbitmq => ./worker/rabbitmq
-	github.com/handoff-dev/handoff/worker/redisstreams => ./worker/redisstreams
-	github.com/handoff-dev/handoff/worker/river => ./worker/river
-)

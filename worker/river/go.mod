@@ -27,10 +27,3 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 	k8s.io/utils v0.0.0-20241104100929-3ea5e8cea738 // indirect
 )
-
-// The repository's own modules, for go mod tidy in this directory; a
-// module that requires this one takes the versions it names instead.
-replace (
-	github.com/handoff-dev/handoff/protocol => ../../protocol
-	github.com/handoff-dev/handoff/worker => ..
-)
