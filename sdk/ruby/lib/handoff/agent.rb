@@ -199,10 +199,15 @@ module Handoff
     # @param token [String, nil] the pod's token; default the file `token_file` or $HANDOFF_TOKEN_FILE names
     # @param insecure_no_token [Boolean] serve without a token (local development only)
     # @param lease_duration [Numeric, nil] seconds: the longest grant accepted; default $HANDOFF_LEASE_DURATION, else 1h
+    # @param on_stop_claiming [#call, nil] `-> {}`: called once, at
+    #   stop-claiming (or the return fallback when stop-claiming never came),
+    #   before it is answered: stop the queue client's fetching there (the
+    #   Sidekiq integration quiets the process). Keep it short: the sidecar
+    #   bounds stop-claiming by 1 s. This SDK's choice; the wire is the same.
     # @param clock [RealClock, Testing::FakeClock]
     # @raise [ConfigError] no token, a bad token file or lease duration
     def initialize(return_claims: nil, hand_back: nil, token: nil, token_file: nil, insecure_no_token: false,
-                   lease_duration: nil, clock: nil, logger: nil)
+                   lease_duration: nil, clock: nil, logger: nil, on_stop_claiming: nil)
       tok = Config.agent_token(token, token_file, insecure_no_token)
       @max_term = Config.lease_duration(lease_duration)
       @clock = clock || RealClock.new
@@ -210,6 +215,7 @@ module Handoff
       @verifier = tok && Auth::Verifier.new(tok)
       @return_claims_fn = return_claims
       @hand_back_fn = hand_back
+      @on_stop_claiming = on_stop_claiming
       @instance = SecureRandom.hex(8)
       @mu = Mutex.new
       @turn = Mutex.new # held by whoever calls return_claims
@@ -328,17 +334,23 @@ module Handoff
     # in the background. Idempotent.
     # @return [Wire::DrainStatus] the status when claiming stopped
     def stop_claiming
-      @mu.synchronize do
+      st = @mu.synchronize do
         return status_locked if @stopped
 
         @stopped = true
         @stopping.set
         @receives.each_key(&:stop!)
         @logger.info(format("stop claiming: inFlight=%d unstarted=%d receiving=%d", @held, @unstarted, @receives.size))
-        st = status_locked
+        s = status_locked
         take_locked(@claims.keys.select { |c| c.state == UNSTARTED })
-        st
+        s
       end
+      begin
+        @on_stop_claiming&.call
+      rescue StandardError => e
+        @logger.error("on_stop_claiming failed: #{e.class}: #{e.message}")
+      end
+      st
     end
 
     # The drain deadline's fallback (Go: `Agent.Return`): stops claiming; with
