@@ -19,13 +19,18 @@ require "handoff/sidekiq"
 # Debian's redis-rb 4.8 warns of calls Sidekiq 6.4 makes; nothing to act on here.
 Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
 
-Handoff::Sidekiq.install
+# on_requeue records the jobs the return pushed back, for the handover test's figures.
+Handoff::Sidekiq.install(on_requeue: lambda { |jobs, at|
+  Sidekiq.redis do |c|
+    jobs.each { |j| HandoffExample.event(c, event: "handed-back", key: j["args"][0], jid: j["jid"], t: at) }
+  end
+})
 
 module HandoffExample
   WORKER = ENV.fetch("WORKER_NAME", "worker")
 
   def self.event(conn, **e)
-    conn.rpush("events", JSON.generate(e.merge(worker: WORKER, t: Time.now.to_f)))
+    conn.rpush("events", JSON.generate({ worker: WORKER, t: Time.now.to_f }.merge(e)))
   end
 
   # args: key (String), seconds (Float)
@@ -60,6 +65,11 @@ module HandoffExample
     redis.call('RPUSH', KEYS[2], ARGV[2])
     return 1
   LUA
+end
+
+# Sidekiq fires :quiet when stop-claiming quiets it: recorded for the tests.
+Sidekiq.configure_server do |config|
+  config.on(:quiet) { Sidekiq.redis { |c| HandoffExample.event(c, event: "quiet", key: "") } }
 end
 
 if (lease = ENV["HANDOFF_EXAMPLE_LEASE"])

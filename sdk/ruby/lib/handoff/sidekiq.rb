@@ -39,9 +39,13 @@ module Handoff
       # Installs the integration: the server middleware, and the Agent
       # started at Sidekiq's startup, serving $HANDOFF_APP_URL.
       # @param url [String, nil] the app's address (default $HANDOFF_APP_URL)
+      # @param on_requeue [#call, nil] `->(jobs, at) {}`: called after the return
+      #   pushed jobs back, with their payloads (Array<Hash>) and the Unix time
+      #   in seconds (Float) just before the push, in the Agent's thread
       # @param agent_options [Hash] passed to {Agent#initialize} (token_file:, lease_duration:, logger:)
       # @return [void]
-      def install(url: nil, **agent_options)
+      def install(url: nil, on_requeue: nil, **agent_options)
+        @on_requeue = on_requeue
         ::Sidekiq.configure_server do |config|
           config.server_middleware { |chain| chain.add(Middleware) }
           # At :startup the CLI has not made its launcher yet: it is looked up at stop-claiming.
@@ -141,6 +145,7 @@ module Handoff
         end
         return 0 if items.empty?
 
+        at = Time.now.to_f
         ::Sidekiq.redis do |conn|
           conn.pipelined do |pipe|
             items.each { |b| pipe.rpush("queue:#{b.queue}", b.jobstr) }
@@ -148,6 +153,11 @@ module Handoff
         end
         items.each { |b| b.thread.raise(::Sidekiq::Shutdown) if b.thread.alive? && @mu.synchronize { @busy[b.thread].equal?(b) } }
         ::Sidekiq.logger.info("handoff: pushed #{items.size} jobs back to Redis")
+        begin
+          @on_requeue&.call(items.map { |b| ::Sidekiq.load_json(b.jobstr) }, at)
+        rescue StandardError => e
+          ::Sidekiq.logger.error("handoff: on_requeue: #{e.class}: #{e.message}")
+        end
         items.size
       end
     end
