@@ -2,8 +2,8 @@
 # make test: every suite in turn, each run to its end even when one before it
 # failed, each timed; a summary at the end names the failed tests, and the
 # exit is non-zero if any suite failed. The suites are the Makefile's
-# targets: integration on the oldest supported Kubernetes, the Python and
-# Node SDKs (their tests and handoff conformance on their example workers),
+# targets: integration on the oldest supported Kubernetes, the Python,
+# Node and Ruby SDKs (their tests and handoff conformance on their example workers),
 # end to end on a real kubelet. The same on the newest supported Kubernetes
 # is make test-newest, not run here (a cold build of its binaries would
 # take a cold CI run past the hour).
@@ -12,6 +12,6 @@ cd "$(dirname "$0")/.." || exit
 source hack/lib/phases.sh
 
 phase "integration, Kubernetes oldest (go test -race ./...)" make --no-print-directory integration-oldest
-phase "the Python and Node SDKs (sdk/python/test.sh, sdk/node/test.sh)" make --no-print-directory sdk-test
+phase "the Python, Node and Ruby SDKs (sdk/python/test.sh, sdk/node/test.sh, sdk/ruby/test.sh)" make --no-print-directory sdk-test
 phase "end to end on a real kubelet" make --no-print-directory e2e
 phases_end
