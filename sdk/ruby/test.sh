@@ -9,7 +9,7 @@
 #
 # Environment:
 #   HANDOFF_BIN  a handoff binary; unset, one is built with go
-#   GEM_OUT      a directory to leave the built gem in (make release)
+#   GEM_OUT      a directory to leave the built gem in
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -55,10 +55,9 @@ summary=$(grep -E '^[0-9]+ runs, ' "$tmp/tests.out" | tail -1)
 grep -q ' 0 failures, 0 errors, 0 skips$' <<<"$summary" || { echo "test.sh: $summary: want no failure and no skip" >&2; exit 1; }
 
 step "gem build (offline)"
-mkdir -p "$tmp/gem"
-tar -C "$here" -cf - . | tar -C "$tmp/gem" -xf -
-(cd "$tmp/gem" && gem build handoff.gemspec 2>&1 | tail -4)
-g=$(ls "$tmp"/gem/handoff-*.gem)
+g=$(bash "$here/build-gem.sh" "$tmp/gem")
+echo "built $(basename "$g")"
+test "$(bash "$here/build-gem.sh" "$tmp/gem-rc" v1.2.3-rc.1 | xargs basename)" = handoff-1.2.3.pre.rc.1.gem
 tar -xOf "$g" data.tar.gz | tar tzf - >"$tmp/gem.txt"
 for f in LICENSE README.md CHANGELOG.md lib/handoff.rb lib/handoff/sidekiq.rb lib/handoff/testing.rb; do
   grep -qx "$f" "$tmp/gem.txt" || { echo "test.sh: the gem has no $f" >&2; exit 1; }
