@@ -3,7 +3,7 @@
 require_relative "sidekiq_rig"
 
 # A real handover between two Sidekiq processes, each beside its own handoff
-# sidecar, on a real Redis. Sidekiq A (4 threads) takes a burst, two jobs
+# sidecar, on a real Redis. Sidekiq A (4 threads) takes a burst, three jobs
 # longer than the drain window; Sidekiq B starts and a stream of short jobs
 # flows to both. Then A is shut down as the kubelet does it: handoff prestop
 # on A's control socket (the sidecar stops A's claiming: Sidekiq quiets;
@@ -34,7 +34,7 @@ class SidekiqHandoverTest < Minitest::Test
     a = SidekiqRig::Pod.new(root, "a", concurrency: 4, grace: "#{GRACE}s")
     pods << a
     a.wait_ready
-    burst = [LONG, LONG, 0.5, 1.0] + Array.new(8) { [0.3, 0.7, 1.2, 2.0].sample(random: rng) }
+    burst = [LONG, LONG, LONG, 0.5, 1.0] + Array.new(8) { [0.3, 0.7, 1.2, 2.0].sample(random: rng) }
     burst.each_with_index { |s, i| SidekiqRig.push("b%02d" % i, s).then { keys << "b%02d" % i } }
     assert TestHelper.eventually(10) { a.client.drain[1]["inFlight"] == 4 }, "A busy with 4 jobs"
     b = SidekiqRig::Pod.new(root, "b", concurrency: 8, grace: "#{GRACE}s")
