@@ -161,14 +161,15 @@ integration-newest: kube-assets-newest queue-servers
 # Run before each release (docs/releasing.md).
 test-newest: integration-newest e2e-newest
 
-## Tests the Python and Node SDKs, with conformance on their workers
-# The SDKs for Python and Node (sdk/python, sdk/node): their own tests,
-# type checks and packages, and handoff conformance on their example
-# workers, with the handoff binary built once here.
+## Tests the Python, Node and Ruby SDKs, with conformance on their workers
+# The SDKs for Python, Node and Ruby (sdk/python, sdk/node, sdk/ruby):
+# their own tests, type checks and packages, and handoff conformance on
+# their example workers, with the handoff binary built once here.
 sdk-test:
 	$(GOBUILD) -ldflags "$(LDFLAGS)" -o bin/handoff ./cmd/handoff
 	HANDOFF_BIN=$(CURDIR)/bin/handoff bash sdk/python/test.sh
 	HANDOFF_BIN=$(CURDIR)/bin/handoff bash sdk/node/test.sh
+	HANDOFF_BIN=$(CURDIR)/bin/handoff bash sdk/ruby/test.sh
 
 ## Installs or builds the queue servers the adapters' tests run on
 # The queue servers the adapters' tests run on, installed or built and
