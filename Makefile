@@ -41,7 +41,7 @@ GO_PKGS := ./... ./protocol/... ./worker/... ./worker/jetstream/... ./worker/rab
 # run again on the newest.
 API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
 
-.PHONY: all build image release deploy demo sandbox sandbox-down test test-newest integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak unit bench fuzz lint vuln kube-assets kube-assets-newest tools clean
+.PHONY: all build image release deploy demo sandbox sandbox-down test test-newest integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures successor-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak unit bench fuzz lint vuln kube-assets kube-assets-newest tools clean
 
 ## Builds the binaries (make with no target)
 all: build
@@ -222,6 +222,13 @@ e2e-newest: tools
 # printed, and drawn as a picture in bin/rollout-figures.svg.
 rollout-figures: e2e-assets
 	bash e2e/rollout-figures.sh
+
+## Measures the role Lease's moves per rollout, successor named beside the race
+# The successor figures (docs/performance.md, "One move per rollout"):
+# rollouts of 3 and 5 replicas with the successor named, and the same with
+# prefer-successor false as the baseline, in one e2e run.
+successor-figures: e2e-assets
+	bash e2e/successor-figures.sh
 
 ## Measures the shard figures (docs/shards.md) from one e2e run
 # The shard figures (docs/shards.md) from one e2e run: a rollout restart of
