@@ -116,7 +116,9 @@ const DefaultDedupe = 8192
 // It counts no Event whose last occurrence is before since (its leader's
 // start less the window): those are another leader's. Of an Event first
 // seen with its first occurrence before since and its last after, it
-// counts one occurrence.
+// counts one occurrence. An Event's timestamps are whole seconds (its
+// firstTimestamp and lastTimestamp travel as RFC 3339 to the second): one
+// is before since only if the second after it is too.
 type Counter struct {
 	m     *Metrics
 	since time.Time
@@ -155,8 +157,8 @@ func (c *Counter) Observe(old, e *corev1.Event) string {
 		n = count - int(max(old.Count, 1))
 	} else {
 		switch {
-		case eventLast(e).Before(c.since):
-		case eventFirst(e).Before(c.since):
+		case c.before(eventLast(e)):
+		case c.before(eventFirst(e)):
 			n = 1
 		default:
 			n = count
@@ -226,6 +228,9 @@ func (c *Counter) count(ns string, s outcome.Summary, n int) {
 		m.LeaseReleases.WithLabelValues(ns, "", r).Add(f * float64(k))
 	}
 }
+
+// before says whether a timestamp at, to the second, is before since.
+func (c *Counter) before(at time.Time) bool { return !at.Add(time.Second).After(c.since) }
 
 // eventLast is when e last occurred: its lastTimestamp, else its
 // eventTime, else its creation.

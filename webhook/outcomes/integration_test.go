@@ -104,7 +104,6 @@ func TestCountsTheSidecarsEventsOnceOnARealAPIServer(t *testing.T) {
 		"claims abandoned":   {leader.Claims.WithLabelValues(ns, ClaimsAbandoned), 8},
 		"work failed":        {leader.LeaseReleases.WithLabelValues(ns, "work", outcome.ResultFailed), 2},
 		"work released":      {leader.LeaseReleases.WithLabelValues(ns, "work", outcome.ResultReleased), 3},
-		"Events counted":     {leader.Events.WithLabelValues(EventCounted), 5},
 		"Events not counted": {leader.Events.WithLabelValues(EventInvalid), 0},
 		"leader":             {leader.Leader, 1},
 	} {
@@ -130,4 +129,79 @@ func waitEvents(t *testing.T, ns string, n int) {
 		es, err := kubetest.Get(t).Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: FieldSelector})
 		return err == nil && len(es.Items) == n
 	})
+}
+
+// A failover on a real apiserver: the leader stops (its Lease released),
+// the other replica takes over and counts the Events written from its
+// start less its window, not the older ones its predecessor counted.
+func TestANewLeaderCountsFromItsWindowOnARealAPIServer(t *testing.T) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Skip("KUBEBUILDER_ASSETS not set: no control plane")
+	}
+	env := kubetest.Get(t)
+	ns, lns := env.Namespace(t), env.Namespace(t)
+	pod := env.Pod(t, ns, "worker-0", 30)
+	b := record.NewBroadcaster(record.WithCorrelatorOptions(sidecar.CorrelatorOptions()))
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: env.Client.CoreV1().Events(ns)})
+	t.Cleanup(b.Shutdown)
+	rec := b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "handoff"})
+	seq := 0
+	write := func() {
+		seq++
+		s := outcome.Summary{V: outcome.Version, Outcome: protocol.OutcomeDrained, Steps: map[protocol.StepName]float64{protocol.StepDone: 0.01}}
+		rec.AnnotatedEventf(pod, map[string]string{outcome.Annotation: s.Encode()}, corev1.EventTypeNormal, outcome.Reason,
+			"%s", s.Message(time.Unix(0, int64(seq)), time.Millisecond))
+	}
+	start := func(id string, m *Metrics, window time.Duration) (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		r := &Runner{Client: env.Client, Namespace: lns, Lease: "handoff-outcomes", Identity: id, Metrics: m, Log: testr.New(t), Window: window}
+		done := make(chan struct{})
+		go func() { defer close(done); _ = r.Start(ctx) }()
+		stop = func() { cancel(); <-done }
+		t.Cleanup(stop)
+		return stop
+	}
+	drained := func(m *Metrics) float64 { return testutil.ToFloat64(m.Handovers.WithLabelValues(ns, "Drained")) }
+
+	first := NewMetrics(prometheus.NewRegistry())
+	stopFirst := start("replica-0", first, DefaultWindow)
+	kubetest.WaitFor(t, 20*time.Second, "replica-0 to lead", func() bool { return testutil.ToFloat64(first.Leader) == 1 })
+	write()
+	write()
+	kubetest.WaitFor(t, 10*time.Second, "replica-0 to count 2", func() bool { return drained(first) == 2 })
+	// The second starts while the first leads, with a window of 1 ms: the
+	// two Events are older than that when it takes over, once their
+	// timestamps' second is over.
+	es, err := env.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: FieldSelector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last time.Time
+	for _, e := range es.Items {
+		last = maxTime(last, e.LastTimestamp.Time)
+	}
+	kubetest.WaitFor(t, 5*time.Second, "the Events' second to be over", func() bool { return time.Now().After(last.Add(time.Second + 10*time.Millisecond)) })
+	second := NewMetrics(prometheus.NewRegistry())
+	start("replica-1", second, time.Millisecond)
+	stopFirst() // released on cancel: the second takes over within its retry period
+	kubetest.WaitFor(t, 20*time.Second, "replica-1 to lead", func() bool { return testutil.ToFloat64(second.Leader) == 1 })
+	write()
+	// Its informer lists the two older Events before it watches this one.
+	kubetest.WaitFor(t, 10*time.Second, "replica-1 to count the Event after its start", func() bool { return drained(second) >= 1 })
+	if got := drained(second); got != 1 {
+		t.Errorf("replica-1 counted %v handovers, want 1: the two before its window are its predecessor's", got)
+	}
+	if got := drained(first) + drained(second); got != 3 {
+		t.Errorf("the replicas counted %v handovers in all, want 3, each once", got)
+	}
+	if testutil.ToFloat64(first.Leader) != 0 {
+		t.Error("replica-0 still says it leads after it stopped")
+	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
