@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -66,6 +67,8 @@ type Runner struct {
 	// counting, if set, is called with each Counter as its leader starts
 	// (tests).
 	counting func(*Counter)
+	// active counts the terms whose counting runs.
+	active atomic.Int32
 }
 
 // NeedLeaderElection is false: the Runner elects on its own, so that a
@@ -95,8 +98,15 @@ func (r *Runner) Start(ctx context.Context) error {
 			ReleaseOnCancel: true, Name: "handoff-outcomes",
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(lctx context.Context) {
+					// A term's counting may still be ending when the next
+					// begins (the Lease lost and won back at once).
+					r.active.Add(1)
 					r.Metrics.Leader.Set(1)
-					defer r.Metrics.Leader.Set(0)
+					defer func() {
+						if r.active.Add(-1) == 0 {
+							r.Metrics.Leader.Set(0)
+						}
+					}()
 					r.Log.Info("counting handover outcomes: this replica leads", "lease", r.Namespace+"/"+r.Lease, "identity", id)
 					if err := r.count(lctx); err != nil {
 						r.Log.Error(err, "counting handover outcomes")
