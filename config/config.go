@@ -147,12 +147,11 @@ type Settings struct {
 	TokenFile string
 	// LogLevel is the least level logged: error, info or debug.
 	LogLevel LogLevel
-	// MetricsLinger is the longest the sidecar waits, after its sequence and
-	// SIGTERM, for one scrape of its metrics that reads the sequence's
-	// counts, from 0 (no wait) to MaxMetricsLinger. It waits only for a
-	// scraper (an address seen scraping twice), at most 1.5 of its interval
-	// after its last scrape, never past the pod's grace period, and not in
-	// a StatefulSet's pod (sidecar.ScrapeWatch).
+	// MetricsLinger is deprecated and ignored: the sidecar no longer waits,
+	// after its sequence, for a scrape of its metrics (the webhook counts
+	// each sequence's outcome from its ShutdownFinished Event). It is still
+	// parsed, from 0 to MaxMetricsLinger, so that pods and manifests that
+	// set it stay valid; a later release removes it.
 	MetricsLinger time.Duration
 	// DeletionCost says the sidecar keeps its pod's pod-deletion-cost
 	// annotation (corev1.PodDeletionCost) current while the pod runs, so
@@ -167,8 +166,8 @@ type Settings struct {
 	PreferSuccessor bool
 }
 
-// MaxMetricsLinger is the longest metrics-linger: two of the Prometheus
-// Operator's default scrape intervals (30 s) and then some.
+// MaxMetricsLinger is the longest metrics-linger accepted (deprecated,
+// ignored: Settings.MetricsLinger).
 const MaxMetricsLinger = 2 * time.Minute
 
 // Identity returns the Lease holder identity: pod name and pod UID, so that
@@ -294,8 +293,8 @@ var Table = []Setting{
 	{Name: "log-level", Default: string(LogLevelInfo), Form: "one of error, info, debug", Annotation: true,
 		Usage: "least level logged: error, info (every step, Lease change and Event), or debug (also each failed call to the app)",
 		set:   setLogLevel},
-	{Name: "metrics-linger", Default: "45s", Form: "a duration from 0s to 2m, like 45s", Annotation: true,
-		Usage: "longest wait at exit for one scrape that reads the shutdown's counts: only if a scraper (an address seen scraping twice) comes, until 1.5 of its interval after its last scrape, within the grace period, and not in a StatefulSet's pods; 0s: none",
+	{Name: "metrics-linger", Default: "0s", Form: "a duration from 0s to 2m, like 45s", Annotation: true,
+		Usage: "deprecated, ignored (a later release removes it): the sidecar no longer waits at exit for a scrape of its counts; the webhook counts each shutdown's outcome from its ShutdownFinished Event (handoff_handovers_total)",
 		set:   duration(func(s *Settings) *time.Duration { return &s.MetricsLinger }, 0, MaxMetricsLinger)},
 	{Name: "deletion-cost", Default: "false", Form: "true or false", Annotation: true,
 		Usage: "keep the pod's controller.kubernetes.io/pod-deletion-cost current, so that a ReplicaSet scaling in deletes idle pods first and pods holding role Leases, partitions or long work in progress last (docs/scale-in.md); takes effect only on a pod annotated handoff.dev/deletion-cost: \"true\" (the chart's admission policy refuses the write elsewhere); each change is a patch of the pod's status, a lower cost only once it has lasted 20s, at most 3 at once and 1 per 10s sustained",

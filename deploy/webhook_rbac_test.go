@@ -11,6 +11,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -157,7 +158,9 @@ func TestConfigChangesCoverEveryField(t *testing.T) {
 // may read, list and watch (by name) and update its own certificate Secret
 // and nothing else of Secrets, and update its own
 // MutatingWebhookConfiguration's caBundle and nothing else of it or of any
-// other configuration.
+// other configuration; and, for its outcome counter, read (get, list, watch)
+// the Events of every namespace, write none, and hold its outcome Lease
+// <release>-outcomes by name and no other Lease.
 func TestWebhookMayReadItsSecretAndWriteOnlyTheCABundle(t *testing.T) {
 	needHelm(t)
 	env := kubetest.Get(t)
@@ -225,6 +228,57 @@ func TestWebhookMayReadItsSecretAndWriteOnlyTheCABundle(t *testing.T) {
 			"list another Secret by name": listOtherErr, "watch every Secret": watchErr, "update another Secret": updateErr,
 			"create a Secret": createErr, "patch its Secret": patchErr, "delete its Secret": deleteErr,
 			"list the Secrets of another namespace": otherNSErr} {
+			if !apierrors.IsForbidden(err) {
+				t.Errorf("%s: %v; want Forbidden", what, err)
+			}
+		}
+	})
+
+	t.Run("reads the Events of every namespace and writes none", func(t *testing.T) {
+		events := asSA.CoreV1().Events(metav1.NamespaceAll)
+		if _, err := events.List(ctx, metav1.ListOptions{FieldSelector: "source=handoff,reason=ShutdownFinished"}); err != nil {
+			t.Errorf("list the ShutdownFinished Events of every namespace: %v", err)
+		}
+		if w, err := events.Watch(ctx, metav1.ListOptions{}); err != nil {
+			t.Errorf("watch the Events of every namespace: %v", err)
+		} else {
+			w.Stop()
+		}
+		_, createErr := asSA.CoreV1().Events("default").Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "forged"},
+			InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "p"}, Reason: "ShutdownFinished"}, metav1.CreateOptions{})
+		deleteErr := asSA.CoreV1().Events(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+		for what, err := range map[string]error{"create an Event": createErr, "delete Events": deleteErr} {
+			if !apierrors.IsForbidden(err) {
+				t.Errorf("%s: %v; want Forbidden", what, err)
+			}
+		}
+	})
+
+	t.Run("holds its outcome Lease by name, and no other", func(t *testing.T) {
+		leases := asSA.CoordinationV1().Leases(ns)
+		l, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: release + "-outcomes"}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("create its outcome Lease: %v", err)
+		}
+		if l, err = leases.Get(ctx, l.Name, metav1.GetOptions{}); err != nil {
+			t.Fatalf("get its outcome Lease: %v", err)
+		}
+		l.Spec.HolderIdentity = ptr.To("replica-0")
+		if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+			t.Errorf("update its outcome Lease: %v", err)
+		}
+		// A Lease of a workload, as the admin (a sidecar) made it.
+		work, err := env.Client.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "orders-leader"}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, getErr := leases.Get(ctx, work.Name, metav1.GetOptions{})
+		_, updateErr := leases.Update(ctx, work, metav1.UpdateOptions{})
+		_, listErr := leases.List(ctx, metav1.ListOptions{})
+		deleteErr := leases.Delete(ctx, release+"-outcomes", metav1.DeleteOptions{})
+		_, otherNSErr := asSA.CoordinationV1().Leases("default").Get(ctx, release+"-outcomes", metav1.GetOptions{})
+		for what, err := range map[string]error{"get a workload's Lease": getErr, "update a workload's Lease": updateErr,
+			"list the Leases": listErr, "delete its outcome Lease": deleteErr, "get a Lease of another namespace": otherNSErr} {
 			if !apierrors.IsForbidden(err) {
 				t.Errorf("%s: %v; want Forbidden", what, err)
 			}

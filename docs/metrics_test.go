@@ -16,6 +16,7 @@ import (
 	"github.com/handoff-dev/handoff/sidecar"
 	"github.com/handoff-dev/handoff/version"
 	"github.com/handoff-dev/handoff/webhook"
+	"github.com/handoff-dev/handoff/webhook/outcomes"
 )
 
 // collectors records what is registered with it.
@@ -32,6 +33,7 @@ func handoffMetrics(t *testing.T) map[string][]string {
 	var cs collectors
 	sidecar.NewMetrics(&cs)
 	webhook.NewInjector(inject.Options{}, &cs, logr.Discard())
+	outcomes.NewMetrics(&cs)
 	cs = append(cs, version.NewBuildInfo("sidecar"))
 	descs := make(chan *prometheus.Desc, 256)
 	for _, c := range cs {

@@ -19,10 +19,18 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/internal/charttest"
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/internal/outcome"
+	"github.com/handoff-dev/handoff/protocol"
 )
 
 // promPort is the e2e Prometheus's, on loopback, below Linux's ephemeral
@@ -31,7 +39,7 @@ const promPort = "25490"
 
 // promInterval is the e2e Prometheus's scrape and evaluation interval:
 // short, so that a test waits seconds, not minutes, for a sample or an
-// alert (the sidecar's linger for one scrape is 1.5 of it).
+// alert.
 const promInterval = time.Second
 
 // prom is the e2e Prometheus's base URL; empty when none runs (a cluster
@@ -41,9 +49,13 @@ var prom string
 // promConfig is the e2e Prometheus's configuration: the pods' sidecars
 // found and labelled as the chart's PodMonitor has the Prometheus Operator
 // do it (the label handoff.dev/injected, the port handoff-metrics; the
-// labels namespace, pod, container, and the PodMonitor's pod_uid), and the chart's alert rules as
-// files/alerts.yaml has them (the PrometheusRule the chart renders is that
-// file: TestPrometheusRuleIsTheTestedRuleFile).
+// labels namespace, pod, container, and the PodMonitor's pod_uid); the
+// webhook's pods as its ServiceMonitor has it (the port metrics, HTTPS
+// with a token bound to <release>-webhook-metrics-reader, honour_labels so
+// that the handover series keep the namespace of the pods they count);
+// and the chart's alert rules as files/alerts.yaml has them (the
+// PrometheusRule the chart renders is that file:
+// TestPrometheusRuleIsTheTestedRuleFile).
 const promConfig = `global:
   scrape_interval: %[1]s
   scrape_timeout: %[1]s
@@ -63,7 +75,53 @@ scrape_configs:
       - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
       - {source_labels: [__meta_kubernetes_pod_container_name], target_label: container}
       - {source_labels: [__meta_kubernetes_pod_uid], target_label: pod_uid}
+  - job_name: handoff-webhook
+    scheme: https
+    honor_labels: true
+    tls_config: {insecure_skip_verify: true}
+    authorization: {credentials_file: %[5]q}
+    kubernetes_sd_configs:
+      - role: pod
+        kubeconfig_file: %[3]q
+        namespaces: {names: [%[6]q]}
+    relabel_configs:
+      - {source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], regex: webhook, action: keep}
+      - {source_labels: [__meta_kubernetes_pod_container_port_name], regex: metrics, action: keep}
+      - {source_labels: [__meta_kubernetes_pod_phase], regex: (Failed|Succeeded), action: drop}
+      - {source_labels: [__meta_kubernetes_namespace], target_label: namespace}
+      - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
 `
+
+// platformNamespace and platformRelease are where the e2e installs the
+// chart (the quickstart's helm install handoff … --namespace handoff).
+const platformNamespace, platformRelease = "handoff", "handoff"
+
+// scraperToken makes the service account e2e-prometheus in the platform's
+// namespace, binds it to the chart's <release>-webhook-metrics-reader
+// ClusterRole, as docs/monitoring.md asks of a Prometheus, and writes a
+// token of it into file, for the webhook's scrape.
+func scraperToken(file string) error {
+	ctx := context.Background()
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "e2e-prometheus"}}
+	if _, err := cluster.kube.CoreV1().ServiceAccounts(platformNamespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "e2e-prometheus"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: platformRelease + "-webhook-metrics-reader"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa.Name, Namespace: platformNamespace}},
+	}
+	if _, err := cluster.kube.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	tok, err := cluster.kube.CoreV1().ServiceAccounts(platformNamespace).CreateToken(ctx, sa.Name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(12 * 3600))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("a token for the e2e Prometheus: %w", err)
+	}
+	return os.WriteFile(file, []byte(tok.Status.Token), 0o600)
+}
 
 // startPrometheus starts a real Prometheus (hack/tools.sh builds it from
 // the Go module proxy) that scrapes the e2e namespace's sidecars and
@@ -83,7 +141,11 @@ func (s *setup) startPrometheus() error {
 		return err
 	}
 	rules := filepath.Join(s.root, "charts", "handoff", "files", "alerts.yaml")
-	config := fmt.Sprintf(promConfig, promInterval, rules, s.kubeconfig, namespace)
+	token := filepath.Join(dir, "webhook-token")
+	if err := scraperToken(token); err != nil {
+		return err
+	}
+	config := fmt.Sprintf(promConfig, promInterval, rules, s.kubeconfig, namespace, token, platformNamespace)
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o644); err != nil {
 		return err
 	}
@@ -118,7 +180,7 @@ func (s *setup) startPrometheus() error {
 			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				prom = base
-				fmt.Fprintf(os.Stderr, "e2e: Prometheus at %s, scraping the sidecars of namespace %s every %s (log: %s)\n", base, namespace, promInterval, logFile.Name())
+				fmt.Fprintf(os.Stderr, "e2e: Prometheus at %s, scraping the sidecars of namespace %s and the webhook every %s (log: %s)\n", base, namespace, promInterval, logFile.Name())
 				return nil
 			}
 		}
@@ -226,33 +288,108 @@ func firingAlerts(t *testing.T, window time.Duration) map[string]bool {
 }
 
 // alertsBefore is what a rollout's check compares with: the alerts
-// firing when it began, and when.
+// firing when it began, and when; the webhook's counts of the namespace's
+// handovers and drain deadlines then; and the ShutdownFinished Events
+// then, by UID, with their counts.
 type alertsBefore struct {
-	at     time.Time
-	firing map[string]bool
+	at                   time.Time
+	firing               map[string]bool
+	handovers, deadlines float64
+	summaries            map[types.UID]int32
 }
 
-// promBefore records the alerts firing now, before a rollout; nil without
-// a Prometheus.
+// promBefore records the alerts firing now and the webhook's counts,
+// before a rollout; nil without a Prometheus. It first waits (up to 10 s)
+// until the namespace's last ShutdownFinished Event is old enough to be
+// counted and scraped (a pod of an earlier test, still leaving), so that
+// the counts and the Events it records agree.
 func promBefore(t *testing.T) *alertsBefore {
 	t.Helper()
 	if prom == "" {
 		return nil
 	}
-	return &alertsBefore{at: time.Now(), firing: firingAlerts(t, 0)}
+	settle := 3 * promInterval
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		newest := time.Time{}
+		for _, e := range summaryEvents(t) {
+			newest = maxTime(newest, eventLast(e))
+		}
+		if time.Since(newest) > settle || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Until(newest.Add(settle)))
+	}
+	b := &alertsBefore{at: time.Now(), firing: firingAlerts(t, 0), handovers: promHandovers(t), deadlines: promDeadlines(t), summaries: map[types.UID]int32{}}
+	for _, e := range summaryEvents(t) {
+		b.summaries[e.UID] = max(e.Count, 1)
+	}
+	return b
+}
+
+// promHandovers is the webhook's count of the e2e namespace's handovers
+// (handoff_handovers_total summed over outcomes and replicas), 0 before
+// any.
+func promHandovers(t *testing.T) float64 {
+	t.Helper()
+	if prom == "" {
+		return 0
+	}
+	v, _ := promValue(t, fmt.Sprintf(`sum(handoff_handovers_total{namespace=%q})`, namespace))
+	return v
+}
+
+// promDeadlines is the webhook's count of the e2e namespace's drains that
+// reached their deadline (handoff_handover_step_seconds_count with step
+// drain-deadline), 0 before any.
+func promDeadlines(t *testing.T) float64 {
+	t.Helper()
+	if prom == "" {
+		return 0
+	}
+	v, _ := promValue(t, fmt.Sprintf(`sum(handoff_handover_step_seconds_count{namespace=%q,step="drain-deadline"})`, namespace))
+	return v
+}
+
+// summaryEvents are the ShutdownFinished Events of the e2e namespace.
+func summaryEvents(t *testing.T) []corev1.Event {
+	t.Helper()
+	list, err := cluster.kube.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{FieldSelector: "source=handoff,reason=" + outcome.Reason})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+func eventLast(e corev1.Event) time.Time {
+	if !e.LastTimestamp.IsZero() {
+		return e.LastTimestamp.Time
+	}
+	return e.CreationTimestamp.Time
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // checkRolloutSeen checks, on the e2e Prometheus, a rollout that began at
 // before.at and replaced the pods old (gone by now):
 //
-//   - it read each old pod's one shutdown (its sidecar stayed for that
-//     scrape): handoff_shutdowns_total summed over outcomes went to 1;
-//   - a drain-deadline step for exactly the pods whose Events say their
+//   - each old pod wrote one ShutdownFinished Event with a summary, which
+//     has a drain-deadline step exactly when the pod's Events say its
 //     drain reached its deadline (DrainDeadlineExceeded);
+//   - the webhook counted every ShutdownFinished occurrence written since
+//     before.at, the old pods' and any other pod's of the namespace, once:
+//     handoff_handovers_total summed over outcomes grew by exactly their
+//     number, and the drain-deadline steps by exactly the number of them
+//     whose summary has one (the sidecars did not stay for a scrape);
 //   - no alert began firing since, but HandoffDrainDeadlineExceeded, and
 //     that one only if a pod reached its deadline.
 //
-// It returns the names of the pods that reached their deadline.
+// It returns the names of the old pods that reached their deadline.
 func checkRolloutSeen(t *testing.T, before *alertsBefore, old []string) []string {
 	t.Helper()
 	if before == nil {
@@ -267,16 +404,57 @@ func checkRolloutSeen(t *testing.T, before *alertsBefore, old []string) []string
 		if hit {
 			deadline = append(deadline, pod)
 		}
-		sel := fmt.Sprintf(`namespace=%q,pod=%q`, namespace, pod)
-		var seen float64
-		kubetest.WaitFor(t, 10*promInterval, "Prometheus to have read pod "+pod+"'s shutdown", func() bool {
-			seen, _ = promValue(t, fmt.Sprintf(`sum(max_over_time(handoff_shutdowns_total{%s}[%dms]))`, sel, window.Milliseconds()))
-			return seen == 1
-		})
-		steps, ok := promValue(t, fmt.Sprintf(`max_over_time(handoff_shutdown_step_seconds_count{%s,step="drain-deadline"}[%dms])`, sel, window.Milliseconds()))
-		if want := map[bool]float64{true: 1, false: 0}[hit]; !ok || steps != want {
-			t.Errorf("Prometheus read %v drain-deadline steps of pod %s (series seen: %v); its Events say %v", steps, pod, ok, want)
+		var sums []outcome.Summary
+		for _, e := range es {
+			if e.Reason != outcome.Reason {
+				continue
+			}
+			s, err := outcome.Decode(e.Annotations[outcome.Annotation])
+			if err != nil {
+				t.Errorf("pod %s: its %s Event %s: %v", pod, outcome.Reason, e.Name, err)
+				continue
+			}
+			sums = append(sums, s)
 		}
+		if len(sums) != 1 {
+			t.Errorf("pod %s: %d %s summaries, want 1", pod, len(sums), outcome.Reason)
+			continue
+		}
+		if _, reached := sums[0].Steps[protocol.StepDrainDeadline]; reached != hit {
+			t.Errorf("pod %s: its summary's drain-deadline step %v, its DrainDeadlineExceeded Event %v", pod, reached, hit)
+		}
+	}
+	// Every occurrence since before.at, by the Events, read again at each
+	// try: a pod of the namespace may still be leaving.
+	since := func() (handovers, deadlines float64) {
+		for _, e := range summaryEvents(t) {
+			n := max(e.Count, 1) - before.summaries[e.UID]
+			if n <= 0 {
+				continue
+			}
+			handovers += float64(n)
+			if s, err := outcome.Decode(e.Annotations[outcome.Annotation]); err == nil {
+				if _, reached := s.Steps[protocol.StepDrainDeadline]; reached {
+					deadlines += float64(n)
+				}
+			}
+		}
+		return handovers, deadlines
+	}
+	var handovers, deadlines, gotHandovers, gotDeadlines float64
+	ok := false
+	for end := time.Now().Add(10 * promInterval); !ok && time.Now().Before(end); {
+		handovers, deadlines = since()
+		gotHandovers, gotDeadlines = promHandovers(t)-before.handovers, promDeadlines(t)-before.deadlines
+		if ok = gotHandovers == handovers && gotDeadlines == deadlines; !ok {
+			time.Sleep(promInterval / 4) // the next scrape of the webhook
+		}
+	}
+	if handovers < float64(len(old)) {
+		t.Errorf("%v ShutdownFinished occurrences since the rollout began, want at least the %d replaced pods'", handovers, len(old))
+	}
+	if !ok {
+		t.Errorf("the webhook's counts grew by %v handovers and %v drain deadlines; the namespace's ShutdownFinished Events since the rollout began say %v and %v", gotHandovers, gotDeadlines, handovers, deadlines)
 	}
 	var fired []string
 	for a := range firingAlerts(t, window) {
@@ -286,11 +464,11 @@ func checkRolloutSeen(t *testing.T, before *alertsBefore, old []string) []string
 	}
 	sort.Strings(fired)
 	for _, a := range fired {
-		if !strings.HasPrefix(a, "HandoffDrainDeadlineExceeded{") || len(deadline) == 0 {
+		if !strings.HasPrefix(a, "HandoffDrainDeadlineExceeded{") || deadlines == 0 {
 			t.Errorf("alert %s began firing during the rollout (pods that reached their drain deadline: %v)", a, deadline)
 		}
 	}
-	t.Logf("Prometheus read the shutdown of each of the %d replaced pods; drain deadlines reached: %v; alerts that began firing: %v", len(old), deadline, fired)
+	t.Logf("the webhook counted the %v handovers (the %d replaced pods' and others') and %v drain deadlines since the rollout began; old pods that reached their deadline: %v; alerts that began firing: %v", handovers, len(old), deadlines, deadline, fired)
 	return deadline
 }
 
@@ -327,7 +505,8 @@ func dashboardPanels(t *testing.T) map[string][]string {
 // checkDashboard runs every query of the chart's dashboard on the e2e
 // Prometheus, for the e2e namespace, as Grafana would: each must be
 // accepted, and each must return data but those of metrics the e2e
-// Prometheus does not scrape (the webhook's, the API server's).
+// Prometheus does not scrape (the API server's) and the webhook's
+// admissions (none in the last minute, after a rollout's pods are up).
 func checkDashboard(t *testing.T) {
 	t.Helper()
 	if prom == "" {
@@ -342,7 +521,7 @@ func checkDashboard(t *testing.T) {
 		for _, e := range exprs {
 			q := vars.Replace(e)
 			got := promQuery(t, q)
-			unscraped := strings.Contains(q, "handoff_webhook_") || strings.Contains(q, "apiserver_")
+			unscraped := strings.Contains(q, "handoff_webhook_admissions_total") || strings.Contains(q, "apiserver_")
 			if len(got) == 0 && !unscraped {
 				t.Errorf("dashboard panel %q: %s returns nothing from the sidecars' metrics", title, q)
 			}

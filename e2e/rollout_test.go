@@ -166,8 +166,9 @@ func restartUnderLoad(t *testing.T, name string, handoff bool) *rolloutRun {
 		views, draining := stopStatus()
 		assertStatusSawTheHandover(t, views, lease, old)
 		t.Logf("during the rollout, as a pod drained:\n%s\nafter it:\n%s", draining, statusText(t, name))
-		// A real Prometheus scraped the sidecars through the rollout: it
-		// read every old pod's shutdown, the chart's alerts fired only for
+		// A real Prometheus scraped the sidecars and the webhook through
+		// the rollout: the webhook counted every old pod's shutdown from
+		// its ShutdownFinished Event, once, the chart's alerts fired only for
 		// drains that reached their deadline, and the dashboard shows it.
 		since := time.Now()
 		for _, pod := range old {

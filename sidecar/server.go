@@ -32,17 +32,13 @@ func (c *Coordinator) ControlHandler() http.Handler {
 // ready returns nil, else 503 with its error (for the Coordinator,
 // (*Coordinator).Ready: not coordinating during a sequence and after one
 // until it re-arms). Readiness never depends on leadership: a standby is as
-// ready as the leader. A nil ready is always ready. scrapes, if not nil,
-// notes each request of /metrics (ScrapeWatch).
-func ProbesHandler(gatherer prometheus.Gatherer, ready func() error, scrapes *ScrapeWatch) http.Handler {
+// ready as the leader. A nil ready is always ready.
+func ProbesHandler(gatherer prometheus.Gatherer, ready func() error) http.Handler {
 	mux := http.NewServeMux()
 	// Uncompressed: a gzip (or zstd) writer per scrape grew the idle
 	// sidecar by 1 MiB and more, for a page of a few KiB to a scraper on
 	// the pod network (docs/performance.md, Footprint).
 	metrics := promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{DisableCompression: true})
-	if scrapes != nil {
-		metrics = scrapes.Handler(metrics)
-	}
 	mux.Handle("GET /metrics", metrics)
 	ok := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }
 	mux.HandleFunc("GET /healthz", ok)

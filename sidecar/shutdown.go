@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/handoff-dev/handoff/config"
+	"github.com/handoff-dev/handoff/internal/outcome"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
 )
@@ -181,6 +182,10 @@ type sequence struct {
 	// instance is the app process that answered the sequence
 	// (DrainStatus.Instance), "" if none said.
 	instance string
+	// results are the release results of rep.Leases, by index (the label
+	// result of handoff_lease_releases_total), for the ShutdownFinished
+	// Event's summary.
+	results []string
 }
 
 // runSequence is the shutdown sequence, step by step, in the manner of
@@ -253,8 +258,30 @@ func (q *sequence) finish() {
 	q.rep.Finished = c.clock.Now()
 	q.step(StepDone, string(q.rep.Outcome))
 	c.metrics.Shutdowns.WithLabelValues(string(q.rep.Outcome)).Inc()
+	q.recordFinished()
 	c.log.Info("shutdown finished", "outcome", q.rep.Outcome, "took", q.rep.Finished.Sub(q.rep.Started).String(),
 		"returned", q.rep.Returned, "abandoned", q.rep.Abandoned, "beforeDeadline", q.rep.Finished.Before(q.rep.Deadline))
+}
+
+// recordFinished records the ShutdownFinished Event on the pod, with the
+// sequence's outcome, steps, claims and Lease results in its annotation
+// (outcome.Summary): the webhook's outcome counter counts handovers from
+// it, so the pod need not stay for a scrape of its own metrics. A Warning
+// when claims were abandoned or a step failed.
+func (q *sequence) recordFinished() {
+	c := q.c
+	if c.events == nil {
+		return
+	}
+	q.mu.Lock()
+	s := outcome.FromReport(q.rep, q.results)
+	q.mu.Unlock()
+	eventtype := corev1.EventTypeNormal
+	if q.rep.Outcome == protocol.OutcomeAbandoned || len(q.rep.Errors) > 0 {
+		eventtype = corev1.EventTypeWarning
+	}
+	c.events.AnnotatedEventf(c.pod, map[string]string{outcome.Annotation: s.Encode()}, eventtype, ReasonShutdownFinished,
+		"%s", s.Message(q.rep.Started, q.rep.Finished.Sub(q.rep.Started)))
 }
 
 // endRound records the report of r's sequence and either re-arms (a new
@@ -475,6 +502,7 @@ func (q *sequence) releaseLeases(kind protocol.LeaseKind) *sync.WaitGroup {
 	q.mu.Lock()
 	if q.rep.Leases == nil {
 		q.rep.Leases = make([]protocol.LeaseRelease, len(q.leases))
+		q.results = make([]string, len(q.leases))
 	}
 	q.mu.Unlock()
 	var wg sync.WaitGroup
@@ -483,9 +511,9 @@ func (q *sequence) releaseLeases(kind protocol.LeaseKind) *sync.WaitGroup {
 			continue
 		}
 		wg.Go(func() {
-			r := q.release(l)
+			r, result := q.release(l)
 			q.mu.Lock()
-			q.rep.Leases[i] = r
+			q.rep.Leases[i], q.results[i] = r, result
 			q.mu.Unlock()
 			if r.WasLeader {
 				q.step(StepReleased, strings.TrimSpace(fmt.Sprintf("%s (%s): released=%t %s", r.Lease, r.Kind, r.Released, r.Detail)))
@@ -498,8 +526,10 @@ func (q *sequence) releaseLeases(kind protocol.LeaseKind) *sync.WaitGroup {
 // release is step 5 for one Lease: revoke the app's leadership and wait
 // for its ack (bounded by RevokeBy and the term the app was given), then
 // release the Lease through client-go (bounded by ReleaseBy), freeing a
-// leftover on a second write; it records the result's Event and metric.
-func (q *sequence) release(l *lease) protocol.LeaseRelease {
+// leftover on a second write; it records the result's Event and metric,
+// and returns the result with it (ReleaseReleased, ReleaseWithheld,
+// ReleaseFailed or ReleaseNotLeader).
+func (q *sequence) release(l *lease) (protocol.LeaseRelease, string) {
 	c := q.c
 	name := l.elector.Name()
 	_, leader := l.elector.Term()
@@ -617,7 +647,7 @@ func (q *sequence) release(l *lease) protocol.LeaseRelease {
 		c.event(corev1.EventTypeWarning, ReasonHandoverFailed, "Lease %s not released: %s", name, r.Detail)
 	}
 	c.metrics.Releases.WithLabelValues(name, result).Inc()
-	return r
+	return r, result
 }
 
 func minTime(a, b time.Time) time.Time {

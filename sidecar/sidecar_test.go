@@ -32,6 +32,7 @@ import (
 
 	"github.com/handoff-dev/handoff/config"
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/internal/outcome"
 	"github.com/handoff-dev/handoff/internal/sockettest"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
@@ -160,7 +161,7 @@ func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts work
 	}
 	p.settings = s
 	p.recorder = func() record.EventRecorder {
-		b := record.NewBroadcaster()
+		b := record.NewBroadcaster(record.WithCorrelatorOptions(sidecar.CorrelatorOptions()))
 		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: env.Client.CoreV1().Events(ns)})
 		t.Cleanup(b.Shutdown)
 		return b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "handoff"})
@@ -355,9 +356,42 @@ func TestFallbackAtDrainDeadline(t *testing.T) {
 					t.Errorf("outcome %s, ReturnClaims calls %d: want Abandoned 0", rep.Outcome, returnCalls.Load())
 				}
 			}
+			// The pod's summary, which the webhook counts, says the same.
+			sum, typ := summary(t, ns, "pod-a")
+			want := outcome.Claims{Unfinished: 3, Returned: rep.Returned, Abandoned: rep.Abandoned}
+			if sum.Outcome != rep.Outcome || sum.Claims != want || len(sum.Leases) != 1 || sum.Leases[0].Result != outcome.ResultReleased {
+				t.Errorf("summary %+v: want outcome %s, claims %+v, its Lease released", sum, rep.Outcome, want)
+			}
+			if _, ok := sum.Steps[sidecar.StepDrainDeadline]; !ok {
+				t.Errorf("summary steps %v: no %s", sum.Steps, sidecar.StepDrainDeadline)
+			}
+			if wantType := map[bool]string{true: corev1.EventTypeWarning, false: corev1.EventTypeNormal}[policy == config.FallbackAbandon]; typ != wantType {
+				t.Errorf("%s Event of type %s, want %s", sidecar.ReasonShutdownFinished, typ, wantType)
+			}
 			kubetest.WaitFor(t, 3*time.Second, "the standby to lead", b.leads)
 		})
 	}
+}
+
+// summary is the one ShutdownFinished Event's summary on pod podName, and
+// the Event's type.
+func summary(t *testing.T, ns, podName string) (outcome.Summary, string) {
+	t.Helper()
+	var list *corev1.EventList
+	kubetest.WaitFor(t, 5*time.Second, "a "+sidecar.ReasonShutdownFinished+" Event on "+podName, func() bool {
+		var err error
+		list, err = kubetest.Get(t).Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
+			FieldSelector: "involvedObject.name=" + podName + ",reason=" + sidecar.ReasonShutdownFinished})
+		return err == nil && len(list.Items) > 0
+	})
+	if len(list.Items) != 1 {
+		t.Fatalf("%d %s Events on %s, want 1", len(list.Items), sidecar.ReasonShutdownFinished, podName)
+	}
+	s, err := outcome.Decode(list.Items[0].Annotations[outcome.Annotation])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, list.Items[0].Type
 }
 
 func TestDeadlineFollowsShortenedGracePeriod(t *testing.T) {
@@ -851,6 +885,10 @@ func TestAppGoneMidDrainCountsAbandonedClaims(t *testing.T) {
 	}
 	if rep.Outcome != protocol.OutcomeAppGone || rep.Abandoned != 2 || len(rep.Errors) > 0 {
 		t.Errorf("outcome %s, abandoned %d, errors %v: want AppGone, 2, none", rep.Outcome, rep.Abandoned, rep.Errors)
+	}
+	// An app gone writes no drain Event: the summary is its only record.
+	if sum, _ := summary(t, ns, "pod-a"); sum.Outcome != protocol.OutcomeAppGone || sum.Claims.Abandoned != 2 {
+		t.Errorf("summary %+v: want AppGone with 2 abandoned", sum)
 	}
 }
 

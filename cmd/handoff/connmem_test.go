@@ -36,7 +36,7 @@ func serveProbesUncapped() {
 	t := clisidecar.ProbeTimeouts
 	t.ReadHeader, t.Read = time.Minute, time.Minute
 	t.Conns = connlimit.Limits{Total: 1 << 20, PerAddr: 1 << 20}
-	srv, err := serve.Listen("127.0.0.1:0", sidecar.ProbesHandler(reg, nil, nil), logr.Discard(), t)
+	srv, err := serve.Listen("127.0.0.1:0", sidecar.ProbesHandler(reg, nil), logr.Discard(), t)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -27,6 +27,8 @@ import (
 	"github.com/handoff-dev/handoff/internal/cli/clitest"
 	"github.com/handoff-dev/handoff/internal/cli/webhook"
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/internal/outcome"
+	"github.com/handoff-dev/handoff/protocol"
 	"github.com/handoff-dev/handoff/version"
 	admission "github.com/handoff-dev/handoff/webhook"
 )
@@ -179,8 +181,8 @@ func TestWebhookMetricsNeedAnAuthorizedToken(t *testing.T) {
 		}
 	}
 	addr := freeAddr(t)
-	cmd, exited := runMain(t, fmt.Sprintf("webhook --kubeconfig %s --port %d --cert-dir %s --namespace %s --cert-rotation=false --metrics-addr %s --health-addr 127.0.0.1:0 --image handoff:test",
-		kubeconfig, freePort(t), certDir, ns, addr))
+	cmd, exited := runMain(t, fmt.Sprintf("webhook --kubeconfig %s --port %d --cert-dir %s --namespace %s --cert-rotation=false --metrics-addr %s --health-addr 127.0.0.1:0 --image handoff:test --outcomes-lease %s-outcomes",
+		kubeconfig, freePort(t), certDir, ns, addr, release))
 
 	scrape := func(scheme, token string) (int, string) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+addr+"/metrics", nil)
@@ -242,6 +244,27 @@ func TestWebhookMetricsNeedAnAuthorizedToken(t *testing.T) {
 			t.Errorf("scrape %s served the metrics", tc.what)
 		}
 	}
+
+	// With the chart's rights, the webhook (its one replica leading the
+	// outcome Lease) counts a sidecar's ShutdownFinished Event of another
+	// namespace, and the scraper reads it with that namespace.
+	podNs := env.Namespace(t)
+	pod := env.Pod(t, podNs, "worker-0", 30)
+	s := outcome.Summary{V: outcome.Version, Outcome: protocol.OutcomeAbandoned, Steps: map[protocol.StepName]float64{protocol.StepDrainDeadline: 1.5}}
+	now := metav1.Now()
+	if _, err := env.Client.CoreV1().Events(podNs).Create(ctx, &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Name: "worker-0.summary", Annotations: map[string]string{outcome.Annotation: s.Encode()}},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: podNs, Name: pod.Name, UID: pod.UID, APIVersion: "v1"},
+		Reason:         outcome.Reason, Message: "Shutdown finished", Type: corev1.EventTypeWarning,
+		Source: corev1.EventSource{Component: "handoff"}, FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`handoff_handovers_total{namespace=%q,outcome="Abandoned"} 1`, podNs)
+	kubetest.WaitFor(t, 30*time.Second, "the webhook to count the Event", func() bool {
+		_, body := scrape("https", scraper)
+		return strings.Contains(body, want) && strings.Contains(body, "handoff_outcome_counter_leader 1")
+	})
 	terminate(t, cmd, exited, "webhook")
 }
 

@@ -22,7 +22,7 @@ import (
 // kubelet's) is still answered; a header over serve.MaxHeaderBytes (and the 4 KiB
 // net/http reads past it) is answered 431.
 func TestProbePortCapsConnectionsPerAddress(t *testing.T) {
-	srv, err := serve.Listen("127.0.0.1:0", coord.ProbesHandler(prometheus.NewRegistry(), nil, nil), logr.Discard(), ProbeTimeouts)
+	srv, err := serve.Listen("127.0.0.1:0", coord.ProbesHandler(prometheus.NewRegistry(), nil), logr.Discard(), ProbeTimeouts)
 	if err != nil {
 		t.Fatal(err)
 	}

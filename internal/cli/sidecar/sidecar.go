@@ -94,7 +94,6 @@ type process struct {
 	c           *coord.Coordinator
 	broadcaster record.EventBroadcaster
 	flush       *coord.EventFlush
-	scrapes     *coord.ScrapeWatch
 	// control and probes are the control API's and the probe port's
 	// servers.
 	control, probes *http.Server
@@ -112,14 +111,14 @@ func (p *process) exit(got os.Signal) error {
 	sctx, cancel := p.secondSignalCancels()
 	// The sequence: stop claiming, drain, hand back, release the Leases
 	// (or join the one a preStop hook started).
-	rep, err := p.c.Signal(sctx)
+	_, err := p.c.Signal(sctx)
 	// Its Events written (or, abandoned, its Leases left to expire), so
 	// the pod's history says how it ended.
 	p.flushEvents(err)
-	// Its phase written on the pod, for handoff status.
+	// Its phase written on the pod, for handoff status. No wait for a
+	// scrape: the webhook counts the outcome from the ShutdownFinished
+	// Event flushed above.
 	p.waitPhaseWritten()
-	// One scrape that reads the sequence's counts, where a scraper comes.
-	p.lingerForScrape(rep, err, sctx.Done())
 	cancel()
 	p.stop()
 	// The control and probe ports closed, a second each at most.
@@ -177,8 +176,8 @@ func start(s *config.Settings, token string) (*process, error) {
 		return nil, err
 	}
 
-	p := &process{s: s, log: log, flush: coord.NewEventFlush(), scrapes: coord.NewScrapeWatch(clock.RealClock{})}
-	p.broadcaster = record.NewBroadcaster(record.WithContext(context.Background()))
+	p := &process{s: s, log: log, flush: coord.NewEventFlush()}
+	p.broadcaster = record.NewBroadcaster(record.WithContext(context.Background()), record.WithCorrelatorOptions(coord.CorrelatorOptions()))
 	p.broadcaster.StartRecordingToSink(p.flush.Sink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events(s.PodNamespace)}))
 	recorder := p.flush.Recorder(p.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "handoff"}))
 
@@ -198,7 +197,7 @@ func start(s *config.Settings, token string) (*process, error) {
 		p.broadcaster.Shutdown()
 		return nil, fmt.Errorf("control-addr: %w", err)
 	}
-	if p.probes, err = serve.Listen(s.MetricsAddr, coord.ProbesHandler(reg, p.c.Ready, p.scrapes), log, ProbeTimeouts); err != nil {
+	if p.probes, err = serve.Listen(s.MetricsAddr, coord.ProbesHandler(reg, p.c.Ready), log, ProbeTimeouts); err != nil {
 		p.broadcaster.Shutdown()
 		return nil, fmt.Errorf("metrics-addr: %w", err)
 	}
@@ -260,21 +259,6 @@ func (p *process) waitPhaseWritten() {
 	}
 }
 
-// lingerForScrape waits for a scrape of the metrics of the sequence that
-// ended with rep and err (lingerForScrape), unless it did not end (err),
-// or the pod is a StatefulSet's; stop ends the wait.
-func (p *process) lingerForScrape(rep *protocol.Report, err error, stop <-chan struct{}) {
-	if err != nil || rep == nil {
-		return
-	}
-	if kind := p.c.ControllerKind(); kind == "StatefulSet" {
-		// Its replacement, of the same name, waits for this pod to be gone.
-		p.log.Info("no wait for a scrape of the shutdown's metrics: the pod's StatefulSet replaces it only once it is gone")
-		return
-	}
-	lingerForScrape(p.log, p.scrapes, rep.Finished, p.s.MetricsLinger, killAt(rep, p.s.DeadlineMargin), stop)
-}
-
 // shutdownServers shuts the control and probe servers down, each within a
 // second.
 func (p *process) shutdownServers() {
@@ -282,28 +266,6 @@ func (p *process) shutdownServers() {
 		sc, done := context.WithTimeout(context.Background(), time.Second)
 		_ = srv.Shutdown(sc)
 		done()
-	}
-}
-
-// scrapeLingerMargin is the time kept, after a linger for a scrape, for the
-// servers' shutdown (a second each, at most) before the kubelet's kill.
-const scrapeLingerMargin = 2 * time.Second
-
-// killAt is when the kubelet kills the pod's containers: the sequence's
-// deadline plus the deadline margin the sequence kept before it.
-func killAt(rep *protocol.Report, margin time.Duration) time.Time {
-	return rep.Deadline.Add(margin)
-}
-
-// lingerForScrape waits, after the sequence that ended at finished, for one
-// scrape of the metrics that reads its counts (coord.ScrapeWatch.Linger),
-// for up to limit and never within scrapeLingerMargin of kill; stop ends it
-// (a second signal).
-func lingerForScrape(log logr.Logger, scrapes *coord.ScrapeWatch, finished time.Time, limit time.Duration, kill time.Time, stop <-chan struct{}) {
-	limit = min(limit, time.Until(kill)-scrapeLingerMargin)
-	result, waited := scrapes.Linger(finished, limit, stop)
-	if result != coord.LingerNoScraper {
-		log.Info("waited for a scrape of the shutdown's metrics", "result", string(result), "waited", waited.String(), "limit", limit.String())
 	}
 }
 

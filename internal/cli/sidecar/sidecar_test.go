@@ -66,7 +66,7 @@ func TestHTTP2HealthCheck(t *testing.T) {
 func TestMetricsAreNotCompressed(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector())
-	srv := httptest.NewServer(coord.ProbesHandler(reg, nil, nil))
+	srv := httptest.NewServer(coord.ProbesHandler(reg, nil))
 	defer srv.Close()
 	req, err := http.NewRequest(http.MethodGet, srv.URL+"/metrics", nil)
 	if err != nil {

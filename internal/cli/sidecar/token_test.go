@@ -44,7 +44,7 @@ func TestSidecarRefusesToStartWithoutAToken(t *testing.T) {
 // headers (ReadHeaderTimeout), and dripping a body after the headers
 // (ReadTimeout; net/http reads an unread body to reuse the connection).
 func TestSlowClientOnTheProbePortIsCutOff(t *testing.T) {
-	srv, err := serve.Listen("127.0.0.1:0", coord.ProbesHandler(prometheus.NewRegistry(), nil, nil), logr.Discard(), ProbeTimeouts)
+	srv, err := serve.Listen("127.0.0.1:0", coord.ProbesHandler(prometheus.NewRegistry(), nil), logr.Discard(), ProbeTimeouts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"time"
 
 	"github.com/go-logr/zapr"
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
@@ -15,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -29,6 +31,7 @@ import (
 	"github.com/handoff-dev/handoff/internal/cli/injectflags"
 	"github.com/handoff-dev/handoff/version"
 	admission "github.com/handoff-dev/handoff/webhook"
+	"github.com/handoff-dev/handoff/webhook/outcomes"
 )
 
 // Command is the webhook command.
@@ -49,7 +52,14 @@ them in --cert-secret and writing the CA into the caBundle of
 (for cert-manager). The rotator reads, lists and watches only that Secret
 and that configuration, by name, and updates them: it needs get, list,
 watch and update on each by resourceNames, and creates nothing (the Secret
-must exist; the chart makes it).`,
+must exist; the chart makes it).
+
+With --count-outcomes (the default) the replica that holds --outcomes-lease
+counts the sidecars' handovers from the ShutdownFinished Event each sidecar
+writes on its Pod, into handoff_handovers_total and the other
+handoff_handover_* series, labelled by the pods' namespace: the sidecars
+then need no scrape before they exit. It reads Events of every namespace
+(get, list, watch) and holds the Lease (get, create, update).`,
 	Setup: func(f *pflag.FlagSet) func(command.Invocation) error {
 		var (
 			kubeconfig, certDir, metricsAddr, healthAddr string
@@ -58,6 +68,9 @@ must exist; the chart makes it).`,
 			namespace, secret, service, configName       string
 			extraDNSNames                                []string
 			logLevel                                     string
+			countOutcomes                                bool
+			outcomesLease                                string
+			outcomesWindow                               time.Duration
 		)
 		o := injectflags.Flags{}
 		f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
@@ -73,6 +86,9 @@ must exist; the chart makes it).`,
 		f.StringVar(&configName, "webhook-config", "handoff", "MutatingWebhookConfiguration whose caBundle the rotator writes")
 		f.StringVar(&logLevel, "log-level", "info", "least level logged: error, warn, info, or debug (also controller-runtime's and client-go's V(1) lines)")
 		f.StringSliceVar(&extraDNSNames, "cert-dns-names", nil, "more DNS names for the rotated certificate (e.g. localhost, for a webhook run outside the cluster)")
+		f.BoolVar(&countOutcomes, "count-outcomes", true, "count the sidecars' handovers from their ShutdownFinished Events into handoff_handovers_total and the other handoff_handover_* series, on the replica that holds --outcomes-lease (needs get, list and watch on Events in every namespace, and the Lease)")
+		f.StringVar(&outcomesLease, "outcomes-lease", "handoff-outcomes", "Lease in --namespace that elects the one replica that counts the handovers")
+		f.DurationVar(&outcomesWindow, "outcomes-window", outcomes.DefaultWindow, "how far before its start a newly elected counter counts Events from (what it may count twice, or miss, at a failover: docs/monitoring.md)")
 		o.Add(f)
 		return func(command.Invocation) error {
 			opts, err := o.Options()
@@ -81,6 +97,12 @@ must exist; the chart makes it).`,
 			}
 			if !metricsSecure {
 				err = errors.Join(err, plainMetricsOnLoopback(metricsAddr))
+			}
+			if countOutcomes && (outcomesWindow < 0 || outcomesWindow > 10*time.Minute) {
+				err = errors.Join(err, fmt.Errorf("--outcomes-window %s: want a duration from 0s to 10m, like 30s", outcomesWindow))
+			}
+			if countOutcomes && outcomesLease == "" {
+				err = errors.Join(err, errors.New("--outcomes-lease: want a Lease name, like handoff-outcomes (or --count-outcomes=false)"))
 			}
 			level, lerr := webhookLogLevel(logLevel)
 			err = errors.Join(err, lerr)
@@ -153,6 +175,22 @@ must exist; the chart makes it).`,
 				return err
 			}
 			admission.NewInjector(opts, ctrlmetrics.Registry, log.WithName("webhook")).Register(srv)
+			if countOutcomes {
+				kube, err := kubernetes.NewForConfig(rc)
+				if err != nil {
+					return err
+				}
+				window := outcomesWindow
+				if window == 0 {
+					window = time.Nanosecond // 0 is "the default" to the Runner: here, no window
+				}
+				if err := mgr.Add(&outcomes.Runner{
+					Client: kube, Namespace: namespace, Lease: outcomesLease, Window: window,
+					Metrics: outcomes.NewMetrics(ctrlmetrics.Registry), Log: log.WithName("outcomes"),
+				}); err != nil {
+					return err
+				}
+			}
 			// The server reads its certificate when it starts: start it once
 			// the rotator has written one.
 			go func() {
