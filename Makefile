@@ -39,7 +39,7 @@ GO_PKGS := ./... ./protocol/... ./worker/... ./worker/jetstream/... ./worker/rab
 # The packages whose tests talk to the apiserver (their tests import
 # internal/kubetest; docs' TestAPIPackagesAreTheMakefiles checks the list),
 # run again on the newest.
-API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook
+API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook ./webhook/outcomes
 
 .PHONY: all build image release deploy demo sandbox sandbox-down test test-newest integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures successor-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak unit bench fuzz lint vuln kube-assets kube-assets-newest tools clean
 
