@@ -19,17 +19,6 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// handoverHops is one leader's handover, hop by hop, from the data the
-// parts recorded: the test's delete request (or its watch's first sight of
-// the deletionTimestamp), the leaving sidecar's shutdown start and release
-// (its LeaseReleased Event: "released at T, D after the shutdown
-// started"), the successor's acquiring write (its first renewTime on the
-// Lease) and its app told it leads (the successor sidecar's log line "app
-// told it leads"). A zero time is a hop not found.
-type handoverHops struct {
-	termination, started, released, acquired, told time.Time
-}
-
 var releasedAt = regexp.MustCompile(`released at (\S+), (\S+) after the shutdown started`)
 
 // hopsOf reads the hops of p's handover to its successor.

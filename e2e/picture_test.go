@@ -43,6 +43,17 @@ type replacedPod struct {
 	hops          handoverHops  // a leader's handover hop by hop (with handoff)
 }
 
+// handoverHops is one leader's handover, hop by hop, from the data the
+// parts recorded: the test's delete request (or its watch's first sight of
+// the deletionTimestamp), the leaving sidecar's shutdown start and release
+// (its LeaseReleased Event: "released at T, D after the shutdown
+// started"), the successor's acquiring write (its first renewTime on the
+// Lease) and its app told it leads (the successor sidecar's log line "app
+// told it leads"). A zero time is a hop not found.
+type handoverHops struct {
+	termination, started, released, acquired, told time.Time
+}
+
 // rolloutPicture draws the figures of two rollouts, with handoff and the
 // baseline, as a timeline picture: for each, from a pod's termination
 // start (+0), the time until the Lease was held by a successor and the time
