@@ -185,10 +185,16 @@ func serveApp(t *testing.T, h http.Handler) string {
 // serve runs the suite against h in front of app, on the app socket.
 func serve(t *testing.T, app *goApp, h http.Handler) conformance.Report {
 	t.Helper()
+	return serveWith(t, app, h, conformance.AgentLeader(app.current))
+}
+
+// serveWith is serve with leader as the LeaderFixture.
+func serveWith(t *testing.T, app *goApp, h http.Handler, leader conformance.LeaderFixture) conformance.Report {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep := conformance.Run(ctx, conformance.Target{
-		URL: serveApp(t, h), Token: testToken, Fixture: app, Leader: conformance.AgentLeader(app.current),
+		URL: serveApp(t, h), Token: testToken, Fixture: app, Leader: leader,
 	})
 	t.Logf("\n%s", rep)
 	return rep
@@ -366,10 +372,12 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 		seen map[string]bool
 	}{seen: map[string]bool{}}
 	for _, tc := range []struct {
-		name  string
-		f     rewrite
-		app   func(*goApp) // breaks the app itself
-		fails []string
+		name string
+		f    rewrite
+		app  func(*goApp) // breaks the app itself
+		// leader, if set, breaks the LeaderFixture
+		leader func(conformance.LeaderFixture) conformance.LeaderFixture
+		fails  []string
 	}{{
 		name: "acks a revoke before leader work stopped",
 		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
@@ -671,7 +679,11 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			if u, err := time.Parse(time.RFC3339Nano, str(m["until"])); err == nil {
 				l.Until = u
 			}
+			if !genuine(r, body) {
+				return false
+			}
 			b, _ := json.Marshal(l)
+			resign(r, b)
 			copyTo(w, forward(next, r, b))
 			return true
 		},
@@ -784,6 +796,30 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			return drainStatus(func(st *protocol.DrainStatus) { st.InFlight, st.Drained = 1, false })(w, r, body, next)
 		},
 		fails: []string{"return/in-flight-until-work-ends"},
+	}, {
+		name: "reads a grant without until as over on arrival",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			l, ok := leadership(r, body)
+			if !ok || !l.Leader || !l.Until.IsZero() {
+				return false
+			}
+			if !genuine(r, body) {
+				return false
+			}
+			l.ValidForMillis = 0 // until: the zero time, long past
+			b, _ := json.Marshal(l)
+			resign(r, b)
+			copyTo(w, forward(next, r, b))
+			return true
+		},
+		fails: []string{"leadership/grant-without-until"},
+	}, {
+		name: "a fixture whose stopping says yes without leader work",
+		f:    func(http.ResponseWriter, *http.Request, []byte, http.Handler) bool { return false },
+		leader: func(l conformance.LeaderFixture) conformance.LeaderFixture {
+			return &allOfNone{LeaderFixture: l, led: map[string]bool{}}
+		},
+		fails: []string{"fixture/stopping-without-leader-work-says-no"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -791,7 +827,11 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			if tc.app != nil {
 				tc.app(app)
 			}
-			rep := serve(t, app, broken(app, tc.f))
+			leader := conformance.AgentLeader(app.current)
+			if tc.leader != nil {
+				leader = tc.leader(leader)
+			}
+			rep := serveWith(t, app, broken(app, tc.f), leader)
 			for _, name := range tc.fails {
 				c, ok := rep.Case(name)
 				if !ok || c.Result != conformance.Fail {
@@ -973,4 +1013,30 @@ func keepsConnectionAfter413(w http.ResponseWriter, r *http.Request, _ []byte, _
 		_, _ = io.Copy(io.Discard, conn) // until the client hangs up
 	}()
 	return true
+}
+
+// allOfNone is a broken LeaderFixture: its stopping says yes for a Lease
+// with no leader work begun (all of none has stopped), as a fixture that
+// checks that no work it knows of still runs might.
+type allOfNone struct {
+	conformance.LeaderFixture
+	mu  sync.Mutex
+	led map[string]bool
+}
+
+func (a *allOfNone) Lead(ctx context.Context, lease string) (bool, error) {
+	a.mu.Lock()
+	a.led[lease] = true
+	a.mu.Unlock()
+	return a.LeaderFixture.Lead(ctx, lease)
+}
+
+func (a *allOfNone) Stopping(ctx context.Context, lease string) (bool, error) {
+	a.mu.Lock()
+	led := a.led[lease]
+	a.mu.Unlock()
+	if !led {
+		return true, nil
+	}
+	return a.LeaderFixture.Stopping(ctx, lease)
 }
