@@ -24,11 +24,15 @@ import (
 //	finish           finish the claims held (Fixture.Finish)
 //	lead LEASE       begin leader work for LEASE; print "yes", or "no" when the app does not lead it
 //	stopping LEASE   print "yes" once the app has told that leader work to stop, else "no"
+//	                 ("no" when no leader work began for LEASE)
 //	release LEASE    end that leader work
 //
-// and is bounded by its context. A step fails when the command exits
-// non-zero, or prints anything but "yes" or "no" where one is asked; the
-// error has the command's standard error.
+// with no standard input, and is bounded by its context. A step exits 0
+// once what it asks is done (hold: the claims counted in flight; release:
+// the leader work ended). A step fails when the command exits non-zero, or
+// prints anything but "yes" or "no" where one is asked; the error has the
+// command's standard error. docs/protocol.md, "The fixture contract", is
+// the contract in full.
 type CommandFixture struct {
 	// Argv is the program and its first arguments, like
 	// []string{"sh", "-c", `./fixture "$@"`, "sh"}.

@@ -1,6 +1,7 @@
 package conformance_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -184,10 +185,16 @@ func serveApp(t *testing.T, h http.Handler) string {
 // serve runs the suite against h in front of app, on the app socket.
 func serve(t *testing.T, app *goApp, h http.Handler) conformance.Report {
 	t.Helper()
+	return serveWith(t, app, h, conformance.AgentLeader(app.current))
+}
+
+// serveWith is serve with leader as the LeaderFixture.
+func serveWith(t *testing.T, app *goApp, h http.Handler, leader conformance.LeaderFixture) conformance.Report {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep := conformance.Run(ctx, conformance.Target{
-		URL: serveApp(t, h), Token: testToken, Fixture: app, Leader: conformance.AgentLeader(app.current),
+		URL: serveApp(t, h), Token: testToken, Fixture: app, Leader: leader,
 	})
 	t.Logf("\n%s", rep)
 	return rep
@@ -356,11 +363,21 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 		sync.Mutex
 		n int64
 	}
+	last := struct {
+		sync.Mutex
+		seq map[string]int64
+	}{seq: map[string]int64{}}
+	returns := struct {
+		sync.Mutex
+		seen map[string]bool
+	}{seen: map[string]bool{}}
 	for _, tc := range []struct {
-		name  string
-		f     rewrite
-		app   func(*goApp) // breaks the app itself
-		fails []string
+		name string
+		f    rewrite
+		app  func(*goApp) // breaks the app itself
+		// leader, if set, breaks the LeaderFixture
+		leader func(conformance.LeaderFixture) conformance.LeaderFixture
+		fails  []string
 	}{{
 		name: "acks a revoke before leader work stopped",
 		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
@@ -637,6 +654,172 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 		name:  "goes on claiming after a return",
 		f:     drainStatus(func(st *protocol.DrainStatus) { st.Stopping = false }), // as an app that never stops says
 		fails: []string{"return/stops-claiming"},
+	}, {
+		name: "reads null as a value, not as absent",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
+			if r.Method != http.MethodPut || !bytes.Contains(body, []byte("null")) {
+				return false
+			}
+			writeJSONError(w, http.StatusBadRequest, "body: null is not a value of its field")
+			return true
+		},
+		fails: []string{"json/null-reads-as-absent"},
+	}, {
+		name: "reads integers as floating point",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			if r.Method != http.MethodPut || !strings.HasPrefix(r.URL.Path, protocol.LeasePathPrefix) {
+				return false
+			}
+			var m map[string]any
+			if json.Unmarshal(body, &m) != nil {
+				return false
+			}
+			l := protocol.Leadership{Lease: str(m["lease"]), Leader: m["leader"] == true, Sequence: int64(num(m["sequence"])),
+				FencingToken: int64(num(m["fencingToken"])), ValidForMillis: int64(num(m["validForMillis"]))}
+			if u, err := time.Parse(time.RFC3339Nano, str(m["until"])); err == nil {
+				l.Until = u
+			}
+			if !genuine(r, body) {
+				return false
+			}
+			b, _ := json.Marshal(l)
+			resign(r, b)
+			copyTo(w, forward(next, r, b))
+			return true
+		},
+		fails: []string{"json/integers-whole-decimal-int64"},
+	}, {
+		name: "refuses a negative fencing token",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
+			if l, ok := leadership(r, body); !ok || l.FencingToken >= 0 {
+				return false
+			}
+			writeJSONError(w, http.StatusUnprocessableEntity, "body: fencingToken is negative")
+			return true
+		},
+		fails: []string{"leadership/negative-fencingToken-applied"},
+	}, {
+		name: "answers stale before it checks the message",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			l, ok := leadership(r, body)
+			if !ok || !strings.Contains(r.URL.Path, "-order-") {
+				return false
+			}
+			lease := strings.TrimPrefix(r.URL.Path, protocol.LeasePathPrefix)
+			last.Lock()
+			defer last.Unlock()
+			if l.Sequence <= last.seq[lease] {
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = fmt.Fprintf(w, `{"leader": %t, "stale": true}`, l.Leader)
+				return true
+			}
+			rr := forward(next, r, body)
+			if rr.Code == http.StatusOK {
+				last.seq[lease] = l.Sequence
+			}
+			copyTo(w, rr)
+			return true
+		},
+		fails: []string{"leadership/which-refusal-wins"},
+	}, {
+		name: "compares the signature's hex case-sensitively",
+		f: func(w http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
+			_, sig, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+			if sig == strings.ToLower(sig) {
+				return false
+			}
+			w.Header().Set("WWW-Authenticate", protocol.AuthScheme+` realm="handoff"`)
+			writeJSONError(w, http.StatusUnauthorized, "bad signature")
+			return true
+		},
+		fails: []string{"auth/signature-hex-any-case"},
+	}, {
+		name: "takes any white space after the scheme",
+		f: func(_ http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
+			scheme, sig, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+			if ok {
+				r.Header.Set("Authorization", scheme+" "+strings.TrimSpace(sig))
+			} else if scheme, sig, ok = strings.Cut(r.Header.Get("Authorization"), "\t"); ok {
+				r.Header.Set("Authorization", scheme+" "+strings.TrimSpace(sig))
+			}
+			return false
+		},
+		fails: []string{"auth/signature-hex-any-case"},
+	}, {
+		name: "reads waitMillis without form decoding",
+		f: func(w http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
+			if r.URL.Path != protocol.DrainPath {
+				return false
+			}
+			raw := strings.TrimPrefix(r.URL.RawQuery, "waitMillis=")
+			if _, err := strconv.ParseUint(raw, 10, 64); err == nil || raw == "" || strings.Contains(raw, "&") || strings.ContainsAny(raw, "-.es") {
+				return false
+			}
+			writeJSONError(w, http.StatusBadRequest, "waitMillis "+raw+": want digits")
+			return true
+		},
+		fails: []string{"bad-request/waitMillis-form-encoded"},
+	}, {
+		name: "does not percent-decode the Lease segment",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, _ http.Handler) bool {
+			l, ok := leadership(r, body)
+			raw := strings.TrimPrefix(r.URL.EscapedPath(), protocol.LeasePathPrefix)
+			if !ok || l.Lease == "" || l.Lease == raw {
+				return false
+			}
+			writeJSONError(w, http.StatusBadRequest, "body: lease differs from the path's Lease "+raw)
+			return true
+		},
+		fails: []string{"leadership/lease-segment-percent-decoded"},
+	}, {
+		name:  "answers 413 with the body unread and keeps the connection",
+		f:     keepsConnectionAfter413,
+		fails: []string{"http/after-413-close-or-read"},
+	}, {
+		name: "keeps counting claims whose work ended after a return",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			if r.URL.Path == protocol.ReturnPath && genuine(r, body) {
+				returns.Lock()
+				returns.seen[r.Header.Get(protocol.NonceHeader)] = true
+				returns.Unlock()
+				return false
+			}
+			if r.URL.Path != protocol.DrainPath {
+				return false
+			}
+			returns.Lock()
+			after := len(returns.seen) > 0
+			returns.Unlock()
+			if !after {
+				return false
+			}
+			return drainStatus(func(st *protocol.DrainStatus) { st.InFlight, st.Drained = 1, false })(w, r, body, next)
+		},
+		fails: []string{"return/in-flight-until-work-ends"},
+	}, {
+		name: "reads a grant without until as over on arrival",
+		f: func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) bool {
+			l, ok := leadership(r, body)
+			if !ok || !l.Leader || !l.Until.IsZero() {
+				return false
+			}
+			if !genuine(r, body) {
+				return false
+			}
+			l.ValidForMillis = 0 // until: the zero time, long past
+			b, _ := json.Marshal(l)
+			resign(r, b)
+			copyTo(w, forward(next, r, b))
+			return true
+		},
+		fails: []string{"leadership/grant-without-until"},
+	}, {
+		name: "a fixture whose stopping says yes without leader work",
+		f:    func(http.ResponseWriter, *http.Request, []byte, http.Handler) bool { return false },
+		leader: func(l conformance.LeaderFixture) conformance.LeaderFixture {
+			return &allOfNone{LeaderFixture: l, led: map[string]bool{}}
+		},
+		fails: []string{"fixture/stopping-without-leader-work-says-no"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -644,7 +827,11 @@ func TestBrokenAppsFailTheirCases(t *testing.T) {
 			if tc.app != nil {
 				tc.app(app)
 			}
-			rep := serve(t, app, broken(app, tc.f))
+			leader := conformance.AgentLeader(app.current)
+			if tc.leader != nil {
+				leader = tc.leader(leader)
+			}
+			rep := serveWith(t, app, broken(app, tc.f), leader)
 			for _, name := range tc.fails {
 				c, ok := rep.Case(name)
 				if !ok || c.Result != conformance.Fail {
@@ -782,4 +969,74 @@ func TestReportOutputs(t *testing.T) {
 		s.Cases[2].Skipped == nil || s.Cases[0].Failure != nil || s.Cases[0].Skipped != nil {
 		t.Errorf("WriteJUnit:\n%s", x.String())
 	}
+}
+
+func writeJSONError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	b, _ := json.Marshal(map[string]string{"error": msg})
+	_, _ = w.Write(b)
+}
+
+func str(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+func num(v any) float64 {
+	f, _ := v.(float64)
+	return f
+}
+
+// keepsConnectionAfter413 is a broken app that answers a body over 64 KiB
+// 413 without reading it, keeps the connection, and reads the rest of the
+// body as the next call, as a Python http.server app did.
+func keepsConnectionAfter413(w http.ResponseWriter, r *http.Request, _ []byte, _ http.Handler) bool {
+	if r.ContentLength <= worker.MaxBodyBytes {
+		return false
+	}
+	// broken has read the body already: put back what it would not have
+	// read, and answer on the raw connection.
+	conn, buf, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return false
+	}
+	go func() {
+		defer func() { _ = conn.Close() }()
+		rest := io.MultiReader(strings.NewReader(strings.Repeat("x", int(r.ContentLength)-worker.MaxBodyBytes)), buf)
+		msg := `{"error": "body: larger than 65536 bytes"}`
+		_, _ = fmt.Fprintf(conn, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(msg), msg)
+		if _, err := http.ReadRequest(bufio.NewReader(rest)); err != nil {
+			msg = `{"error": "malformed HTTP request"}`
+			_, _ = fmt.Fprintf(conn, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(msg), msg)
+		}
+		_, _ = io.Copy(io.Discard, conn) // until the client hangs up
+	}()
+	return true
+}
+
+// allOfNone is a broken LeaderFixture: its stopping says yes for a Lease
+// with no leader work begun (all of none has stopped), as a fixture that
+// checks that no work it knows of still runs might.
+type allOfNone struct {
+	conformance.LeaderFixture
+	mu  sync.Mutex
+	led map[string]bool
+}
+
+func (a *allOfNone) Lead(ctx context.Context, lease string) (bool, error) {
+	a.mu.Lock()
+	a.led[lease] = true
+	a.mu.Unlock()
+	return a.LeaderFixture.Lead(ctx, lease)
+}
+
+func (a *allOfNone) Stopping(ctx context.Context, lease string) (bool, error) {
+	a.mu.Lock()
+	led := a.led[lease]
+	a.mu.Unlock()
+	if !led {
+		return true, nil
+	}
+	return a.LeaderFixture.Stopping(ctx, lease)
 }

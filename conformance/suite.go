@@ -56,7 +56,8 @@ type suite struct {
 	t      Target
 	c      *http.Client
 	base   string // the URL calls are sent to, before the protocol's paths
-	bad    error  // Target.URL is not an address
+	ep     protocol.Endpoint
+	bad    error // Target.URL is not an address
 	rep    Report
 	term   time.Duration // the term of an ordinary grant, under the lease duration
 	ld     time.Duration
@@ -89,7 +90,7 @@ func newSuite(t Target) *suite {
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	return &suite{t: t, c: c, base: e.URL(), bad: bad, ld: ld, term: min(10*time.Second, ld/2), id: hex.EncodeToString(b[:])}
+	return &suite{t: t, c: c, base: e.URL(), ep: e, bad: bad, ld: ld, term: min(10*time.Second, ld/2), id: hex.EncodeToString(b[:])}
 }
 
 // ready restarts the app when there is a Fixture, and checks that it

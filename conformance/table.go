@@ -76,12 +76,22 @@ var table = []entry{
 	{"leadership/ordered-by-sequence", "idle", "The app does not apply a message whose sequence is not greater than the last it applied for that Lease, and answers it at once", "leadership-grants-about-every-retry-period", (*suite).sequence},
 	{"leadership/first-message-applied", "idle", "The first message for a Lease is applied whatever its number.", "leadership-grants-about-every-retry-period", (*suite).firstMessage},
 	{"leadership/revoke-of-unknown-lease-acked", "idle", "a Lease the app does not know is acked at once", "step-5-revoke-ack", (*suite).revokeUnknown},
+	{"json/null-reads-as-absent", "idle", "A null value MUST be read as the field absent: its zero value", "edges-of-the-wire", (*suite).nullsAbsent},
+	{"json/integers-whole-decimal-int64", "idle", "A number with a fraction or an exponent (1.0, 1e3), even of a whole value, a number beyond 64 bits … MUST be answered 400 naming the field, and nothing of the message applied", "edges-of-the-wire", (*suite).wholeIntegers},
+	{"leadership/negative-fencingToken-applied", "idle", "A grant's fencingToken MUST be applied as sent, a negative one too", "edges-of-the-wire", (*suite).negativeFencingToken},
+	{"leadership/which-refusal-wins", "idle", "So a message both stale and not genuine is answered 422, and a Lease mismatch 400 whatever its sequence.", "edges-of-the-wire", (*suite).refusalOrder},
+	{"auth/signature-hex-any-case", "idle", "Its hex digits MUST be read in either case … anything else between them (two spaces, a tab) MUST be refused 401.", "edges-of-the-wire", (*suite).signatureHexCase},
+	{"bad-request/waitMillis-form-encoded", "idle", "The query MUST be read as application/x-www-form-urlencoded … so +0, %2B0 and %200%20 are all 0.", "edges-of-the-wire", (*suite).waitMillisQuery},
+	{"leadership/lease-segment-percent-decoded", "idle", "The {lease} segment MUST be percent-decoded before it names the Lease", "edges-of-the-wire", (*suite).leaseDecoded},
+	{"http/after-413-close-or-read", "idle", "An app that answers a call (a 413, a 401, a 404) without reading its whole body MUST close the connection after that answer, saying Connection: close; else it MUST read the rest of the body first.", "http-what-the-sidecar-sends-and-accepts", (*suite).afterTooLarge},
 
 	// leader: as idle, with a LeaderFixture (runLeader).
 	{"leadership/stale-revoke-leaves-leader-work", "leader", "The app does not apply a message whose sequence is not greater than the last it applied for that Lease", "leadership-grants-about-every-retry-period", (*suite).staleRevoke},
 	{"leadership/revoke-acked-after-leader-work-stopped", "leader", "The app ends the term at once and answers 200 only after all its leader work for that Lease has stopped", "step-5-revoke-ack", (*suite).revokeAck},
 	{"leadership/term-ends-at-validForMillis", "leader", "The app leads until the earlier of until and receipt + validForMillis, measured on its own clock", "leadership-grants-about-every-retry-period", (*suite).termValidFor},
 	{"leadership/term-ends-at-until", "leader", "The app leads until the earlier of until and receipt + validForMillis, measured on its own clock", "leadership-grants-about-every-retry-period", (*suite).termUntil},
+	{"leadership/grant-without-until", "leader", "A grant without until (absent or null) MUST be read as bounded by validForMillis alone", "edges-of-the-wire", (*suite).grantWithoutUntil},
+	{"fixture/stopping-without-leader-work-says-no", "leader", "no when no leader work began for the Lease", "the-fixture-contract", (*suite).stoppingWithoutWork},
 
 	// restart: a restart by the Fixture, in each case.
 	{"restart/new-instance", "restart", "instance (optional) names the app process, new for each process", "what-the-app-serves-sidecar--app", (*suite).newInstance},
@@ -101,7 +111,8 @@ var table = []entry{
 
 	// return: a fresh process holding `held` claims, after stop-claiming.
 	{"return/counts", "return", "The app hands back every unfinished claim now", "step-4-return-at-the-drain-deadline", (*suite).returnCounts},
-	{"return/safe-to-repeat", "return", "Handing back must be safe to repeat.", "step-4-return-at-the-drain-deadline", (*suite).returnRepeat},
+	{"return/safe-to-repeat", "return", "Every return MUST be answered, however many came before: each hands back again what the app still has claimed, and its returned counts what that call handed back", "edges-of-the-wire", (*suite).returnRepeat},
+	{"return/in-flight-until-work-ends", "return", "either way, once the work of every claim has ended, inFlight MUST be 0 and drained true", "edges-of-the-wire", (*suite).inFlightAfterReturn},
 
 	// cancel: a fresh process holding cancelHeld claims whose work
 	// ignores the cancel, after stop-claiming.
@@ -109,7 +120,7 @@ var table = []entry{
 
 	// cancel-ended: a fresh process holding cancelHeld claims whose work
 	// ends at the cancel (CancelFixture), after stop-claiming.
-	{"return/cancel-hands-back-canceled-work", "cancel-ended", "every message it claimed and did not acknowledge, including those whose work ended because of the cancel without acknowledging them", "step-4-return-at-the-drain-deadline", (*suite).cancelHandsBack},
+	{"return/cancel-hands-back-canceled-work", "cancel-ended", "The app MUST hand back again after each claim that ends from the moment the return call's own hand-back starts, not from the moment the call arrives: a claim whose work ends during the cancel wait is the return call's to hand back and to count.", "step-4-return-at-the-drain-deadline", (*suite).cancelHandsBack},
 
 	// return-unstopped: a fresh process holding 1 claim, no stop-claiming.
 	{"return/stops-claiming", "return-unstopped", "With either fallback the app also stops claiming, if it had not (stop-claiming may never have reached it)", "step-4-return-at-the-drain-deadline", (*suite).returnStops},

@@ -6,11 +6,23 @@
 # python3 app.py SOCKET TOKEN_FILE   (serves on the Unix socket SOCKET; prints "listening SOCKET")
 import hashlib, hmac, json, os, re, socket, socketserver, sys, threading, time
 from http.server import BaseHTTPRequestHandler
-from urllib.parse import urlsplit, parse_qs
+from urllib.parse import urlsplit, parse_qs, unquote
 TOKEN = open(sys.argv[2]).read().strip().encode()
 SKEW_MS = 30000
 NONCES = {}  # nonce -> the Unix ms until which its timestamp is accepted
 LEASE_NS = 3600 * 10**9
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+def field(b, name, kind):
+    # docs/protocol.md, "Edges of the wire": null reads as absent; an
+    # integer is a whole decimal number within 64 bits (1.0, 1e3: 400).
+    v = b.get(name)
+    if v is None: return {bool: False, int: 0, str: ""}[kind]
+    if kind is int and (isinstance(v, bool) or not isinstance(v, int) or not INT64[0] <= v <= INT64[1]):
+        raise ValueError("%s: want a whole number in decimal within 64 bits" % name)
+    if not isinstance(v, kind): raise ValueError("%s: want a %s" % (name, kind.__name__))
+    return v
+
 state = {"stopping": False, "seq": {}, "lock": threading.Lock()}
 INSTANCE = os.urandom(8).hex()
 
@@ -89,20 +101,23 @@ class H(BaseHTTPRequestHandler):
         if p == "/handoff/v1/return" and method == "POST":
             code, b = self.body()
             if code != 200: return self.send(code, {"error": b})
-            if not isinstance(b.get("cancel", False), bool) or not isinstance(b.get("cancelWaitMillis", 0), int) or b.get("cancelWaitMillis", 0) < 0:
-                return self.send(400, {"error": "body: bad field"})
+            try:
+                field(b, "cancel", bool)
+                if field(b, "cancelWaitMillis", int) < 0: raise ValueError("cancelWaitMillis below 0")
+            except ValueError as e:
+                return self.send(400, {"error": "body: %s" % e})
             return self.send(200, {"returned": 0})
         if p.startswith("/handoff/v1/leases/") and len(p) > len("/handoff/v1/leases/") and method == "PUT":
-            lease = p[len("/handoff/v1/leases/"):]
+            lease = unquote(p[len("/handoff/v1/leases/"):])  # the segment is percent-decoded
             code, b = self.body()
             if code != 200: return self.send(code, {"error": b})
             try:
-                leader = b.get("leader", False); seq = b.get("sequence", 0); vf = b.get("validForMillis", 0)
-                assert isinstance(leader, bool) and isinstance(seq, int) and isinstance(vf, int)
-                until = parse_time(b["until"]) if b.get("until") else None
+                leader = field(b, "leader", bool); seq = field(b, "sequence", int); vf = field(b, "validForMillis", int)
+                field(b, "fencingToken", int); field(b, "holderIdentity", str); blease = field(b, "lease", str)
+                until = parse_time(b["until"]) if b.get("until") is not None else None
             except Exception as e:
                 return self.send(400, {"error": "body: %s" % e})
-            if b.get("lease") and b["lease"] != lease: return self.send(400, {"error": "body: lease differs from the path"})
+            if blease and blease != lease: return self.send(400, {"error": "body: lease differs from the path"})
             now = time.time_ns()
             if seq - now > 1 * 10**9: return self.send(422, {"error": "sequence too far ahead"})
             if leader and (vf * 10**6 > LEASE_NS or (until is not None and until - now > LEASE_NS)):

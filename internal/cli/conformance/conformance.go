@@ -32,10 +32,13 @@ sidecar: the suite stops its claiming.
 
 The cases that need claims in flight run with --fixture-cmd, those that need
 leader work with --leader-cmd; without, they are skipped. Each is a shell
-command run with a step appended:
+command run as sh -c 'CMD "$@"' sh STEP ARGS, with no standard input:
   --fixture-cmd:  restart | hold N | hold-cancelable N | hold-unstarted N | finish
   --leader-cmd:   lead LEASE | stopping LEASE | release LEASE
-(lead and stopping print yes or no). docs/protocol.md, "Checking an app".
+A step exits 0 once done (hold: the claims counted in inFlight; release: the
+leader work ended), non-zero to fail; lead and stopping print yes or no
+(stopping: no when no leader work began), hold-cancelable and hold-unstarted
+may print unsupported. docs/protocol.md, "The fixture contract".
 
 -o text (the default) prints a line a case and a summary; -o json one JSON
 object ({"cases": [{"name", "result", "reason", "seconds"}], "passed",

@@ -148,7 +148,9 @@ export interface Leadership {
    * this holder acquired it: it grows with each new holder, so the
    * systems the leader writes to can refuse a stale one; `0` is the
    * first holder of a new Lease. Constant for the whole term, through
-   * every renewal. `0` in a revoke, where it means nothing.
+   * every renewal. `0` in a revoke, where it means nothing. The
+   * sidecar never sends a negative one; an app applies one as sent
+   * (docs/protocol.md, "Edges of the wire").
    */
   fencingToken: bigint;
   /**
