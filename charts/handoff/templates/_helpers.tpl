@@ -22,6 +22,12 @@ when it holds the chart's name, else <release>-<name>.
 
 {{- /* Service names are DNS labels (63 characters): leave room for the suffix. */ -}}
 {{- define "handoff.webhookName" -}}{{ include "handoff.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
+{{- /*
+The webhook's service account: serviceAccount.name, else the webhook's name
+(serviceAccount.create false with no name: the webhook's name too, which
+must then exist).
+*/ -}}
+{{- define "handoff.serviceAccountName" -}}{{ .Values.serviceAccount.name | default (include "handoff.webhookName" .) }}{{- end -}}
 {{- define "handoff.certSecret" -}}{{ include "handoff.webhookName" . }}-cert{{- end -}}
 
 {{- /*
@@ -77,6 +83,16 @@ Call as: include "handoff.imageRef" (dict "image" .Values.image "root" $)
 {{- else }}
 {{- printf "%s:%s" $repo (.image.tag | default .root.Chart.AppVersion | toString) }}
 {{- end }}
+{{- end -}}
+
+{{- /*
+A map without its null values, as YAML: a key set to null in values is left
+out (Helm drops it only where the chart's own values have it).
+*/ -}}
+{{- define "handoff.withoutNulls" -}}
+{{- $out := dict }}
+{{- range $k, $v := . }}{{ if not (kindIs "invalid" $v) }}{{ $_ := set $out $k $v }}{{ end }}{{ end }}
+{{- toYaml $out }}
 {{- end -}}
 
 {{- /* The webhook's image (image). */ -}}
