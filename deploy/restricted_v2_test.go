@@ -117,7 +117,9 @@ func TestChartInstallsUnderARestrictedV2LikePolicy(t *testing.T) {
 	if _, err := env.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = env.Client.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = env.Client.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
 	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 	create := func(p *corev1.Pod) error {
 		_, err := env.Client.CoreV1().Pods(name).Create(ctx, p, dryRun)
