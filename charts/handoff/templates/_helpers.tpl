@@ -95,6 +95,27 @@ out (Helm drops it only where the chart's own values have it).
 {{- toYaml $out }}
 {{- end -}}
 
+{{- /*
+The ref of the docs that match this chart's release: its appVersion when that
+is a release's tag (vX.Y.Z, or vX.Y.Z-PRE without a dev or dirty
+identifier, as version.Released), else main (a development build). Links to
+runbooks, hints and the dashboard's docs go to the installed version's docs.
+*/ -}}
+{{- define "handoff.docsRef" -}}
+{{- $v := .Chart.AppVersion | toString }}
+{{- if and (regexMatch "^v[0-9]+\\.[0-9]+\\.[0-9]+(-[0-9A-Za-z.-]+)?$" $v) (not (regexMatch "(^|[-.])(dev|dirty)([.]|$)" (trimPrefix "v" $v | splitList "-" | rest | join "-"))) }}
+{{- $v }}
+{{- else }}main{{ end }}
+{{- end -}}
+
+{{- /*
+A document's text with the repository's links to main turned to the docs of
+this release (handoff.docsRef). Call as: include "handoff.versionedDocs" (dict "text" $s "root" $)
+*/ -}}
+{{- define "handoff.versionedDocs" -}}
+{{- .text | replace "github.com/handoff-dev/handoff/blob/main/" (printf "github.com/handoff-dev/handoff/blob/%s/" (include "handoff.docsRef" .root)) }}
+{{- end -}}
+
 {{- /* The webhook's image (image). */ -}}
 {{- define "handoff.image" -}}
 {{- include "handoff.imageRef" (dict "image" .Values.image "root" .) }}
