@@ -140,7 +140,7 @@ func dashboardQueries(t *testing.T, d charttest.Dashboard) map[string][]string {
 		t.Fatalf("files/dashboard.json: title %q, uid %q, %d panels; want all three", d.Title, d.UID, len(d.Panels))
 	}
 	out := map[string][]string{}
-	vars := strings.NewReplacer("$namespace", ".*", "$__rate_interval", "1m")
+	vars := strings.NewReplacer("$cluster", ".*", "$namespace", ".*", "$workload", ".*", "$pod", ".*", "$lease", ".*", "$__rate_interval", "1m")
 	for _, p := range d.Panels {
 		if len(p.Targets) == 0 {
 			t.Errorf("panel %q has no query", p.Title)

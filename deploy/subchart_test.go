@@ -83,3 +83,49 @@ func TestAPIServerAcceptsEveryKnob(t *testing.T) {
 		t.Errorf("rendered %v; want one Deployment, three Roles (the webhook's, the two workloads') and the sidecar policies", kinds)
 	}
 }
+
+// Both charts as subcharts of one umbrella (testdata/umbrella-workload:
+// handoff, and handoff-workload aliased orders), no names given: the
+// workload's RoleBinding binds the ClusterRole the platform subchart
+// renders (<release>-handoff-sidecar, not the handoff-sidecar of a
+// platform release named handoff), every ClusterRole any binding names is
+// rendered there, it lints strictly, and a real apiserver accepts it.
+func TestWorkloadChartBesideThePlatformInAnUmbrella(t *testing.T) {
+	const umbrella = "testdata/umbrella-workload"
+	helm(t, "dependency", "update", "--skip-refresh", umbrella)
+	helm(t, "lint", "--strict", umbrella, "--kube-version", charttest.KubeVersion)
+	objs := charttest.Decode(t, helm(t, "template", "platform", umbrella, "--namespace", "platform", "--kube-version", charttest.KubeVersion))
+	clusterRoles := map[string]bool{}
+	for _, o := range objs {
+		if o.GetKind() == "ClusterRole" {
+			clusterRoles[o.GetName()] = true
+		}
+	}
+	var workloadBinding bool
+	for _, o := range objs {
+		if o.GetKind() != "RoleBinding" && o.GetKind() != "ClusterRoleBinding" {
+			continue
+		}
+		kind, _, _ := unstructured.NestedString(o.Object, "roleRef", "kind")
+		name, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
+		if kind == "ClusterRole" && !clusterRoles[name] && !strings.HasPrefix(name, "system:") {
+			t.Errorf("%s %s binds the ClusterRole %s, which the umbrella does not render (it renders %v)", o.GetKind(), o.GetName(), name, clusterRoles)
+		}
+		if o.GetKind() == "RoleBinding" && strings.HasPrefix(o.GetName(), "handoff-sidecar-") {
+			workloadBinding = true
+			if name != "platform-handoff-sidecar" {
+				t.Errorf("the workload's RoleBinding binds %s; want platform-handoff-sidecar, the platform subchart's", name)
+			}
+			if sa, _, _ := unstructured.NestedSlice(o.Object, "subjects"); len(sa) != 1 || sa[0].(map[string]any)["name"] != "platform-orders" {
+				t.Errorf("the workload's RoleBinding subjects %v; want the service account platform-orders", sa)
+			}
+		}
+	}
+	if !workloadBinding {
+		t.Fatal("the umbrella renders no RoleBinding of the workload subchart")
+	}
+	kinds := dryRunAll(t, objs)
+	if kinds["ServiceAccount"] != 2 || kinds["Deployment"] != 1 {
+		t.Errorf("the umbrella rendered %v; want both subcharts' service accounts and the webhook's Deployment", kinds)
+	}
+}

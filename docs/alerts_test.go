@@ -13,8 +13,11 @@ import (
 
 // targetLabels are the labels a scrape adds to every series (the
 // Prometheus Operator's PodMonitor and ServiceMonitor), beside a metric's
-// own; le is a histogram bucket's.
-var targetLabels = []string{"namespace", "pod", "instance", "job", "container", "endpoint", "service", "le"}
+// own; le is a histogram bucket's; pod_uid and workload are the chart's
+// PodMonitor's relabelings; cluster is the external label of a
+// Prometheus that scrapes one cluster of many (the dashboard's variable,
+// which matches series without it too).
+var targetLabels = []string{"namespace", "pod", "instance", "job", "container", "endpoint", "service", "le", "pod_uid", "workload", "cluster"}
 
 // externalMetrics are the metrics the alerts and the dashboard read that
 // handoff does not export: the API server's and the Go client's.

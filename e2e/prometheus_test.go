@@ -49,13 +49,13 @@ var prom string
 // promConfig is the e2e Prometheus's configuration: the pods' sidecars
 // found and labelled as the chart's PodMonitor has the Prometheus Operator
 // do it (the label handoff.dev/injected, the port handoff-metrics; the
-// labels namespace, pod, container, and the PodMonitor's pod_uid); the
-// webhook's pods as its ServiceMonitor has it (the port metrics, HTTPS
-// with a token bound to <release>-webhook-metrics-reader, honour_labels so
-// that the handover series keep the namespace of the pods they count);
-// and the chart's alert rules as files/alerts.yaml has them (the
-// PrometheusRule the chart renders is that file:
-// TestPrometheusRuleIsTheTestedRuleFile).
+// labels namespace, pod, container, and the PodMonitor's pod_uid and
+// workload, its relabelings copied); the webhook's pods as its
+// ServiceMonitor has it (the port metrics, HTTPS with a token bound to
+// <release>-webhook-metrics-reader, honour_labels so that the handover
+// series keep the namespace of the pods they count); and the chart's alert
+// rules as files/alerts.yaml has them (the PrometheusRule the chart renders
+// is that file: TestPrometheusRuleIsTheTestedRuleFile).
 const promConfig = `global:
   scrape_interval: %[1]s
   scrape_timeout: %[1]s
@@ -75,6 +75,9 @@ scrape_configs:
       - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
       - {source_labels: [__meta_kubernetes_pod_container_name], target_label: container}
       - {source_labels: [__meta_kubernetes_pod_uid], target_label: pod_uid}
+      - {source_labels: [__meta_kubernetes_pod_name], target_label: workload}
+      - {source_labels: [__meta_kubernetes_pod_controller_kind, __meta_kubernetes_pod_controller_name], separator: ";", regex: "[^;]+;(.+)", target_label: workload}
+      - {source_labels: [__meta_kubernetes_pod_controller_kind, __meta_kubernetes_pod_controller_name, __meta_kubernetes_pod_label_pod_template_hash], separator: ";", regex: "ReplicaSet;(.+)-[a-z0-9]+;.+", target_label: workload}
   - job_name: handoff-webhook
     scheme: https
     honor_labels: true
@@ -512,7 +515,7 @@ func checkDashboard(t *testing.T) {
 	if prom == "" {
 		return
 	}
-	vars := strings.NewReplacer("$namespace", namespace, "$__rate_interval", "1m")
+	vars := strings.NewReplacer("$namespace", namespace, "$cluster", ".*", "$workload", ".*", "$pod", ".*", "$lease", ".*", "$__rate_interval", "1m")
 	panels := dashboardPanels(t)
 	if panels == nil {
 		t.Fatal("the dashboard has no panel")

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Lints the charts as a platform team would before installing them:
 # `helm lint --strict` of charts/handoff (defaults, and every knob set:
-# deploy/testdata/every-knob.yaml), of charts/handoff-workload and of an
-# umbrella chart that depends on charts/handoff (deploy/testdata/umbrella);
+# deploy/testdata/every-knob.yaml), of charts/handoff-workload (defaults,
+# and a workload's values), of an umbrella chart that depends on
+# charts/handoff (deploy/testdata/umbrella) and of one with both charts
+# (deploy/testdata/umbrella-workload);
 # then kubeconform -strict on what each renders, against the schemas of
 # every supported Kubernetes version, made offline from that version's
 # swagger.json (hack/kubeschemas, kept in $HANDOFF_CACHE/kubeschemas).
@@ -27,6 +29,7 @@ trap 'rm -rf "$work"' EXIT
 
 workload=(--set serviceAccount.name=orders --set 'leases={orders-leader}' --set shards.prefix=orders- --set shards.count=4)
 "$helm" dependency update --skip-refresh deploy/testdata/umbrella >/dev/null
+"$helm" dependency update --skip-refresh deploy/testdata/umbrella-workload >/dev/null
 for v in "${VERSIONS[@]}"; do
   kv=${v#v}
   "$helm" lint --strict --quiet charts/handoff --kube-version "$kv"
@@ -36,7 +39,9 @@ for v in "${VERSIONS[@]}"; do
   "$helm" lint --strict --quiet charts/handoff --kube-version "$kv" --set monitoring.podMonitor.enabled=true \
     --set monitoring.serviceMonitor.enabled=true --set 'monitoring.podMonitor.namespaces={shop}' --set monitoring.labels.release=prometheus \
     --set monitoring.prometheusRule.enabled=true --set monitoring.prometheusRule.labels.team=platform --set monitoring.dashboard.enabled=true
+  "$helm" lint --strict --quiet charts/handoff-workload --kube-version "$kv"
   "$helm" lint --strict --quiet charts/handoff-workload --kube-version "$kv" "${workload[@]}"
+  "$helm" lint --strict --quiet deploy/testdata/umbrella-workload --kube-version "$kv"
   "$helm" lint --strict --quiet deploy/testdata/umbrella --kube-version "$kv"
 
   go run ./hack/kubeschemas -version "$v" -out "$SCHEMAS"

@@ -1,9 +1,13 @@
 package inject
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/handoff-dev/handoff/config"
 )
@@ -23,6 +27,15 @@ const (
 	// AnnotationAllowSharedProcessNamespace "true" injects a pod with
 	// spec.shareProcessNamespace true, which is refused without it.
 	AnnotationAllowSharedProcessNamespace = config.AnnotationPrefix + "allow-shared-process-namespace"
+	// The sidecar's (and its install step's) resources for this pod, one
+	// quantity each, in place of the injector's (Options.Resources, the
+	// chart's sidecar.resources), as Linkerd's
+	// config.linkerd.io/proxy-cpu-request and Dapr's
+	// dapr.io/sidecar-cpu-limit do.
+	AnnotationSidecarCPURequest    = config.AnnotationPrefix + "sidecar-cpu-request"
+	AnnotationSidecarCPULimit      = config.AnnotationPrefix + "sidecar-cpu-limit"
+	AnnotationSidecarMemoryRequest = config.AnnotationPrefix + "sidecar-memory-request"
+	AnnotationSidecarMemoryLimit   = config.AnnotationPrefix + "sidecar-memory-limit"
 )
 
 // LabelInject is the pod label that asks for injection, as the annotation
@@ -84,6 +97,14 @@ var Keys = []Key{
 		Usage: "when the worker container already has a preStop hook (exec or sleep), run it after the handover instead of refusing to inject"},
 	{Key: AnnotationAllowSharedProcessNamespace, Default: "false", Form: `"true" or "false"`, valid: isBool,
 		Usage: "inject a pod with `shareProcessNamespace: true`, which is refused without it: in a shared process namespace every container of the pod sees the sidecar and the worker and, running as the same user or with CAP_SYS_PTRACE, can read the pod's token and reach the control path through /proc/PID/root, so \"true\" trusts every container of the pod as the worker. `hostPID: true` is refused always"},
+	{Key: AnnotationSidecarCPURequest, Default: "the injector's (chart: sidecar.resources)", Form: quantityForm, valid: isQuantity,
+		Usage: "the CPU request of this pod's sidecar and its install step, in place of the injector's; at most its CPU limit"},
+	{Key: AnnotationSidecarCPULimit, Default: "the injector's (chart: none)", Form: quantityForm, valid: isQuantity,
+		Usage: "the CPU limit of this pod's sidecar and its install step; at least its CPU request"},
+	{Key: AnnotationSidecarMemoryRequest, Default: "the injector's (chart: sidecar.resources)", Form: quantityForm, valid: isQuantity,
+		Usage: "the memory request of this pod's sidecar and its install step, in place of the injector's; at most its memory limit (give both to raise the request past the injector's limit)"},
+	{Key: AnnotationSidecarMemoryLimit, Default: "the injector's (chart: sidecar.resources)", Form: quantityForm, valid: isQuantity,
+		Usage: "the memory limit of this pod's sidecar and its install step, in place of the injector's; at least its memory request. The sidecar sets its Go runtime's soft limit to 3/4 of it"},
 	{Key: AnnotationStatus, Form: `"injected", set by handoff`, valid: func(v string) bool { return v == StatusInjected }, Mark: true,
 		Usage: "marks an injected pod, which is then left alone; do not set it yourself. handoff also sets the label " + LabelInjected + ": \"true\" on it, by which the chart's NetworkPolicy selects it"},
 	{Key: AnnotationVersion, Form: "a version, like v0.2.0, set by handoff", Mark: true,
@@ -91,6 +112,96 @@ var Keys = []Key{
 }
 
 func isBool(v string) bool { return v == "true" || v == "false" }
+
+// quantityForm is the accepted form of the sidecar resource annotations.
+const quantityForm = "a Kubernetes quantity above 0, like `100m` or `0.5` (CPU), `64Mi` (memory)"
+
+// isQuantity accepts a quantity above 0, as a container's resources take.
+func isQuantity(v string) bool {
+	q, err := resource.ParseQuantity(v)
+	return err == nil && q.Sign() > 0
+}
+
+// resourceOverride is one sidecar resource annotation of a pod, checked.
+type resourceOverride struct {
+	limit bool // a limit, else a request
+	name  corev1.ResourceName
+	value resource.Quantity
+}
+
+// resourceAnnotations are the sidecar resource annotations, with what each sets.
+var resourceAnnotations = []struct {
+	key   string
+	limit bool
+	name  corev1.ResourceName
+}{
+	{AnnotationSidecarCPURequest, false, corev1.ResourceCPU},
+	{AnnotationSidecarCPULimit, true, corev1.ResourceCPU},
+	{AnnotationSidecarMemoryRequest, false, corev1.ResourceMemory},
+	{AnnotationSidecarMemoryLimit, true, corev1.ResourceMemory},
+}
+
+// resourceOverrides reads a pod's sidecar resource annotations (their
+// values are checked with Keys) and refuses a request above its limit once
+// they replace the injector's defaults, which the API server would refuse
+// with a message that names no annotation.
+func resourceOverrides(a map[string]string, defaults corev1.ResourceRequirements) ([]resourceOverride, error) {
+	var out []resourceOverride
+	for _, r := range resourceAnnotations {
+		v, ok := a[r.key]
+		if !ok || !isQuantity(v) {
+			continue
+		}
+		out = append(out, resourceOverride{limit: r.limit, name: r.name, value: resource.MustParse(v)})
+	}
+	got := applyResources(defaults, out)
+	var errs []error
+	for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		req, hasReq := got.Requests[name]
+		lim, hasLim := got.Limits[name]
+		if !hasReq || !hasLim || req.Cmp(lim) <= 0 {
+			continue
+		}
+		reqKey, limKey := AnnotationSidecarCPURequest, AnnotationSidecarCPULimit
+		if name == corev1.ResourceMemory {
+			reqKey, limKey = AnnotationSidecarMemoryRequest, AnnotationSidecarMemoryLimit
+		}
+		from := func(key string) string {
+			if _, ok := a[key]; ok {
+				return "annotation " + key
+			}
+			return "the injector's default (--" + strings.TrimPrefix(key, config.AnnotationPrefix) + ")"
+		}
+		errs = append(errs, refuse(ReasonInvalidAnnotation, fmt.Errorf("%s %s is above the %s limit %s of %s: want a request at most the limit; set %s too",
+			from(reqKey), req.String(), name, lim.String(), from(limKey), limKey)))
+	}
+	return out, errors.Join(errs...)
+}
+
+// applyResources returns defaults with the overrides in place, on copies.
+func applyResources(defaults corev1.ResourceRequirements, overrides []resourceOverride) corev1.ResourceRequirements {
+	r := *defaults.DeepCopy()
+	for _, o := range overrides {
+		list := &r.Requests
+		if o.limit {
+			list = &r.Limits
+		}
+		if *list == nil {
+			*list = corev1.ResourceList{}
+		}
+		(*list)[o.name] = o.value
+	}
+	return r
+}
+
+// resources are the sidecar's and the install step's resources: the
+// injector's with the pod's annotations in place.
+func (p *plan) resources(defaults corev1.ResourceRequirements) corev1.ResourceRequirements {
+	if len(p.overrides) == 0 {
+		return defaults
+	}
+	return applyResources(defaults, p.overrides)
+}
 
 // lookupKey returns the injection annotation with key k.
 func lookupKey(k string) (Key, bool) {

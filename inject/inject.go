@@ -83,7 +83,15 @@ const (
 	// MetricsPortName names the sidecar's metrics and probes port.
 	MetricsPortName = "handoff-metrics"
 
-	nonroot = 65532
+	// DefaultUserID is the user and group the install step and the sidecar
+	// run as unless Options say otherwise: the images' own (ko's nonroot).
+	DefaultUserID = 65532
+	// OmitID, as Options.RunAsUser or Options.RunAsGroup, leaves the id
+	// out of the install step's and the sidecar's securityContext, for a
+	// platform that assigns one to every container (OpenShift's
+	// restricted-v2 SCC: a random user of the namespace's range, refusing
+	// any other); runAsNonRoot stays.
+	OmitID = -1
 )
 
 // defaultGracePeriod is the API's default terminationGracePeriodSeconds.
@@ -96,8 +104,16 @@ type Options struct {
 	// binary is at SidecarBinary.
 	Image           string
 	ImagePullPolicy corev1.PullPolicy
-	// Resources of the sidecar and the install step.
+	// Resources of the sidecar and the install step; a pod's annotations
+	// handoff.dev/sidecar-{cpu,memory}-{request,limit} replace one each.
 	Resources corev1.ResourceRequirements
+	// RunAsUser and RunAsGroup are the ids the install step and the sidecar
+	// run as (their securityContext's runAsUser, runAsGroup): 0 means
+	// DefaultUserID, OmitID leaves the field out (the platform's or the
+	// image's then), any other value from 1 is that id. Root cannot be
+	// asked for: runAsNonRoot is always true. The install step runs as the
+	// worker's user instead when the pod names one (tokenFileAccess).
+	RunAsUser, RunAsGroup int64
 	// Version is the version of handoff written to every injected pod
 	// (AnnotationVersion, LabelVersion), like v0.2.0; empty: this build's,
 	// version.Get().
@@ -139,7 +155,7 @@ func Pod(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) (Result, erro
 	if res, err := wanted(meta.Labels, a); res != "" || err != nil {
 		return res, err
 	}
-	p, err := newPlan(meta.Labels, a, spec)
+	p, err := newPlan(meta.Labels, a, spec, o.Resources)
 	if err != nil {
 		return "", err
 	}
@@ -194,9 +210,13 @@ type plan struct {
 	layout     string
 	grace      int64
 	hook       []string // the worker's preStop command
+	// resources are the pod's handoff.dev/sidecar-* quantities, checked.
+	overrides []resourceOverride
 }
 
-func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec) (*plan, error) {
+// newPlan checks the pod; defaults are the injector's sidecar resources
+// (Options.Resources), which the pod's annotations may replace.
+func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec, defaults corev1.ResourceRequirements) (*plan, error) {
 	var errs []error
 	for _, key := range Keys {
 		if v, ok := a[key.Key]; ok && key.valid != nil && !key.valid(v) {
@@ -206,6 +226,9 @@ func newPlan(podLabels, a map[string]string, spec *corev1.PodSpec) (*plan, error
 	errs = append(errs, unknownKeys(a))
 
 	p := &plan{layout: LayoutNative, grace: defaultGracePeriod}
+	overrides, err := resourceOverrides(a, defaults)
+	p.overrides = overrides
+	errs = append(errs, err)
 	if v := a[AnnotationLayout]; v != "" {
 		p.layout = v
 	}
@@ -648,18 +671,19 @@ func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
 		// Two sockets: nothing is written there but their inodes.
 		corev1.Volume{Name: RunVolumeName, VolumeSource: corev1.VolumeSource{
 			EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: ptr.To(resource.MustParse("1Mi"))}}})
-	owner, mode := tokenFileAccess(spec, spec.Containers[p.worker])
+	resources := p.resources(o.Resources)
+	owner, mode := tokenFileAccess(spec, spec.Containers[p.worker], id(o.RunAsUser))
 	install := corev1.Container{
 		Name: InstallName, Image: o.Image, ImagePullPolicy: o.ImagePullPolicy,
 		Command:         []string{SidecarBinary},
 		Args:            []string{"install", BinDir + "/handoff", "--token-file", protocol.TokenFile, "--token-mode", mode},
 		VolumeMounts:    []corev1.VolumeMount{{Name: VolumeName, MountPath: BinDir}},
-		Resources:       o.Resources,
-		SecurityContext: securityContext(),
+		Resources:       resources,
+		SecurityContext: securityContext(o),
 	}
 	// The token file's owner: the worker's user where known.
-	install.SecurityContext.RunAsUser = ptr.To(owner)
-	sidecar := p.sidecar(o)
+	install.SecurityContext.RunAsUser = owner
+	sidecar := p.sidecar(o, resources)
 	apiToken(spec, &sidecar)
 	spec.InitContainers = append(spec.InitContainers, install)
 	if p.layout == LayoutLegacy {
@@ -691,7 +715,7 @@ func (p *plan) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, o Options) {
 	w.Lifecycle.PreStop = &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: p.hook}}
 }
 
-func (p *plan) sidecar(o Options) corev1.Container {
+func (p *plan) sidecar(o Options, resources corev1.ResourceRequirements) corev1.Container {
 	fromPod := func(name, path string) corev1.EnvVar {
 		d, _ := config.Lookup(name)
 		return corev1.EnvVar{Name: d.Env(), ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
@@ -714,8 +738,8 @@ func (p *plan) sidecar(o Options) corev1.Container {
 		Args:            []string{"sidecar"},
 		Env:             append(env, p.env...),
 		VolumeMounts:    []corev1.VolumeMount{{Name: VolumeName, MountPath: BinDir, ReadOnly: true}, {Name: RunVolumeName, MountPath: protocol.RunDir}},
-		Resources:       o.Resources,
-		SecurityContext: securityContext(),
+		Resources:       resources,
+		SecurityContext: securityContext(o),
 	}
 	if port, ok := p.metricsPort(); ok {
 		c.Ports = []corev1.ContainerPort{{Name: MetricsPortName, ContainerPort: port, Protocol: corev1.ProtocolTCP}}
@@ -757,14 +781,28 @@ func (p *plan) probe(path string, period, failures int32) *corev1.Probe {
 	}
 }
 
-func securityContext() *corev1.SecurityContext {
+// securityContext is the install step's and the sidecar's: non-root, as
+// user and group o.RunAsUser and o.RunAsGroup (id), no privilege.
+func securityContext(o Options) *corev1.SecurityContext {
 	return &corev1.SecurityContext{
 		RunAsNonRoot:             ptr.To(true),
-		RunAsUser:                ptr.To[int64](nonroot),
-		RunAsGroup:               ptr.To[int64](nonroot),
+		RunAsUser:                id(o.RunAsUser),
+		RunAsGroup:               id(o.RunAsGroup),
 		ReadOnlyRootFilesystem:   ptr.To(true),
 		AllowPrivilegeEscalation: ptr.To(false),
 		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
+}
+
+// id is an Options id as a securityContext field: nil for OmitID,
+// DefaultUserID for 0.
+func id(v int64) *int64 {
+	switch {
+	case v == OmitID:
+		return nil
+	case v <= 0:
+		return ptr.To[int64](DefaultUserID)
+	}
+	return ptr.To(v)
 }

@@ -151,7 +151,8 @@ const (
 )
 
 // tokenFileAccess chooses who may read the pod's token file, which the
-// install step writes and the sidecar (user and group 65532) and the worker
+// install step writes and the sidecar (user and group 65532 by default,
+// Options.RunAsUser and RunAsGroup) and the worker
 // read: the user the install step runs as (the file's owner) and the mode.
 //
 //   - The worker's user is known (its container's securityContext.runAsUser,
@@ -166,7 +167,12 @@ const (
 //   - Else (the image's USER decides, unknown here, or root): install runs
 //     as 65532 and the file is 0444, readable by every user of the worker
 //     container (it was 0644); docs/security.md says what to set.
-func tokenFileAccess(spec *corev1.PodSpec, worker corev1.Container) (uid int64, mode string) {
+//
+// uid is nil when neither the worker's user is known nor the injector has
+// one (Options.RunAsUser OmitID): install then runs as the user the
+// platform assigns, which is the sidecar's too (OpenShift gives every
+// container of a pod the same one), and the modes above hold with it.
+func tokenFileAccess(spec *corev1.PodSpec, worker corev1.Container, injector *int64) (uid *int64, mode string) {
 	var user *int64
 	if worker.SecurityContext != nil {
 		user = worker.SecurityContext.RunAsUser
@@ -176,11 +182,11 @@ func tokenFileAccess(spec *corev1.PodSpec, worker corev1.Container) (uid int64, 
 	}
 	switch {
 	case user != nil && *user != 0:
-		return *user, tokenModeOwnerGroup
+		return user, tokenModeOwnerGroup
 	case spec.SecurityContext != nil && spec.SecurityContext.FSGroup != nil:
-		return nonroot, tokenModeOwnerGroup
+		return injector, tokenModeOwnerGroup
 	}
-	return nonroot, tokenModeAll
+	return injector, tokenModeAll
 }
 
 // tokenConflicts refuses a pod that already has a volume named

@@ -147,3 +147,15 @@ func Released(v string) bool {
 	}
 	return true
 }
+
+// DocsBase is where a build's documentation lives: the repository's tree
+// at its release's tag (https://github.com/handoff-dev/handoff/blob/v0.2.0/)
+// for a released version, else at main (a development build's docs are
+// the newest). Add a path within the repository, like docs/checks.md#id.
+func DocsBase(v string) string {
+	ref := "main"
+	if Released(v) {
+		ref = v
+	}
+	return "https://github.com/handoff-dev/handoff/blob/" + ref + "/"
+}

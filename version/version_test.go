@@ -143,3 +143,18 @@ func TestLdflagsStampTheBuild(t *testing.T) {
 		t.Errorf("stamped build prints\n%s\nwant\n%s", got, want)
 	}
 }
+
+// A release's docs are at its tag; a development build's at main.
+func TestDocsBase(t *testing.T) {
+	for v, want := range map[string]string{
+		"v0.2.0":                "https://github.com/handoff-dev/handoff/blob/v0.2.0/",
+		"v0.2.0-rc.1":           "https://github.com/handoff-dev/handoff/blob/v0.2.0-rc.1/",
+		"v0.2.1-dev.3.g2c1ee26": "https://github.com/handoff-dev/handoff/blob/main/",
+		"v0.0.0-dev":            "https://github.com/handoff-dev/handoff/blob/main/",
+		"":                      "https://github.com/handoff-dev/handoff/blob/main/",
+	} {
+		if got := DocsBase(v); got != want {
+			t.Errorf("DocsBase(%q) = %s, want %s", v, got, want)
+		}
+	}
+}

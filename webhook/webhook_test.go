@@ -486,3 +486,46 @@ func checkRefused(t *testing.T, env *kubetest.Env, ns string, p *corev1.Pod, rea
 		t.Errorf("refusals{reason=%s} %v, want %v", reason, got, byReason+1)
 	}
 }
+
+// A workload sets its sidecar's resources by annotation, through the real
+// webhook: the sidecar and its install step get them; a value that is not
+// a quantity, or a request above its limit, is refused at admission,
+// naming the annotation and the accepted form.
+func TestSidecarResourcesByAnnotation(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	pod, err := env.Client.CoreV1().Pods(ns).Create(ctx, newPod("sized", map[string]string{"handoff.dev/inject": "true",
+		inject.AnnotationSidecarCPURequest: "250m", inject.AnnotationSidecarMemoryRequest: "96Mi", inject.AnnotationSidecarMemoryLimit: "192Mi"}),
+		metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkInjected(t, pod, "")
+	for _, c := range pod.Spec.InitContainers {
+		r := c.Resources
+		if r.Requests.Cpu().String() != "250m" || r.Requests.Memory().String() != "96Mi" || r.Limits.Memory().String() != "192Mi" {
+			t.Errorf("%s resources %v; want requests cpu 250m memory 96Mi, limit memory 192Mi", c.Name, r)
+		}
+	}
+	for _, tc := range []struct {
+		annotations map[string]string
+		want        []string
+	}{
+		{map[string]string{inject.AnnotationSidecarCPULimit: "two"},
+			[]string{`annotation handoff.dev/sidecar-cpu-limit: "two" is not accepted`, "a Kubernetes quantity above 0"}},
+		{map[string]string{inject.AnnotationSidecarMemoryRequest: "256Mi", inject.AnnotationSidecarMemoryLimit: "128Mi"},
+			[]string{"annotation handoff.dev/sidecar-memory-request 256Mi is above the memory limit 128Mi of annotation handoff.dev/sidecar-memory-limit"}},
+	} {
+		a := map[string]string{"handoff.dev/inject": "true"}
+		for k, v := range tc.annotations {
+			a[k] = v
+		}
+		_, err := env.Client.CoreV1().Pods(ns).Create(ctx, newPod("bad-size", a), metav1.CreateOptions{})
+		for _, w := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: error %v; want it refused saying %q", tc.annotations, err, w)
+			}
+		}
+	}
+}

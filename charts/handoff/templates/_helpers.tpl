@@ -22,6 +22,12 @@ when it holds the chart's name, else <release>-<name>.
 
 {{- /* Service names are DNS labels (63 characters): leave room for the suffix. */ -}}
 {{- define "handoff.webhookName" -}}{{ include "handoff.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
+{{- /*
+The webhook's service account: serviceAccount.name, else the webhook's name
+(serviceAccount.create false with no name: the webhook's name too, which
+must then exist).
+*/ -}}
+{{- define "handoff.serviceAccountName" -}}{{ .Values.serviceAccount.name | default (include "handoff.webhookName" .) }}{{- end -}}
 {{- define "handoff.certSecret" -}}{{ include "handoff.webhookName" . }}-cert{{- end -}}
 
 {{- /*
@@ -77,6 +83,37 @@ Call as: include "handoff.imageRef" (dict "image" .Values.image "root" $)
 {{- else }}
 {{- printf "%s:%s" $repo (.image.tag | default .root.Chart.AppVersion | toString) }}
 {{- end }}
+{{- end -}}
+
+{{- /*
+A map without its null values, as YAML: a key set to null in values is left
+out (Helm drops it only where the chart's own values have it).
+*/ -}}
+{{- define "handoff.withoutNulls" -}}
+{{- $out := dict }}
+{{- range $k, $v := . }}{{ if not (kindIs "invalid" $v) }}{{ $_ := set $out $k $v }}{{ end }}{{ end }}
+{{- toYaml $out }}
+{{- end -}}
+
+{{- /*
+The ref of the docs that match this chart's release: its appVersion when that
+is a release's tag (vX.Y.Z, or vX.Y.Z-PRE without a dev or dirty
+identifier, as version.Released), else main (a development build). Links to
+runbooks, hints and the dashboard's docs go to the installed version's docs.
+*/ -}}
+{{- define "handoff.docsRef" -}}
+{{- $v := .Chart.AppVersion | toString }}
+{{- if and (regexMatch "^v[0-9]+\\.[0-9]+\\.[0-9]+(-[0-9A-Za-z.-]+)?$" $v) (not (regexMatch "(^|[-.])(dev|dirty)([.]|$)" (trimPrefix "v" $v | splitList "-" | rest | join "-"))) }}
+{{- $v }}
+{{- else }}main{{ end }}
+{{- end -}}
+
+{{- /*
+A document's text with the repository's links to main turned to the docs of
+this release (handoff.docsRef). Call as: include "handoff.versionedDocs" (dict "text" $s "root" $)
+*/ -}}
+{{- define "handoff.versionedDocs" -}}
+{{- .text | replace "github.com/handoff-dev/handoff/blob/main/" (printf "github.com/handoff-dev/handoff/blob/%s/" (include "handoff.docsRef" .root)) }}
 {{- end -}}
 
 {{- /* The webhook's image (image). */ -}}

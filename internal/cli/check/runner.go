@@ -14,11 +14,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/handoff-dev/handoff/version"
 )
 
 // checkHintBase is where each check's hint lives: docs/checks.md, one
-// heading per check ID.
-const checkHintBase = "https://github.com/handoff-dev/handoff/blob/main/docs/checks.md#"
+// heading per check ID, in the docs of this build's release (main for a
+// development build: version.DocsBase).
+var checkHintBase = version.DocsBase(version.Get()) + "docs/checks.md#"
 
 // minKubernetes is the oldest supported Kubernetes (the README's, Chart.yaml's
 // kubeVersion, the Makefile's KUBE_OLDEST).

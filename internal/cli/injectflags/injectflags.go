@@ -5,6 +5,8 @@ package injectflags
 import (
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
@@ -36,8 +38,10 @@ func ImageUsage() string {
 
 // Flags are the injector's settings, shared by inject and webhook.
 type Flags struct {
-	image, pullPolicy                      string
-	cpuRequest, memoryRequest, memoryLimit string
+	image, pullPolicy          string
+	cpuRequest, cpuLimit       string
+	memoryRequest, memoryLimit string
+	runAsUser, runAsGroup      string
 }
 
 // Add adds the flags to fs: --image, --image-pull-policy and the
@@ -46,8 +50,11 @@ func (f *Flags) Add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.image, "image", DefaultImage(), ImageUsage())
 	fs.StringVar(&f.pullPolicy, "image-pull-policy", string(corev1.PullIfNotPresent), "Always, IfNotPresent or Never")
 	fs.StringVar(&f.cpuRequest, "sidecar-cpu-request", "10m", "CPU request of the sidecar (a quantity, or empty for none)")
+	fs.StringVar(&f.cpuLimit, "sidecar-cpu-limit", "", "CPU limit of the sidecar (a quantity, or empty for none)")
 	fs.StringVar(&f.memoryRequest, "sidecar-memory-request", "48Mi", "memory request of the sidecar (a quantity, or empty for none)")
 	fs.StringVar(&f.memoryLimit, "sidecar-memory-limit", "128Mi", "memory limit of the sidecar (a quantity, or empty for none)")
+	fs.StringVar(&f.runAsUser, "sidecar-run-as-user", "65532", "user id the sidecar and its install step run as (from 1), or empty to leave runAsUser out for a platform that assigns one (OpenShift restricted-v2); runAsNonRoot stays true")
+	fs.StringVar(&f.runAsGroup, "sidecar-run-as-group", "65532", "group id the sidecar and its install step run as (from 1), or empty to leave runAsGroup out")
 }
 
 // Options are the injector's options the flags give; the error names
@@ -70,6 +77,7 @@ func (f *Flags) Options() (inject.Options, error) {
 		name        corev1.ResourceName
 	}{
 		{"--sidecar-cpu-request", f.cpuRequest, o.Resources.Requests, corev1.ResourceCPU},
+		{"--sidecar-cpu-limit", f.cpuLimit, o.Resources.Limits, corev1.ResourceCPU},
 		{"--sidecar-memory-request", f.memoryRequest, o.Resources.Requests, corev1.ResourceMemory},
 		{"--sidecar-memory-limit", f.memoryLimit, o.Resources.Limits, corev1.ResourceMemory},
 	} {
@@ -89,5 +97,32 @@ func (f *Flags) Options() (inject.Options, error) {
 			errs = append(errs, fmt.Errorf("--sidecar-memory-request %s is above --sidecar-memory-limit %s: want a request at most the limit", f.memoryRequest, f.memoryLimit))
 		}
 	}
+	if req, ok := o.Resources.Requests[corev1.ResourceCPU]; ok {
+		if lim, ok := o.Resources.Limits[corev1.ResourceCPU]; ok && req.Cmp(lim) > 0 {
+			errs = append(errs, fmt.Errorf("--sidecar-cpu-request %s is above --sidecar-cpu-limit %s: want a request at most the limit", f.cpuRequest, f.cpuLimit))
+		}
+	}
+	var err error
+	if o.RunAsUser, err = parseID("--sidecar-run-as-user", f.runAsUser); err != nil {
+		errs = append(errs, err)
+	}
+	if o.RunAsGroup, err = parseID("--sidecar-run-as-group", f.runAsGroup); err != nil {
+		errs = append(errs, err)
+	}
 	return o, errors.Join(errs...)
+}
+
+// parseID reads a user or group id flag: "" is inject.OmitID, else a
+// number from 1 to 2147483647 (0 is root's, which a non-root sidecar does
+// not run as).
+func parseID(flag, v string) (int64, error) {
+	if v == "" {
+		return inject.OmitID, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 1 || n > math.MaxInt32 {
+		return 0, fmt.Errorf("%s %q: want a number from 1 to %d, or empty to leave it out for the platform to assign (OpenShift restricted-v2)",
+			flag, v, math.MaxInt32)
+	}
+	return n, nil
 }
