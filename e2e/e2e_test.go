@@ -100,7 +100,8 @@ var workerLeases = []string{
 	"succ3-leader", "succ3-race-leader", "succ5-leader", "succ5-race-leader", // TestRolloutMovesTheRoleOnce
 	"preempt-leader",                            // TestPreemptionHandsOver
 	"token-user-leader", "token-fsgroup-leader", // TestTokenFileOnARealKubelet
-	"waiting-leader", // TestRolloutWaitsForTheWebhook
+	"waiting-leader",               // TestRolloutWaitsForTheWebhook
+	"nem-a-leader", "nem-b-leader", // TestNemesisShort, TestNemesis
 }
 
 var cluster struct {
@@ -114,6 +115,10 @@ var cluster struct {
 	// kubeletRoot is the kubelet's --root-dir, whose pods' volumes this
 	// machine sees: only on our own cluster.
 	kubeletRoot string
+	// runDir is up.sh's run directory, whose pids file names the cluster's
+	// processes (the nemesis pauses and restarts them): only on our own
+	// cluster.
+	runDir string
 }
 
 // images are the images under test, as the pods name them: each
@@ -295,6 +300,7 @@ func (s *setup) cluster() error {
 		s.hostIP = ownHostIP
 		cluster.ctr = []string{"ctr", "--address", filepath.Join(runDir, "containerd", "containerd.sock"), "-n", "k8s.io"}
 		cluster.kubeletRoot = filepath.Join(runDir, "kubelet", "root")
+		cluster.runDir = runDir
 	} else if s.hostIP == "" {
 		return errors.New("HANDOFF_E2E_KUBECONFIG needs HANDOFF_E2E_HOST_IP (this machine's address as the pods reach it, like 172.18.0.1 for kind)")
 	}
