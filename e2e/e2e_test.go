@@ -478,7 +478,40 @@ func (s *setup) chart() error {
 	_, err = helm(append(args,
 		"--set", "webhook.failurePolicy=Fail",
 		"--set-json", "rbac.sidecarBindings="+string(bindings))...)
+	if err != nil {
+		logChartPods(ctx)
+	}
 	return err
+}
+
+// logChartPods logs the chart's pods and the namespace's Events: why an
+// install that waits for them did not finish.
+func logChartPods(ctx context.Context) {
+	pods, err := cluster.kube.CoreV1().Pods("handoff").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: the chart's pods:", err)
+		return
+	}
+	for _, p := range pods.Items {
+		var cs []string
+		for _, s := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+			st := "running"
+			switch {
+			case s.State.Waiting != nil:
+				st = "waiting: " + s.State.Waiting.Reason + " " + s.State.Waiting.Message
+			case s.State.Terminated != nil:
+				st = "terminated: " + s.State.Terminated.Reason
+			}
+			cs = append(cs, fmt.Sprintf("%s ready=%t restarts=%d %s", s.Name, s.Ready, s.RestartCount, st))
+		}
+		fmt.Fprintf(os.Stderr, "e2e: chart pod %s: %s; %s\n", p.Name, p.Status.Phase, strings.Join(cs, "; "))
+	}
+	events, err := cluster.kube.CoreV1().Events("handoff").List(ctx, metav1.ListOptions{})
+	if err == nil {
+		for _, e := range events.Items {
+			fmt.Fprintf(os.Stderr, "e2e: event %s %s %s: %s\n", e.LastTimestamp.Format("15:04:05"), e.InvolvedObject.Name, e.Reason, e.Message)
+		}
+	}
 }
 
 // readmeInstall is the README quickstart's platform install, as bash

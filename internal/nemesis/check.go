@@ -175,8 +175,9 @@ type Figures struct {
 //     the Lease with a higher token (Acquired + Slack), nor after the end
 //     of the term it was told (Until + Slack);
 //   - live-holder: after each heal of a fault (the end of each stretch in
-//     which some fault was active), every Lease of rules.Leases was renewed
-//     by a holder whose pod was not gone within LeaseDuration +
+//     which some fault was active, a fault starting within the bound of
+//     a stretch's end joining it), every Lease of rules.Leases was renewed
+//     by a holder whose pod was not gone within the bound, LeaseDuration +
 //     RetryPeriod + Slack;
 //   - grace-period: every pod deleted gracefully was gone within its grace
 //     period + KubeletSlack, plus the time within it that the control plane
@@ -313,14 +314,16 @@ func checkOverlap(h History, rules Rules, add func(string, string, []string)) {
 }
 
 // heals are the ends of the stretches in which some injected fault was
-// active, each with the faults of its stretch.
-func heals(faults []Injected) (ends []time.Time, of [][]Injected) {
+// active, each with the faults of its stretch. A fault that starts within
+// quiet of a stretch's end joins it: the promise after a heal is for the
+// time the cluster is left alone.
+func heals(faults []Injected, quiet time.Duration) (ends []time.Time, of [][]Injected) {
 	fs := slices.DeleteFunc(slices.Clone(faults), func(f Injected) bool { return f.Skipped != "" || f.Started.IsZero() })
 	slices.SortStableFunc(fs, func(a, b Injected) int { return a.Started.Compare(b.Started) })
 	var end time.Time
 	var cur []Injected
 	for i, f := range fs {
-		if i > 0 && f.Started.After(end) {
+		if i > 0 && f.Started.After(end.Add(quiet)) {
 			ends, of = append(ends, end), append(of, cur)
 			cur = nil
 		}
@@ -343,7 +346,7 @@ func checkLive(h History, rules Rules, fig *Figures, add func(string, string, []
 			gone[p.Name] = p.Gone
 		}
 	}
-	ends, of := heals(h.Faults)
+	ends, of := heals(h.Faults, bound)
 	for i, healed := range ends {
 		if !rules.End.IsZero() && healed.Add(bound).After(rules.End) {
 			continue

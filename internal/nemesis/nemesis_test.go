@@ -210,13 +210,34 @@ func TestCheckFindsEachViolation(t *testing.T) {
 }
 
 func TestHealsMergesOverlappingFaults(t *testing.T) {
-	ends, of := heals([]Injected{
+	faults := []Injected{
 		{Fault: Fault{Kind: EtcdPause}, Started: at(10), Healed: at(20)},
 		{Fault: Fault{Kind: WorkerKill}, Started: at(15), Healed: at(15)},
 		{Fault: Fault{Kind: PodAPICut}, Started: at(18), Healed: at(30)},
 		{Fault: Fault{Kind: ForceDelete}, Started: at(40), Healed: at(40)},
-	})
+	}
+	ends, of := heals(faults, 0)
 	if len(ends) != 2 || !ends[0].Equal(at(30)) || !ends[1].Equal(at(40)) || len(of[0]) != 3 {
 		t.Errorf("heals = %v %v", ends, of)
+	}
+	// A fault within the quiet time of a heal joins its stretch.
+	ends, of = heals(faults, 10*time.Second)
+	if len(ends) != 1 || !ends[0].Equal(at(40)) || len(of[0]) != 4 {
+		t.Errorf("heals with 10s quiet = %v %v", ends, of)
+	}
+}
+
+// TestCheckLiveHolderWaitsForQuiet: a fault that starts within the bound
+// of a heal (a new cut of the holder's network) moves the check to its
+// own heal, not the first one.
+func TestCheckLiveHolderWaitsForQuiet(t *testing.T) {
+	h := good()
+	h.Faults = append(h.Faults, Injected{Fault: Fault{Kind: PodAPICut}, Started: at(11), Healed: at(20), Target: "p1"})
+	vs, fig := Check(h, rules, 1)
+	for _, v := range vs {
+		t.Error(v)
+	}
+	if fig.WorstLive != 5*time.Second || fig.WorstLiveAt != "a-leader after sidecar-kill, pod-api-cut" {
+		t.Errorf("worst time to a live holder %s after %s; want 5s after the cut's heal", fig.WorstLive, fig.WorstLiveAt)
 	}
 }
