@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -133,9 +134,10 @@ func runNemesis(t *testing.T, seeds []uint64, window time.Duration, faults int, 
 	h := startHistory(t, leases)
 	var sum nemesisSum
 	for _, seed := range seeds {
-		// A schedule takes its window and about 3 minutes more: stop
+		// A schedule takes its window and about 2 minutes more, and TestMain
+		// stops the cluster a minute before the deadline: stop
 		// before the test's deadline rather than lose the sum.
-		if d, ok := t.Deadline(); ok && time.Until(d) < window+3*time.Minute {
+		if d, ok := t.Deadline(); ok && time.Until(d) < window+4*time.Minute {
 			t.Logf("nemesis: stopping before seed %d, %s before the test's deadline", seed, time.Until(d).Round(time.Second))
 			break
 		}
@@ -236,6 +238,21 @@ func runSchedule(t *testing.T, h *history, s nemesis.Schedule, leases []string) 
 	}
 	rules := nemesis.Rules{LeaseDuration: nemesisLeaseDuration, RetryPeriod: nemesisRetryPeriod, Slack: 2 * time.Second,
 		KubeletSlack: 5 * time.Second, End: end, Leases: leases}
+	// The history as read, for a later look or a re-check with another
+	// checker: $HANDOFF_E2E_NEMESIS_DUMP/seed-N.json if set.
+	if dir := os.Getenv("HANDOFF_E2E_NEMESIS_DUMP"); dir != "" {
+		data, err := json.MarshalIndent(struct {
+			Schedule nemesis.Schedule
+			Rules    nemesis.Rules
+			History  nemesis.History
+		}{s, rules, hist}, "", " ")
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%d.json", s.Seed)), data, 0o644)
+		}
+		if err != nil {
+			t.Errorf("dump the history of seed %d: %v", s.Seed, err)
+		}
+	}
 	violations, fig := nemesis.Check(hist, rules, s.Seed)
 	t.Logf("seed %d: %d messages (%d applied, %d pending), %d Lease moves, %d violations, worst time to a live holder after a heal %s (%s)",
 		s.Seed, fig.Messages, fig.Applied, fig.Pending, fig.Moves, len(violations), fig.WorstLive.Round(time.Millisecond), fig.WorstLiveAt)
@@ -485,6 +502,9 @@ type nemesisSum struct {
 	worstLive                         time.Duration
 	worstLiveAt                       string
 	worstSeed                         uint64
+	overGrace                         time.Duration
+	overGraceAt                       string
+	overGraceSeed                     uint64
 }
 
 func (s *nemesisSum) add(seed uint64, fig nemesis.Figures, injected []nemesis.Injected, violations []nemesis.Violation) {
@@ -507,6 +527,9 @@ func (s *nemesisSum) add(seed uint64, fig nemesis.Figures, injected []nemesis.In
 	if fig.WorstLive > s.worstLive {
 		s.worstLive, s.worstLiveAt, s.worstSeed = fig.WorstLive, fig.WorstLiveAt, seed
 	}
+	if fig.WorstOverGrace > s.overGrace {
+		s.overGrace, s.overGraceAt, s.overGraceSeed = fig.WorstOverGrace, fig.WorstOverGraceAt, seed
+	}
 }
 
 func (s *nemesisSum) String() string {
@@ -521,6 +544,10 @@ func (s *nemesisSum) String() string {
 	}
 	fmt.Fprintf(&b, "messages %d (applied once %d, pending %d), Lease moves %d, violations %d\n", s.messages, s.applied, s.pending, s.moves, s.violations)
 	fmt.Fprintf(&b, "worst time to a live holder after a heal: %s (seed %d, %s)\n", s.worstLive.Round(time.Millisecond), s.worstSeed, s.worstLiveAt)
+	if s.overGrace > 0 {
+		fmt.Fprintf(&b, "not promised: a pod gone %s beyond its grace period under a kubelet or containerd restart (seed %d, %s)\n",
+			s.overGrace.Round(time.Millisecond), s.overGraceSeed, s.overGraceAt)
+	}
 	return b.String()
 }
 

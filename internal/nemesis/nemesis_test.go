@@ -209,6 +209,34 @@ func TestCheckFindsEachViolation(t *testing.T) {
 	}
 }
 
+// TestCheckDoesNotHoldAPodToItsGraceUnderANodeAgentRestart: a kubelet or
+// containerd restart during a pod's termination, or just before it, takes
+// the pod out of the grace-period rule; its time beyond is a figure.
+func TestCheckDoesNotHoldAPodToItsGraceUnderANodeAgentRestart(t *testing.T) {
+	for _, restart := range []Injected{
+		{Fault: Fault{Kind: ContainerdRestart}, Started: at(65), Healed: at(66), Target: "p1 terminating; containerd"},
+		{Fault: Fault{Kind: KubeletRestart}, Started: at(57), Healed: at(58), Target: "p0 terminating; kubelet"},
+	} {
+		h := good()
+		h.Pods[0].Gone = at(110)
+		h.Faults = append(h.Faults, restart)
+		vs, fig := Check(h, rules, 5)
+		for _, v := range vs {
+			t.Errorf("%s: %s", restart.Kind, v)
+		}
+		if fig.WorstOverGrace != 35*time.Second || !strings.Contains(fig.WorstOverGraceAt, string(restart.Kind)) {
+			t.Errorf("%s: worst over grace %s (%s), want 35s", restart.Kind, fig.WorstOverGrace, fig.WorstOverGraceAt)
+		}
+	}
+	// Healed more than NodeAgentAfter before the deletion: held to it.
+	h := good()
+	h.Pods[0].Gone = at(110)
+	h.Faults = append(h.Faults, Injected{Fault: Fault{Kind: KubeletRestart}, Started: at(50), Healed: at(54)})
+	if vs, _ := Check(h, rules, 5); len(vs) != 1 || vs[0].Rule != RuleGrace {
+		t.Errorf("a kubelet restart 6s before the deletion: %v, want the grace-period violation", vs)
+	}
+}
+
 func TestHealsMergesOverlappingFaults(t *testing.T) {
 	faults := []Injected{
 		{Fault: Fault{Kind: EtcdPause}, Started: at(10), Healed: at(20)},
