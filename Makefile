@@ -41,7 +41,7 @@ GO_PKGS := ./... ./protocol/... ./worker/... ./worker/jetstream/... ./worker/rab
 # run again on the newest.
 API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook ./webhook/outcomes
 
-.PHONY: all build image release deploy demo sandbox sandbox-down test test-newest integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures successor-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak unit bench fuzz lint vuln kube-assets kube-assets-newest tools clean
+.PHONY: all build image release deploy demo sandbox sandbox-down test test-newest integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures successor-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak nemesis unit bench fuzz lint vuln kube-assets kube-assets-newest tools clean
 
 ## Builds the binaries (make with no target)
 all: build
@@ -208,14 +208,14 @@ bench: build image kube-assets
 # the test process (the pods' binaries are built without it), which shares
 # the build cache with lint and integration.
 e2e: e2e-assets
-	go test -race -tags e2e -count=1 -v -timeout 30m ./e2e/
+	go test -race -tags e2e -count=1 -v -timeout 40m ./e2e/
 
 ## Runs the end-to-end suite on the newest supported Kubernetes
 # The same end-to-end suite on the newest supported Kubernetes (apiserver,
 # controllers and kubelet 1.37; part of test-newest, not in make test or CI).
 e2e-newest: tools
 	$(KUBE_NEWEST) bash hack/kube-assets.sh kubectl kube-controller-manager kube-scheduler kube-proxy kubelet >/dev/null
-	$(KUBE_NEWEST) go test -race -tags e2e -count=1 -v -timeout 30m ./e2e/
+	$(KUBE_NEWEST) go test -race -tags e2e -count=1 -v -timeout 40m ./e2e/
 
 ## Measures the rollout figures, handoff beside the baseline, from one e2e run
 # The rollout figures, handoff beside the baseline, from one e2e run:
@@ -242,6 +242,19 @@ shard-figures: e2e-assets
 SOAK_RUNS ?= 20
 soak: e2e-assets
 	bash e2e/soak.sh $(SOAK_RUNS)
+
+## Runs the nemesis: fault schedules from seeds on a real cluster, the history checked
+# The nemesis: NEMESIS_SEEDS fault schedules (default 1-30: seeds 1 to 30;
+# one seed replays its schedule) of NEMESIS_FAULTS faults (default 10) in
+# NEMESIS_WINDOW (default 2m), from NEMESIS_KINDS (default all), on the
+# cluster e2e/cluster boots, under load with rollouts going on; the
+# recorded history checked. See e2e/nemesis.sh.
+NEMESIS_SEEDS ?= 1-30
+NEMESIS_FAULTS ?= 10
+NEMESIS_WINDOW ?= 2m
+NEMESIS_KINDS ?= all
+nemesis: e2e-assets
+	bash e2e/nemesis.sh $(NEMESIS_SEEDS) $(NEMESIS_FAULTS) $(NEMESIS_WINDOW) $(NEMESIS_KINDS)
 
 ## Builds what the e2e tests run: the pinned tools and the node's binaries
 # What the e2e tests run, built before a test's timeout starts: the pinned

@@ -100,7 +100,8 @@ var workerLeases = []string{
 	"succ3-leader", "succ3-race-leader", "succ5-leader", "succ5-race-leader", // TestRolloutMovesTheRoleOnce
 	"preempt-leader",                            // TestPreemptionHandsOver
 	"token-user-leader", "token-fsgroup-leader", // TestTokenFileOnARealKubelet
-	"waiting-leader", // TestRolloutWaitsForTheWebhook
+	"waiting-leader",               // TestRolloutWaitsForTheWebhook
+	"nem-a-leader", "nem-b-leader", // TestNemesisShort, TestNemesis
 }
 
 var cluster struct {
@@ -114,6 +115,10 @@ var cluster struct {
 	// kubeletRoot is the kubelet's --root-dir, whose pods' volumes this
 	// machine sees: only on our own cluster.
 	kubeletRoot string
+	// runDir is up.sh's run directory, whose pids file names the cluster's
+	// processes (the nemesis pauses and restarts them): only on our own
+	// cluster.
+	runDir string
 }
 
 // images are the images under test, as the pods name them: each
@@ -295,6 +300,7 @@ func (s *setup) cluster() error {
 		s.hostIP = ownHostIP
 		cluster.ctr = []string{"ctr", "--address", filepath.Join(runDir, "containerd", "containerd.sock"), "-n", "k8s.io"}
 		cluster.kubeletRoot = filepath.Join(runDir, "kubelet", "root")
+		cluster.runDir = runDir
 	} else if s.hostIP == "" {
 		return errors.New("HANDOFF_E2E_KUBECONFIG needs HANDOFF_E2E_HOST_IP (this machine's address as the pods reach it, like 172.18.0.1 for kind)")
 	}
@@ -474,7 +480,40 @@ func (s *setup) chart() error {
 	_, err = helm(append(args,
 		"--set", "webhook.failurePolicy=Fail",
 		"--set-json", "rbac.sidecarBindings="+string(bindings))...)
+	if err != nil {
+		logChartPods(ctx)
+	}
 	return err
+}
+
+// logChartPods logs the chart's pods and the namespace's Events: why an
+// install that waits for them did not finish.
+func logChartPods(ctx context.Context) {
+	pods, err := cluster.kube.CoreV1().Pods("handoff").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: the chart's pods:", err)
+		return
+	}
+	for _, p := range pods.Items {
+		var cs []string
+		for _, s := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+			st := "running"
+			switch {
+			case s.State.Waiting != nil:
+				st = "waiting: " + s.State.Waiting.Reason + " " + s.State.Waiting.Message
+			case s.State.Terminated != nil:
+				st = "terminated: " + s.State.Terminated.Reason
+			}
+			cs = append(cs, fmt.Sprintf("%s ready=%t restarts=%d %s", s.Name, s.Ready, s.RestartCount, st))
+		}
+		fmt.Fprintf(os.Stderr, "e2e: chart pod %s: %s; %s\n", p.Name, p.Status.Phase, strings.Join(cs, "; "))
+	}
+	events, err := cluster.kube.CoreV1().Events("handoff").List(ctx, metav1.ListOptions{})
+	if err == nil {
+		for _, e := range events.Items {
+			fmt.Fprintf(os.Stderr, "e2e: event %s %s %s: %s\n", e.LastTimestamp.Format("15:04:05"), e.InvolvedObject.Name, e.Reason, e.Message)
+		}
+	}
 }
 
 // readmeInstall is the README quickstart's platform install, as bash

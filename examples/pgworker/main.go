@@ -667,7 +667,7 @@ func (a *app) leaderLoop(ctx context.Context) {
 		if err != nil { // worker.ErrNotLeader
 			continue
 		}
-		err = queue.RunLeaderJob(lctx, a.pool, a.opts.lease, lead.FencingToken, a.opts.workerID)
+		err = queue.RunLeaderJobUntil(lctx, a.pool, a.opts.lease, lead.FencingToken, a.opts.workerID, lead.Until)
 		done()
 		switch {
 		case errors.Is(err, queue.ErrStaleFencingToken):

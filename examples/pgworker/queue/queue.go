@@ -87,6 +87,9 @@ CREATE TABLE IF NOT EXISTS handoff_leader_runs (
 	holder text,
 	ran_at timestamptz DEFAULT clock_timestamp()
 );
+-- The end of the writer's term as it was told ("leader until T"); NULL
+-- when not given (RunLeaderJob).
+ALTER TABLE handoff_leader_runs ADD COLUMN IF NOT EXISTS until_at timestamptz;
 -- A NOTIFY on VisibleChannel when a statement makes messages visible at
 -- once (enqueued, handed back, returned), not when it claims them: idle
 -- claim loops (Listen) claim again without waiting for their next poll.
@@ -441,11 +444,23 @@ SELECT count(*) FROM r`, worker).Scan(&n)
 // token to token, and if a higher token was seen already it writes nothing
 // and returns ErrStaleFencingToken. An equal token (the same term) passes.
 func RunLeaderJob(ctx context.Context, pool *pgxpool.Pool, lease string, token int64, holder string) error {
+	return RunLeaderJobUntil(ctx, pool, lease, token, holder, time.Time{})
+}
+
+// RunLeaderJobUntil is RunLeaderJob that also records until, the end of
+// holder's term as it was told (worker.Leadership.Until), in the run's
+// until_at; the zero time records NULL. A history checker holds each run
+// to its term: ran_at not after until_at.
+func RunLeaderJobUntil(ctx context.Context, pool *pgxpool.Pool, lease string, token int64, holder string, until time.Time) error {
+	var untilAt *time.Time
+	if !until.IsZero() {
+		untilAt = &until
+	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if err := fence(ctx, tx, lease, token); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO handoff_leader_runs (lease, token, holder) VALUES ($1, $2, $3)`, lease, token, holder)
+		_, err := tx.Exec(ctx, `INSERT INTO handoff_leader_runs (lease, token, holder, until_at) VALUES ($1, $2, $3, $4)`, lease, token, holder, untilAt)
 		return err
 	})
 	if errors.Is(err, ErrStaleFencingToken) {

@@ -337,6 +337,19 @@ func TestLeaderJobRefusesStaleFencingToken(t *testing.T) {
 		t.Fatalf("got %v, want 5 leader runs, none stale", r)
 	}
 
+	// The term's end is recorded with the run when given.
+	until := time.Now().Add(10 * time.Second).Round(time.Microsecond)
+	if err := queue.RunLeaderJobUntil(ctx, pool, "jobs", 3, "pod-a", until); err != nil {
+		t.Fatal(err)
+	}
+	var got *time.Time
+	if err := pool.QueryRow(ctx, `SELECT until_at FROM handoff_leader_runs ORDER BY id DESC LIMIT 1`).Scan(&got); err != nil || got == nil || !got.Equal(until) {
+		t.Fatalf("until_at = %v, %v; want %s", got, err, until)
+	}
+	if err := pool.QueryRow(ctx, `SELECT until_at FROM handoff_leader_runs WHERE lease = 'other'`).Scan(&got); err != nil || got != nil {
+		t.Fatalf("RunLeaderJob's until_at = %v, %v; want NULL", got, err)
+	}
+
 	// A run that bypassed the fence shows up in the report.
 	if _, err := pool.Exec(ctx, `INSERT INTO handoff_leader_runs (lease, token, holder) VALUES ('jobs', 2, 'pod-b')`); err != nil {
 		t.Fatal(err)
