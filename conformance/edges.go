@@ -342,9 +342,10 @@ func (s *suite) inFlightAfterReturn(ctx context.Context) (string, error) {
 	if err := consistent(st); err != nil {
 		return "", fmt.Errorf("after a plain return: %w", err)
 	}
-	if st.InFlight > held {
-		return "", fmt.Errorf("after a plain return, with %d claims held before it, drain status %+v: want inFlight at most %d", held, st, held)
-	}
+	// No bound on inFlight here beyond consistency: an app that fetches in
+	// batches (worker/jetstream) may hold, for a moment, messages its
+	// fetch brought after the return, which its agent hands back at once
+	// (step 4); the rule is that inFlight reaches 0 once the work ended.
 	during := st.InFlight
 	if err := s.t.Fixture.Finish(ctx); err != nil {
 		return "", fmt.Errorf("Fixture.Finish: %w", err)

@@ -256,7 +256,9 @@ func TestBatchMessageClaimedElsewhereWhileWaitingIsNotWorkedTwice(t *testing.T) 
 	t.Parallel()
 	pool := newPool(t)
 	ctx := context.Background()
-	msgs := []queue.Message{{DedupKey: "slow", Amount: 1, WorkMillis: 3000}, {DedupKey: "next", Amount: 10}}
+	// "slow" outlasts pod-b's start and claim by seconds, even on a loaded
+	// machine (3 s was not enough there once in CI, 2026-12-07).
+	msgs := []queue.Message{{DedupKey: "slow", Amount: 1, WorkMillis: 8000}, {DedupKey: "next", Amount: 10}}
 	if err := queue.Enqueue(ctx, pool, msgs); err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +270,7 @@ func TestBatchMessageClaimedElsewhereWhileWaitingIsNotWorkedTwice(t *testing.T) 
 	// pod-b takes "next" once its visibility timeout has run out, while
 	// pod-a still works on "slow".
 	startWorkerWith(t, pool, options{workerID: "pod-b", concurrency: 1, batch: 1, visibilityTimeout: time.Hour, pollInterval: 5 * time.Millisecond})
-	kubetest.WaitFor(t, 10*time.Second, "pod-b to complete next, and pod-a slow", func() bool {
+	kubetest.WaitFor(t, 20*time.Second, "pod-b to complete next, and pod-a slow", func() bool {
 		var n int
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM handoff_deliveries WHERE (worker, outcome) IN (('pod-b', 'applied'), ('pod-a', 'applied'))`).Scan(&n)
 		return err == nil && n >= 2
