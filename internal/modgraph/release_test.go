@@ -2,6 +2,7 @@ package modgraph_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,8 +17,13 @@ import (
 
 // releaseVersion is the version the test releases its copy of the
 // repository at (in a module cache of its own: nothing outside the test
-// sees it).
-const releaseVersion = "v0.1.0"
+// sees it): a pre-release of v0.1.0, another each run, because the go
+// command takes a module version's sources as fixed and reuses what it
+// compiled of them from its build cache, which is shared: a second run
+// releasing other sources as the same version linked the first run's
+// packages (a CI run on 2026-12-07 failed so, files missing that a later
+// commit had removed).
+var releaseVersion = fmt.Sprintf("v0.1.0-test.%d", time.Now().UnixNano())
 
 // A release, as docs/releasing.md makes one: hack/release-modules.sh on a
 // clone of this working tree commits every module's requirements at the
