@@ -16,6 +16,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 )
 
@@ -115,7 +117,19 @@ func hopsTable(h handoverHops) string {
 func leaseWriteFloor(t *testing.T, n int) (p50, maxd time.Duration) {
 	t.Helper()
 	ctx := context.Background()
-	leases := cluster.kube.CoordinationV1().Leases(namespace)
+	// A client of its own with no client-side rate limit (QPS -1): the
+	// suite's, at client-go's default 5 per second, would time its own
+	// throttle (200 ms a write in a row), not the apiserver.
+	cfg, err := clientcmd.BuildConfigFromFlags("", cluster.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.QPS = -1
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := kube.CoordinationV1().Leases(namespace)
 	l, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{GenerateName: "floor-"},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("floor"), LeaseDurationSeconds: ptr.To[int32](15)}}, metav1.CreateOptions{})
 	if err != nil {
