@@ -221,7 +221,7 @@ e2e-newest: tools
 # The rollout figures, handoff beside the baseline, from one e2e run:
 # printed, and drawn as a picture in bin/rollout-figures.svg.
 rollout-figures: e2e-assets
-	bash e2e/rollout-figures.sh
+	bash e2e/rollout-figures.sh $(SCRAPE_INTERVAL)
 
 ## Measures the role Lease's moves per rollout, successor named beside the race
 # The successor figures (docs/performance.md, "One move per rollout"):

@@ -423,6 +423,7 @@ func podNames(t *testing.T, app string) []string {
 func rolloutFigures(with, without *rolloutRun) string {
 	var b strings.Builder
 	b.WriteString(rolloutWorkload() + "\n")
+	fmt.Fprintf(&b, "Prometheus scraping the sidecars and the webhook every %s (HANDOFF_E2E_SCRAPE_INTERVAL; no pod waits for a scrape).\n", promInterval)
 	fmt.Fprintf(&b, `Times are from each pod's termination start (its deletionTimestamp seen; for the pods the test deletes itself, the idle and
 backlogged ones, its delete request sent); the kubelet runs the preStop hook about 0.1 s later.
   pod gone                 until the Pod object was deleted
