@@ -679,3 +679,22 @@ func checkCover(t *testing.T, shards []string, peers []Peer, a map[string]string
 		}
 	}
 }
+
+// FuzzDecodeHeld: any text either is refused or reads as shards of the set
+// whose EncodeHeld text reads back the same.
+func FuzzDecodeHeld(f *testing.F) {
+	shards := names("s-", 12)
+	f.Add("shards 0-3,7,9-10 of 12 (set " + SetID(shards) + ")")
+	f.Add("shards none of 12 (set " + SetID(shards) + ")")
+	f.Add("shards 3,1,1-2 of 12 (set " + SetID(shards) + ")")
+	f.Fuzz(func(t *testing.T, text string) {
+		held, err := DecodeHeld(shards, text)
+		if err != nil {
+			return
+		}
+		again, err := DecodeHeld(shards, EncodeHeld(shards, held))
+		if err != nil || !slices.Equal(again, held) {
+			t.Fatalf("%q reads as %v; its EncodeHeld %q reads as %v, %v", text, held, EncodeHeld(shards, held), again, err)
+		}
+	})
+}
