@@ -261,6 +261,6 @@ func TestOnlyServiceAccountsHoldTheSidecarsRights(t *testing.T) {
 			return err == nil
 		})
 		_, err := asA.CoreV1().Pods(team).Patch(ctx, podA.Name, types.StrategicMergePatchType, runningAt(evil), metav1.PatchOptions{}, "status")
-		refused(t, "the sidecar's token sets its pod's IP and Ready", err, "may change only the condition handoff.dev/Coordinating of pod "+podA.Name)
+		refused(t, "the sidecar's token sets its pod's IP and Ready", err, "may change only the conditions handoff.dev/Coordinating and handoff.dev/Shards of pod "+podA.Name)
 	})
 }

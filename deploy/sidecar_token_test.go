@@ -25,6 +25,7 @@ import (
 	"github.com/handoff-dev/handoff/leaderelection"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/protocol"
+	"github.com/handoff-dev/handoff/shard"
 )
 
 // TestSidecarTokenActsOnlyForItsOwnPod applies everything the chart gives
@@ -166,7 +167,7 @@ func TestSidecarTokenActsOnlyForItsOwnPod(t *testing.T) {
 		}
 		refused(t, "pod B's condition", patch(asA, podB.Name, cond("Done", "False")), "may write the status of its own pod alone, not of pod orders-b")
 		refused(t, "its own Ready condition", patch(asA, podA.Name, []byte(`{"status":{"conditions":[{"type":"Ready","status":"True"}]}}`)),
-			"may change only the condition "+protocol.PodConditionCoordinating+" of pod orders-a, not its other conditions")
+			"may change only the conditions "+protocol.PodConditionCoordinating+" and "+protocol.PodConditionShards+" of pod orders-a, not its other conditions")
 		refused(t, "its own phase", patch(asA, podA.Name, []byte(`{"status":{"phase":"Succeeded"}}`)), "not the rest of its status")
 		refused(t, "its own pod IP", patch(asA, podA.Name, []byte(`{"status":{"podIP":"10.0.0.9","podIPs":[{"ip":"10.0.0.9"}]}}`)), "not the rest of its status")
 		refused(t, "a token bound to no pod", patch(unbound, podA.Name, cond("Running", "True")), "writes only with the token of one of its pods")
@@ -208,6 +209,40 @@ func TestSidecarTokenActsOnlyForItsOwnPod(t *testing.T) {
 		refused(t, "a message of 1025 bytes", patch(asA, podA.Name, big), own)
 		if got := coordinatingOf(t, admin, ns, podA.Name); got != "Done/False" {
 			t.Errorf("after the refused writes, pod A's condition is %q, want Done/False as written last", got)
+		}
+
+		// The shards it holds (with a shard set), as shard.EncodeHeld
+		// writes them: its own pod's alone, of that form.
+		held := func(status, reason, message string) []byte {
+			return []byte(`{"status":{"conditions":[{"type":"` + protocol.PodConditionShards + `","status":"` + status + `","reason":"` + reason + `","message":"` + message + `"}]}}`)
+		}
+		set := shard.SetID([]string{"orders-0", "orders-1"})
+		for _, msg := range []string{
+			shard.EncodeHeld([]string{"orders-0", "orders-1"}, []string{"orders-1"}),
+			"shards none of 2 (set " + set + ")",
+			"shards 0-3,7,9-999 of 1000 (set 0123abcd)",
+		} {
+			if err := patch(asA, podA.Name, held("True", protocol.ReasonShardsHeld, msg)); err != nil {
+				t.Errorf("pod A writing the shards it holds, %q: %v", msg, err)
+			}
+		}
+		const shards = "may write one condition " + protocol.PodConditionShards + " on pod orders-a, status True, reason Held"
+		refused(t, "pod B's shards", patch(asA, podB.Name, held("True", "Held", "shards none of 2 (set "+set+")")), "may write the status of its own pod alone")
+		for what, body := range map[string][]byte{
+			"shards with status False":         held("False", "Held", "shards none of 2 (set "+set+")"),
+			"shards with another reason":       held("True", "Taken", "shards none of 2 (set "+set+")"),
+			"shards with a free message":       held("True", "Held", "anything at all"),
+			"shards with an index of 4 digits": held("True", "Held", "shards 1000 of 1001 (set "+set+")"),
+			"shards with a leading zero":       held("True", "Held", "shards 01 of 2 (set "+set+")"),
+			"shards with a message over 2048":  held("True", "Held", "shards "+strings.Repeat("1,", 1100)+"1 of 2 (set "+set+")"),
+		} {
+			refused(t, what, patch(asA, podA.Name, body), shards)
+		}
+		_, err = asA.CoreV1().Pods(ns).Patch(ctx, podA.Name, types.MergePatchType, []byte(`{"status":{"conditions":[`+
+			`{"type":"`+protocol.PodConditionShards+`","status":"True","reason":"Held","message":"shards none of 2 (set `+set+`)"},`+
+			`{"type":"`+protocol.PodConditionShards+`","status":"True","reason":"Held","message":"shards 0 of 2 (set `+set+`)"}]}}`), metav1.PatchOptions{}, "status")
+		if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
+			t.Errorf("two conditions %s: %v; want refused", protocol.PodConditionShards, err)
 		}
 	})
 

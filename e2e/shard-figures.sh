@@ -3,8 +3,10 @@
 # replicas of the example worker over a shard set of 12 Leases, under a
 # load whose messages carry a shard key, on a cluster booted for the run
 # (as root; or the cluster named by HANDOFF_E2E_KUBECONFIG, see
-# e2e/e2e_test.go). Shards moved per replaced pod, the longest time any
-# shard had no holder, the largest share a pod held against ceil(N/M), the
+# e2e/e2e_test.go). Shards moved per replaced pod beside the least
+# possible (each shard once, to a pod of the new revision), the moves to a
+# pod the rollout replaced and the shards moved more than once, the longest
+# time any shard had no holder, the largest share a pod held against ceil(N/M), the
 # Lease requests per pod per minute, messages lost or applied twice, and
 # claims of one shard worked by two pods at once.
 #

@@ -135,7 +135,7 @@ func TestShardRollout(t *testing.T) {
 		t.Errorf("pods %v reached their drain deadline in the shard rollout, whose work is short", deadline)
 	}
 	rec.checkHolders(t, name, end)
-	run.moves, run.longestFree, run.freeShard = rec.movesAndGaps(t, rolloutAt, end)
+	run.moves, run.toOld, run.again, run.longestFree, run.freeShard = rec.movesAndGaps(t, rolloutAt, end, old)
 	run.mostHeld, run.mostHeldPod, run.worstExcess = rec.mostHeld, rec.mostHeldPod, rec.worst
 	run.overlaps, run.open, run.intervals = checkShardWork(t, name)
 	if run.overlaps > 0 || run.open > 0 {
@@ -496,15 +496,17 @@ func (r *shardRecorder) checkHolders(t *testing.T, app string, until time.Time) 
 
 // movesAndGaps counts, in [from, until], the shards' changes of holder
 // pod, and asserts that each release (the Lease seen free) was followed by
-// a holder within shardTakeover; it returns the moves, the longest time a
-// shard had no holder (seen free, or naming a pod that was gone) and that
-// shard.
-func (r *shardRecorder) movesAndGaps(t *testing.T, from, until time.Time) (moves int, longest time.Duration, shard string) {
+// a holder within shardTakeover; it returns the moves, of them the moves to
+// one of the pods old (the ones the rollout replaces), the shards moved
+// more than once, the longest time a shard had no holder (seen free, or
+// naming a pod that was gone) and that shard.
+func (r *shardRecorder) movesAndGaps(t *testing.T, from, until time.Time, old []string) (moves, toOld, again int, longest time.Duration, shard string) {
 	t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, s := range r.shards {
 		last := "" // the last holder pod
+		moved := 0
 		var noneSince time.Time
 		for _, o := range r.holders[s] {
 			if o.at.After(until) {
@@ -524,6 +526,13 @@ func (r *shardRecorder) movesAndGaps(t *testing.T, from, until time.Time) (moves
 			case pod != last:
 				if last != "" && !o.at.Before(from) {
 					moves++
+					moved++
+					if slices.Contains(old, pod) {
+						toOld++
+					}
+					if moved == 2 {
+						again++
+					}
 				}
 				last = pod
 			}
@@ -544,7 +553,7 @@ func (r *shardRecorder) movesAndGaps(t *testing.T, from, until time.Time) (moves
 			t.Errorf("shard %s: no holder since %s", s, noneSince.Format("15:04:05.000"))
 		}
 	}
-	return moves, longest, shard
+	return moves, toOld, again, longest, shard
 }
 
 // workInterval is one claim of a message of a shard by a worker, until that
@@ -687,6 +696,7 @@ type shardRun struct {
 	replaced, enqueued int
 	before, report     queue.Report
 	moves              int
+	toOld, again       int // moves to a pod the rollout replaced; shards moved more than once
 	longestFree        time.Duration
 	freeShard          string
 	mostHeld           int
@@ -705,7 +715,8 @@ func (r *shardRun) figures() string {
 	fmt.Fprintf(&b, "kubectl rollout restart of %d replicas over a shard set of %d Leases; grace period %ds; load %d messages/s spread over the shards; retry period %s\n",
 		shardReplicas, shardCount, rolloutGrace, shardLoadRate, retryPeriod)
 	fmt.Fprintf(&b, `  shards moved         changes of a shard's holder pod from the restart until the shards were shared out over the new pods
-                       (the least possible: every shard once, %d per replaced pod)
+                       (the least possible: every shard once, %d per replaced pod, to a pod of the new revision);
+                       beside it, the moves to an old pod (one the rollout deletes later) and the shards moved more than once
   no holder            a shard Lease seen free, or naming a pod already gone, until a pod was seen holding it
   largest share        the most shards one pod held at once (Leases naming it, not expired; a pod being deleted keeps its shards
                        until its drain ends), and
@@ -720,6 +731,7 @@ func (r *shardRun) figures() string {
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	row("rollout (restart to shards shared out again)", secs(r.window))
 	row("shards moved (per replaced pod)", fmt.Sprintf("%d (%.1f; least %d)", r.moves, float64(r.moves)/float64(r.replaced), shardCount/r.replaced))
+	row("of them to a pod the rollout replaced / shards moved twice or more", fmt.Sprintf("%d / %d (least 0 / 0)", r.toOld, r.again))
 	row("longest time a shard had no holder", fmt.Sprintf("%s (%s; bound %s)", ms(r.longestFree), r.freeShard, shardTakeover))
 	row("largest share held by one pod", fmt.Sprintf("%d (%s) against ceil(%d/%d) = %d", r.mostHeld, r.mostHeldPod, shardCount, shardReplicas, fair))
 	if w := r.worstExcess; w.pod != "" {

@@ -276,6 +276,19 @@ const (
 // `handoff status` reads the phase from it.
 const PodConditionCoordinating = "handoff.dev/Coordinating"
 
+// PodConditionShards is the condition the sidecar of a pod with a shard set
+// writes on its own pod's status: the shards it holds, so that its peers,
+// which watch its Pod, plan from who holds what (docs/shards.md). Status
+// True, reason ReasonShardsHeld, and a message "shards R of N (set H)": R
+// the indices into the shard set of the shards held, as ascending ranges
+// ("0-3,7,9") or "none", N the set's size and H 8 hex digits of its
+// fingerprint (package shard of the sidecar's module: EncodeHeld). It is
+// written when what the pod holds changes.
+const PodConditionShards = "handoff.dev/Shards"
+
+// ReasonShardsHeld is the reason of the condition PodConditionShards.
+const ReasonShardsHeld = "Held"
+
 // DeletionCostOptIn is the pod annotation by which a pod opts in to the
 // sidecar keeping its pod-deletion-cost (corev1.PodDeletionCost): the
 // setting deletion-cost's annotation, "true" to opt in. The chart's

@@ -95,6 +95,9 @@ type Coordinator struct {
 	clock   clock.WithTicker
 	// peers watches the pods that share the shard set; nil without one.
 	peers *peerWatch
+	// held writes the shards this pod holds on the pod, for its peers'
+	// plans; nil without a shard set or when the pod is unknown.
+	held *phasePublisher
 	// shardWake asks the current round's shard loop to plan again.
 	shardWake chan struct{}
 	base      context.Context // ends with Start's context
@@ -216,6 +219,9 @@ func New(o Options) (*Coordinator, error) {
 		}
 		c.peers = newPeerWatch(o.Pods, s.PodNamespace, s.ShardPeers)
 		c.shardWake = make(chan struct{}, 1)
+		if s.PodName != "" {
+			c.held = newPhasePublisher(o.Pods.Pods(s.PodNamespace), s.PodName, c.clock, c.log)
+		}
 	}
 	c.metrics.exportLeases(s)
 	c.base, c.endBase = context.WithCancel(context.Background())
@@ -308,6 +314,9 @@ func (c *Coordinator) Start(ctx context.Context) {
 		}
 		if c.peers != nil {
 			go c.peers.informer.RunWithContext(c.base)
+		}
+		if c.held != nil {
+			go c.held.run(c.base)
 		}
 		c.reportBudget()
 		c.arm(r)

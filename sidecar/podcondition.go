@@ -27,10 +27,13 @@ const (
 	phaseRetryMax   = 5 * time.Second
 )
 
-// phasePublisher writes the sidecar's phase to its own pod's status as the
-// condition protocol.PodConditionCoordinating (status True while Running,
-// else False; reason the phase; message what it means now), so that
-// `handoff status` reads it from the API server without a port-forward.
+// phasePublisher writes one condition of the sidecar's on its own pod's
+// status: its phase as the condition protocol.PodConditionCoordinating
+// (status True while Running, else False; reason the phase; message what
+// it means now), so that `handoff status` reads it from the API server
+// without a port-forward; or, with a shard set, the shards it holds as the
+// condition protocol.PodConditionShards (setHeld), which its peers read from
+// their watch of the pods (docs/shards.md).
 // Writes never hold up the sequence: set only records the wanted phase;
 // one goroutine writes the latest one (a phase that a newer one replaced
 // before it was written is skipped), each write bounded by
@@ -39,8 +42,8 @@ const (
 // A write is a strategic merge patch of pods/status that holds this one
 // condition: the kubelet keeps conditions it does not own when it writes
 // the pod's status, and the chart's admission policy
-// (sidecar-pod-policy.yaml) lets a sidecar's token change this condition
-// of its own pod and nothing else of any pod's status.
+// (sidecar-pod-policy.yaml) lets a sidecar's token change these two
+// conditions of its own pod and nothing else of any pod's status.
 type phasePublisher struct {
 	pods  corev1client.PodInterface
 	name  string
@@ -67,6 +70,22 @@ func (p *phasePublisher) set(phase protocol.Phase, message string) {
 	}
 	p.mu.Lock()
 	p.want = corev1.PodCondition{Type: protocol.PodConditionCoordinating, Status: status, Reason: string(phase), Message: message,
+		LastTransitionTime: metav1.NewTime(p.clock.Now())}
+	p.seq++
+	p.mu.Unlock()
+	poke(p.wake)
+}
+
+// setHeld records the shards the pod holds, as shard.EncodeHeld's text, as
+// the condition protocol.PodConditionShards to write (status True, reason
+// protocol.ReasonShardsHeld); nothing when it is the one last recorded.
+func (p *phasePublisher) setHeld(text string) {
+	p.mu.Lock()
+	if p.seq > 0 && p.want.Message == text {
+		p.mu.Unlock()
+		return
+	}
+	p.want = corev1.PodCondition{Type: protocol.PodConditionShards, Status: corev1.ConditionTrue, Reason: protocol.ReasonShardsHeld, Message: text,
 		LastTransitionTime: metav1.NewTime(p.clock.Now())}
 	p.seq++
 	p.mu.Unlock()

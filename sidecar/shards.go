@@ -51,21 +51,40 @@ func newPeerWatch(pods corev1client.PodsGetter, namespace, selector string) *pee
 	return w
 }
 
-// up returns the names of the peers that are up, sorted, and false until
-// the first list has completed. A peer is up when it is not being deleted,
-// its phase is Running and its Ready condition is True (docs/shards.md).
-func (w *peerWatch) up() ([]string, bool) {
+// up returns the peers that are up, with what each published that it
+// holds of shards (its condition protocol.PodConditionShards), and false
+// until the first list has completed. A peer is up when it is not being
+// deleted, its phase is Running and its Ready condition is True
+// (docs/shards.md). A peer with no such condition, or one that does not
+// read as shard.EncodeHeld's text of this shard set, counts as holding
+// none.
+func (w *peerWatch) up(shards []string) ([]shard.Peer, bool) {
 	if !w.informer.HasSynced() {
 		return nil, false
 	}
-	var names []string
+	var peers []shard.Peer
 	for _, obj := range w.informer.GetStore().List() {
 		if p, ok := obj.(*corev1.Pod); ok && PeerUp(p) {
-			names = append(names, p.Name)
+			peers = append(peers, shard.Peer{Name: p.Name, Revision: revisionOf(p), Created: p.CreationTimestamp.Time, Held: heldOf(p, shards)})
 		}
 	}
-	slices.Sort(names)
-	return names, true
+	slices.SortFunc(peers, func(a, b shard.Peer) int { return cmpString(a.Name, b.Name) })
+	return peers, true
+}
+
+// heldOf is what pod published that it holds of shards; nil when it
+// published nothing readable.
+func heldOf(pod *corev1.Pod, shards []string) []string {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == protocol.PodConditionShards {
+			held, err := shard.DecodeHeld(shards, c.Message)
+			if err != nil {
+				return nil
+			}
+			return held
+		}
+	}
+	return nil
 }
 
 // PeerUp reports whether pod counts among the M pods a shard set is shared
@@ -157,11 +176,12 @@ func (c *Coordinator) runShards(r *round) {
 	}
 }
 
-// planShards stops (sheds, if held) the elections of the shards not
-// assigned to this pod, then starts those of the shards assigned to it, as
-// many as its share leaves room for beside the elections it has.
+// planShards publishes the shards this pod holds, stops (sheds, if held)
+// the elections of the shards not assigned to this pod, then starts those
+// of the shards assigned to it, as many as its share leaves room for beside
+// the elections it has.
 func (c *Coordinator) planShards(r *round) {
-	peers, synced := c.peers.up()
+	peers, synced := c.peers.up(c.s.Shards)
 	if !synced {
 		return
 	}
@@ -176,6 +196,11 @@ func (c *Coordinator) planShards(r *round) {
 		if _, leader := l.elector.Term(); leader {
 			held = append(held, name)
 		}
+	}
+	// What it holds, for its peers' plans: written when it changes (each
+	// acquisition and end of a term wakes this loop).
+	if c.held != nil {
+		c.held.setHeld(shard.EncodeHeld(c.s.Shards, held))
 	}
 	plan := shard.PlanFor(c.s.PodName, c.s.Shards, peers, held)
 	c.metrics.ShardShare.Set(float64(plan.Share))

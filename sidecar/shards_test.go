@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,10 +17,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
 	"github.com/handoff-dev/handoff/leaderelection"
@@ -181,10 +185,19 @@ func shardPod(t *testing.T, ns, name string, shards int, terms *shardTerms) (*po
 // its Lease client's REST config changed by client (nil: as it is).
 func startShardPod(t *testing.T, ns, name string, shards int, values map[string]string, client func(*rest.Config)) *pod {
 	t.Helper()
+	return startLabelledShardPod(t, ns, name, nil, shards, values, client)
+}
+
+// startLabelledShardPod is startShardPod with labels added to the Pod's
+// (app=shards).
+func startLabelledShardPod(t *testing.T, ns, name string, labels map[string]string, shards int, values map[string]string, client func(*rest.Config)) *pod {
+	t.Helper()
 	env := kubetest.Get(t)
 	grace := int64(30)
+	all := map[string]string{"app": "shards"}
+	maps.Copy(all, labels)
 	obj, err := env.Client.CoreV1().Pods(ns).Create(context.Background(), &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": "shards"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: all},
 		Spec: corev1.PodSpec{NodeName: "node-1", TerminationGracePeriodSeconds: &grace,
 			Containers: []corev1.Container{{Name: "worker", Image: "worker"}}},
 	}, metav1.CreateOptions{})
@@ -208,22 +221,30 @@ func startShardPod(t *testing.T, ns, name string, shards int, values map[string]
 }
 
 // setReady sets the pod's phase Running and its Ready condition, as the
-// kubelet would.
+// kubelet would: the conditions it does not own (the sidecar's) stay.
 func setReady(t *testing.T, obj *corev1.Pod, ready bool) {
 	t.Helper()
 	pods := kubetest.Get(t).Client.CoreV1().Pods(obj.Namespace)
-	cur, err := pods.Get(context.Background(), obj.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	status := corev1.ConditionFalse
 	if ready {
 		status = corev1.ConditionTrue
 	}
-	cur.Status.Phase = corev1.PodRunning
-	cur.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status, LastTransitionTime: metav1.Now()}}
-	if _, err := pods.UpdateStatus(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	for {
+		cur, err := pods.Get(context.Background(), obj.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur.Status.Phase = corev1.PodRunning
+		cur.Status.Conditions = slices.DeleteFunc(cur.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == corev1.PodReady })
+		cur.Status.Conditions = append(cur.Status.Conditions, corev1.PodCondition{Type: corev1.PodReady, Status: status, LastTransitionTime: metav1.Now()})
+		_, err = pods.UpdateStatus(context.Background(), cur, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			continue // the sidecar wrote its conditions meanwhile
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return
 	}
 }
 
@@ -249,31 +270,64 @@ func holders(t *testing.T, ns string, pods []*pod) map[string]string {
 	return out
 }
 
-// converged reports whether every one of the n shards is held, each pod of
-// up holds exactly what shard.Assign gives it, and every app leads what its
-// pod holds.
+// converged reports whether the shards are settled: every one of the n
+// shards is held by a pod of up, each within [floor(N/M), ceil(N/M)] for
+// the M pods of up when balanced, every pod of up publishes on its Pod
+// (the condition protocol.PodConditionShards) what it holds, and every
+// app leads what its pod holds.
 func converged(t *testing.T, ns string, n int, all, up []*pod) bool {
+	return settled(t, ns, n, all, up, true)
+}
+
+func settled(t *testing.T, ns string, n int, all, up []*pod, balanced bool) bool {
 	h := holders(t, ns, all)
-	shards := make([]string, n)
-	for i := range shards {
-		shards[i] = fmt.Sprintf("s-%d", i)
-	}
-	var names []string
-	for _, p := range up {
-		names = append(names, p.name)
-	}
-	want := shard.Assign(shards, names)
+	shards := shardNames(n)
+	load := map[string][]string{}
 	for _, s := range shards {
-		if h[s] != want[s] {
+		load[h[s]] = append(load[h[s]], s)
+	}
+	for _, p := range up {
+		held := load[p.name]
+		if balanced && (len(held) < n/len(up) || len(held) > shard.Share(n, len(up))) {
 			return false
 		}
-		for _, p := range up {
-			if _, leads := p.agent.Leader(s); leads != (want[s] == p.name) {
+		if got := published(t, ns, p.name, shards); !slices.Equal(got, held) {
+			return false
+		}
+		for _, s := range shards {
+			if _, leads := p.agent.Leader(s); leads != slices.Contains(held, s) {
 				return false
 			}
 		}
 	}
-	return true
+	held := 0
+	for _, p := range up {
+		held += len(load[p.name])
+	}
+	return held == n
+}
+
+func shardNames(n int) []string {
+	shards := make([]string, n)
+	for i := range shards {
+		shards[i] = fmt.Sprintf("s-%d", i)
+	}
+	return shards
+}
+
+// published is what pod name says it holds (its condition
+// protocol.PodConditionShards), in the order of shards; nil without it.
+func published(t *testing.T, ns, name string, shards []string) []string {
+	for _, c := range mustGet(t, ns, name).Status.Conditions {
+		if c.Type == protocol.PodConditionShards {
+			held, err := shard.DecodeHeld(shards, c.Message)
+			if err != nil {
+				t.Fatalf("pod %s's condition %s: %v", name, c.Type, err)
+			}
+			return held
+		}
+	}
+	return nil
 }
 
 // TestShardsConvergeToTheFairShareAsPodsJoinAndLeave: 12 shards, pods
@@ -440,6 +494,137 @@ func TestUnacknowledgedShedReleasesOnlyAfterTheAppsTerm(t *testing.T) {
 		t.Fatal(err)
 	}
 	kubetest.WaitFor(t, 20*time.Second, "pod-b alone to lead all 4 shards", func() bool { return converged(t, ns, n, []*pod{a, b}, []*pod{b}) })
+	if o := terms.overlaps(); len(o) > 0 {
+		t.Fatalf("shards led by two pods at once:\n%v", o)
+	}
+}
+
+// leaseMoves records, from a watch of a namespace's Leases, each change of
+// a shard Lease's holder pod (a release, to no holder, is not one).
+type leaseMoves struct {
+	mu    sync.Mutex
+	last  map[string]string // shard → its last holder pod
+	moves []leaseMove
+}
+
+type leaseMove struct{ shard, from, to string }
+
+// watchMoves starts recording the moves of ns's Leases from their holders
+// now; the watch ends with the test.
+func watchMoves(t *testing.T, ns string) *leaseMoves {
+	t.Helper()
+	leases := kubetest.Get(t).Client.CoordinationV1().Leases(ns)
+	list, err := leases.List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &leaseMoves{last: map[string]string{}}
+	podOf := func(l *coordinationv1.Lease) string {
+		pod, _, _ := strings.Cut(ptr.Deref(l.Spec.HolderIdentity, ""), "_")
+		return pod
+	}
+	for i := range list.Items {
+		m.last[list.Items[i].Name] = podOf(&list.Items[i])
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	w, err := leases.Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			l, ok := ev.Object.(*coordinationv1.Lease)
+			if !ok || !strings.HasPrefix(l.Name, "s-") {
+				continue
+			}
+			pod := podOf(l)
+			m.mu.Lock()
+			if pod != "" && pod != m.last[l.Name] {
+				if m.last[l.Name] != "" {
+					m.moves = append(m.moves, leaseMove{l.Name, m.last[l.Name], pod})
+				}
+				m.last[l.Name] = pod
+			}
+			m.mu.Unlock()
+		}
+	}()
+	return m
+}
+
+func (m *leaseMoves) all() []leaseMove {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.moves)
+}
+
+// TestShardsMoveOnceInARollingUpdate: a rolling update of 3 pods holding
+// 12 shards, as a Deployment with maxSurge 1 and maxUnavailable 0 makes it
+// (a pod of the new revision created and Ready, then an old one deleted,
+// three times): each shard moves once, from its old pod to a pod of the new
+// revision, the least possible (4 per replaced pod), and no shard is led by
+// two apps at once.
+func TestShardsMoveOnceInARollingUpdate(t *testing.T) {
+	env := kubetest.Get(t)
+	ns := env.Namespace(t)
+	const n = 12
+	terms := &shardTerms{open: map[string]*shardTerm{}}
+	start := func(name, revision string) *pod {
+		p := startLabelledShardPod(t, ns, name, map[string]string{"pod-template-hash": revision}, n, nil, nil)
+		terms.wrap(p)
+		return p
+	}
+	var all, up []*pod
+	for _, name := range []string{"old-a", "old-b", "old-c"} {
+		p := start(name, "r1")
+		all, up = append(all, p), append(up, p)
+	}
+	kubetest.WaitFor(t, 20*time.Second, "12 shards shared out over the 3 old pods", func() bool { return converged(t, ns, n, all, up) })
+	// The newest revision is the newest pod's, and creation times are whole
+	// seconds: the new pods are created at least a second after the old.
+	created := mustGet(t, ns, "old-c").CreationTimestamp.Time
+	kubetest.WaitFor(t, 3*time.Second, "a second past the old pods' creation", func() bool { return time.Now().After(created.Add(time.Second)) })
+
+	moves := watchMoves(t, ns)
+	old := slices.Clone(up)
+	for i, o := range old {
+		np := start(fmt.Sprintf("new-%c", 'a'+i), "r2")
+		all, up = append(all, np), append(up, np)
+		// Its plan has run once it has published what it holds: none.
+		kubetest.WaitFor(t, 10*time.Second, np.name+" to publish the shards it holds", func() bool {
+			return slices.ContainsFunc(mustGet(t, ns, np.name).Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == protocol.PodConditionShards })
+		})
+		if err := env.Client.CoreV1().Pods(ns).Delete(context.Background(), o.name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		up = slices.DeleteFunc(up, func(p *pod) bool { return p == o })
+		kubetest.WaitFor(t, 20*time.Second, o.name+"'s shards taken over", func() bool { return settled(t, ns, n, all, up, false) })
+		select {
+		case <-o.c.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s's sequence did not end", o.name)
+		}
+	}
+	kubetest.WaitFor(t, 20*time.Second, "4 shards each on the new pods", func() bool { return converged(t, ns, n, all, up) })
+
+	got := moves.all()
+	per := map[string]int{}
+	for _, mv := range got {
+		per[mv.shard]++
+		if !strings.HasPrefix(mv.from, "old-") || !strings.HasPrefix(mv.to, "new-") {
+			t.Errorf("shard %s moved from %s to %s; want from an old pod to a new one", mv.shard, mv.from, mv.to)
+		}
+	}
+	for _, s := range shardNames(n) {
+		if per[s] != 1 {
+			t.Errorf("shard %s moved %d times; want once", s, per[s])
+		}
+	}
+	t.Logf("rolling update of 3 pods over 12 shards: %d moves, %.1f per replaced pod (least 4)", len(got), float64(len(got))/3)
+	if t.Failed() {
+		t.Logf("moves: %v", got)
+	}
 	if o := terms.overlaps(); len(o) > 0 {
 		t.Fatalf("shards led by two pods at once:\n%v", o)
 	}
