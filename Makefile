@@ -41,7 +41,7 @@ GO_PKGS := ./... ./protocol/... ./worker/... ./worker/jetstream/... ./worker/rab
 # run again on the newest.
 API_PKGS := ./cmd/handoff ./deploy ./examples/pgworker ./leaderelection ./sidecar ./webhook ./webhook/outcomes
 
-.PHONY: all build image release deploy demo sandbox sandbox-down test test-newest integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures successor-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak nemesis unit bench fuzz lint vuln kube-assets kube-assets-newest tools clean
+.PHONY: all build image release release-snapshot deploy demo sandbox sandbox-down test test-newest integration integration-oldest integration-newest e2e e2e-newest e2e-assets rollout-figures successor-figures shard-figures queue-figures roundtrip sdk-test queue-servers soak nemesis unit bench fuzz lint vuln kube-assets kube-assets-newest tools clean
 
 ## Builds the binaries (make with no target)
 all: build
@@ -68,15 +68,27 @@ image: tools
 	PLATFORMS=linux/$$(go env GOARCH) DIST=bin/image VERSION=$(VERSION) bash hack/release.sh images
 
 ## Builds the signed release artifacts into dist/ (docs/releasing.md)
-# The release artifacts under dist/ (docs/releasing.md): the images
-# handoff and handoff-sidecar for PLATFORMS, each an OCI image index with
-# OCI labels and an SPDX SBOM, signed with cosign (a key made into dist/
-# unless COSIGN_KEY names one) and verified; the chart as an OCI artifact;
-# handoff for linux and darwin on amd64 and arm64 with SHA-256 checksums.
-# REGISTRY unset: pushed to a loopback registry whose storage is
-# dist/registry (hack/release.sh).
+# The release artifacts under dist/ (docs/releasing.md), all at VERSION:
+# the release notes from the CHANGELOG; the images handoff and
+# handoff-sidecar for PLATFORMS, each an OCI image index with OCI labels and
+# an SPDX SBOM, signed with cosign (a key made into dist/ unless COSIGN_KEY
+# names one) and verified; the charts as OCI artifacts; handoff for linux
+# and darwin on amd64 and arm64 with its krew archives; the SDK packages
+# (Python sdist and wheel, npm @handoff-dev/worker and @handoff-dev/bullmq,
+# the gem); an SBOM of each binary and package (syft, built here on first
+# use, about 9 minutes cold); every file in dist/release with its SHA-256
+# in a signed checksums.txt, checked. REGISTRY unset: pushed to a
+# loopback registry whose storage is dist/registry (hack/release.sh).
 release: tools
 	VERSION=$(VERSION) PLATFORMS=$(PLATFORMS) bash hack/release.sh
+
+## Runs the release test with SBOMs (builds syft if missing)
+# TestReleaseSnapshot (hack/releasekit; in make test too, where it leaves
+# the SBOMs out while syft is not built): hack/release.sh into a scratch
+# directory, every asset checked at its version and installed from its
+# file. Here with the sbom step, building syft first if missing.
+release-snapshot: tools
+	HANDOFF_RELEASE_SBOM=1 go test -count=1 -timeout 40m -run 'TestReleaseSnapshot' -v ./hack/releasekit
 
 ## Renders the Helm chart into deploy/handoff.yaml
 # deploy/handoff.yaml: the Helm chart rendered as plain manifests.

@@ -4,6 +4,7 @@
 # prints the bin directory on stdout. Everything else goes to stderr.
 #
 # Usage: bin=$(hack/tools.sh) && "$bin/golangci-lint" run ./...
+#        bin=$(hack/tools.sh release)   (also the release-only tools: syft)
 #
 # Tools are built from the Go module proxy with `go install`, so this works
 # wherever `go` can reach the proxy (or has the modules cached).
@@ -33,6 +34,20 @@ validate-krew-manifest=sigs.k8s.io/krew/cmd/validate-krew-manifest@v0.4.3
 # v2.1.0 is the only version the module proxy here serves.
 kube-router=github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@v2.1.0
 '
+
+# Tools only a release needs (hack/release.sh sbom, make release, the
+# release workflow), installed by `hack/tools.sh release` alone: CI's test
+# path never builds them. syft writes the SBOMs of the binaries and SDK
+# packages; a cold build of it takes about 9 minutes on 2 cores
+# (docs/releasing.md, "The SBOMs").
+RELEASE_TOOLS='
+syft=github.com/anchore/syft/cmd/syft@v1.57.2
+'
+case "${1:-}" in
+  "") ;;
+  release) TOOLS+=$RELEASE_TOOLS ;;
+  *) echo "tools: unknown argument \"$1\": want none, or release (also the release-only tools)" >&2; exit 2 ;;
+esac
 
 # Every tool is built by the Go the Makefile pins, whatever the caller's
 # shell says: a stamp records the Go that built a tool, so callers on two

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds and tests the Node SDK (@handoff/worker, and its BullMQ
-# integration @handoff/bullmq in bullmq/, a workspace), as the repository's
+# Builds and tests the Node SDK (@handoff-dev/worker, and its BullMQ
+# integration @handoff-dev/bullmq in bullmq/, a workspace), as the repository's
 # CI runs it: bash sdk/node/test.sh
 #
 #  1. npm ci (the dev dependencies: typescript, @types/node, yaml, and for
-#     bullmq/ bullmq and ioredis; @handoff/worker has no runtime ones)
+#     bullmq/ bullmq and ioredis; @handoff-dev/worker has no runtime ones)
 #  2. the handoff binary, for the conformance run and the BullMQ handover:
 #     $HANDOFF_BIN, or built here from ./cmd/handoff into a temporary
 #     directory with the Go of the environment (GOTOOLCHAIN, GOMODCACHE,

@@ -5,9 +5,10 @@
 #   bash sdk/ruby/build-gem.sh OUTDIR [VERSION]
 #
 # VERSION is the release's (v0.2.0, v0.3.0-rc.1; default the gemspec's
-# 0.0.0): RubyGems spells a prerelease 0.3.0.pre.rc.1. make release can
-# call it with DIST and VERSION, then checksum and sign the .gem beside the
-# binaries (hack/release.sh); sdk/ruby/test.sh builds with it too.
+# 0.0.0): RubyGems spells a prerelease 0.3.0.pre.rc.1. make release calls
+# it with DIST/sdk and VERSION, then checksums and signs the .gem with the
+# other release files (hack/release.sh sdk); sdk/ruby/test.sh builds with
+# it too.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 out=${1:?usage: build-gem.sh OUTDIR [VERSION]}

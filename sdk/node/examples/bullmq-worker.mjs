@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// An example BullMQ worker on @handoff/bullmq, as it runs beside the handoff
+// An example BullMQ worker on @handoff-dev/bullmq, as it runs beside the handoff
 // sidecar: a BullMQ Worker whose jobs are claims of the Agent served on
 // $HANDOFF_APP_URL (the pod's token from $HANDOFF_TOKEN_FILE). At shutdown
 // it stops fetching at once, lets its active jobs finish until the drain
@@ -22,7 +22,7 @@
 // adapter's among them: 'job handed back'), each with `at`, Unix ms to a
 // fraction of a millisecond.
 import { Redis } from 'ioredis';
-import { BullMQAdapter } from '@handoff/bullmq';
+import { BullMQAdapter } from '@handoff-dev/bullmq';
 
 const env = process.env;
 const redisURL = env.REDIS_URL ?? 'redis://127.0.0.1:6379';

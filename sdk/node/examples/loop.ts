@@ -2,7 +2,7 @@
 // `npm run typecheck:examples` (test.sh): `using` ends the receive and the
 // claim whatever happens, the claim's signal carries the cancel fallback,
 // and leader work ends with its term.
-import { Agent, NotLeaderError, StoppingError, type Claim } from '@handoff/worker';
+import { Agent, NotLeaderError, StoppingError, type Claim } from '@handoff-dev/worker';
 
 interface Message {
   id: string;

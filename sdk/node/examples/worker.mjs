@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// An example worker on @handoff/worker: a few claim loops on an in-memory
+// An example worker on @handoff-dev/worker: a few claim loops on an in-memory
 // queue (memory-queue.mjs), served on $HANDOFF_APP_URL with the pod's token
 // from $HANDOFF_TOKEN_FILE, as it would run beside the handoff sidecar.
 //
@@ -11,7 +11,7 @@
 // stopping, release.
 import { createServer } from 'node:net';
 import { unlinkSync } from 'node:fs';
-import { Agent, NotLeaderError, StoppingError } from '@handoff/worker';
+import { Agent, NotLeaderError, StoppingError } from '@handoff-dev/worker';
 import { MemoryQueue } from './memory-queue.mjs';
 
 const concurrency = Number(process.env.EXAMPLE_CONCURRENCY ?? 4);

@@ -1,7 +1,7 @@
 /**
  * A clock: the time leadership terms are measured with, and the timers that
  * end them. The Agent takes one in `AgentOptions.clock` (tests pass a
- * `FakeClock` from `@handoff/worker/testing`); the default is `realClock`.
+ * `FakeClock` from `@handoff-dev/worker/testing`); the default is `realClock`.
  */
 export interface Clock {
   /** The wall-clock time, in Unix milliseconds (fractions allowed): what the sidecar's `until` and `sequence` are compared with. */

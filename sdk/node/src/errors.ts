@@ -1,5 +1,5 @@
 /**
- * The errors of package `@handoff/worker`, as classes (check with
+ * The errors of package `@handoff-dev/worker`, as classes (check with
  * `instanceof`) with a stable `code`. They mirror the Go package worker's
  * sentinel errors: `ErrStopping`, `ErrCanceled`, `ErrHandedBack`,
  * `ErrClaimDone`, `ErrNotLeader`.

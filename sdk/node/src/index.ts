@@ -1,10 +1,10 @@
 /**
- * `@handoff/worker`: the app side of the handoff protocol for Node queue
+ * `@handoff-dev/worker`: the app side of the handoff protocol for Node queue
  * workers (docs/protocol.md), the counterpart of the Go package
  * `github.com/handoff-dev/handoff/worker`.
  *
  * ```ts
- * import { Agent, StoppingError } from '@handoff/worker';
+ * import { Agent, StoppingError } from '@handoff-dev/worker';
  *
  * const agent = new Agent({ returnClaims: (signal) => queue.returnAll(signal) });
  * await agent.listen(); // on $HANDOFF_APP_URL

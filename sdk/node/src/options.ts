@@ -71,7 +71,7 @@ export interface AgentOptions {
    * Times leadership terms (the end of a term, the timer that aborts its
    * signal, the receipt a grant's validForMillis counts from) and the age
    * of work (runningMillis). Default: realClock. Tests pass a FakeClock
-   * (`@handoff/worker/testing`). Signatures are always checked on the real
+   * (`@handoff-dev/worker/testing`). Signatures are always checked on the real
    * wall clock, which the sidecar signs with.
    */
   clock?: Clock;

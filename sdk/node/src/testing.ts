@@ -1,5 +1,5 @@
 /**
- * Helpers for tests of workers built on `@handoff/worker`.
+ * Helpers for tests of workers built on `@handoff-dev/worker`.
  * @module
  */
 import type { Clock } from './clock.js';

@@ -23,7 +23,7 @@ function importsOf(file) {
   const out = [];
   for (const m of text.matchAll(importRe)) {
     const spec = m[1] ?? m[2] ?? m[3];
-    if (!spec.startsWith('.')) continue; // a package (node:…, @handoff/worker)
+    if (!spec.startsWith('.')) continue; // a package (node:…, @handoff-dev/worker)
     out.push(resolve(dirname(file), spec).replace(/\.js$/, '.ts'));
   }
   // Every line that names a relative module after `from` must have been read.

@@ -1,13 +1,13 @@
 /**
- * `@handoff/bullmq`: BullMQ workers as handoff workers (issue 23). Each job
- * a BullMQ Worker fetches is a claim of a `@handoff/worker` Agent, so the
+ * `@handoff-dev/bullmq`: BullMQ workers as handoff workers (issue 23). Each job
+ * a BullMQ Worker fetches is a claim of a `@handoff-dev/worker` Agent, so the
  * sidecar's drain sees BullMQ's jobs, and at the drain deadline the jobs
  * still running go back to waiting at once, for another worker to take in
  * milliseconds instead of after their lock runs out and a stalled check
  * finds them.
  *
  * ```ts
- * import { BullMQAdapter } from '@handoff/bullmq';
+ * import { BullMQAdapter } from '@handoff-dev/bullmq';
  *
  * const adapter = new BullMQAdapter();        // the Agent: $HANDOFF_TOKEN_FILE
  * adapter.worker('emails', async (job, _token, signal) => {
@@ -69,7 +69,7 @@ import {
   type Logger,
   type Receive,
   type ReturnClaimsError,
-} from '@handoff/worker';
+} from '@handoff-dev/worker';
 
 /** Options of a BullMQAdapter: those of its Agent, but the hand-backs, which are the adapter's. */
 export type BullMQAdapterOptions = Omit<AgentOptions, 'returnClaims' | 'handBack'>;
@@ -145,7 +145,7 @@ export class BullMQAdapter extends EventEmitter<BullMQAdapterEvents> {
     super();
     const opts = options as AgentOptions;
     if (opts.returnClaims !== undefined || opts.handBack !== undefined) {
-      throw new TypeError('@handoff/bullmq: options.returnClaims and options.handBack are the adapter\'s own: leave them unset');
+      throw new TypeError('@handoff-dev/bullmq: options.returnClaims and options.handBack are the adapter\'s own: leave them unset');
     }
     this.#log = options.logger ?? nopLogger;
     this.agent = new Agent({
@@ -222,7 +222,7 @@ export class BullMQAdapter extends EventEmitter<BullMQAdapterEvents> {
       'unstarted',
       signal,
     );
-    if (errors.length > 0) throw new AggregateError(errors, `@handoff/bullmq: ${errors.length} unstarted jobs not moved back to waiting`);
+    if (errors.length > 0) throw new AggregateError(errors, `@handoff-dev/bullmq: ${errors.length} unstarted jobs not moved back to waiting`);
   }
 
   /**
@@ -244,13 +244,13 @@ export class BullMQAdapter extends EventEmitter<BullMQAdapterEvents> {
       try {
         await raceSignal(Promise.all(writing.map((e) => e.finished)), signal);
       } catch (err) {
-        errors.push(new Error(`@handoff/bullmq: the results of ${writing.length} jobs whose processor returned not written by BullMQ: ${String(err)}`, { cause: err }));
+        errors.push(new Error(`@handoff-dev/bullmq: the results of ${writing.length} jobs whose processor returned not written by BullMQ: ${String(err)}`, { cause: err }));
       }
     }
     n += this.#canceledBack;
     this.#canceledBack = 0;
     if (errors.length > 0) {
-      const err: ReturnClaimsError = new AggregateError(errors, `@handoff/bullmq: ${errors.length} jobs not handed back`);
+      const err: ReturnClaimsError = new AggregateError(errors, `@handoff-dev/bullmq: ${errors.length} jobs not handed back`);
       err.returned = n;
       throw err;
     }

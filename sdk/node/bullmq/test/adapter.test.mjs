@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
 import { Queue, Worker } from 'bullmq';
-import { CanceledError, HandedBackError } from '@handoff/worker';
+import { CanceledError, HandedBackError } from '@handoff-dev/worker';
 import { BullMQAdapter, HandoffWorker } from '../dist/index.js';
 import { queueName, redis } from './redis.mjs';
 

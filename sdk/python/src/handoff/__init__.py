@@ -38,7 +38,9 @@ from ._endpoint import EndpointError
 from ._errors import Canceled, ClaimDone, HandedBack, HandoffError, NotLeader, ReturnClaimsError, Stopping
 from ._wire import DrainStatus, ReturnResult
 
-__version__ = "0.1.0"
+# The release version: "0.0.0" in the tree; the release builds the
+# packages at its own (hack/release.sh sdk stamps this line).
+__version__ = "0.0.0"
 
 __all__ = [
     "Agent",
