@@ -1,5 +1,8 @@
 /**
- * Helpers for tests of workers built on `@handoff/worker`.
+ * Helpers for tests of workers built on `@handoff/worker`: FakeClock, and
+ * the fixture of `handoff conformance` (FixtureHooks and serveFixture in
+ * the worker, runFixture and fixtureMain as the fixture command;
+ * docs/protocol.md, "The fixture contract").
  * @module
  */
 import type { Clock } from './clock.js';
@@ -75,3 +78,15 @@ export class FakeClock implements Clock {
     }
   }
 }
+
+export {
+  FixtureHooks,
+  fixtureHoldTimeoutMillis,
+  fixtureMain,
+  fixturePrefix,
+  fixtureSocketEnv,
+  runFixture,
+  serveFixture,
+  type FixtureIO,
+  type FixtureOptions,
+} from './fixture.js';
