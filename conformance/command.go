@@ -32,7 +32,8 @@ import (
 // the leader work ended). A step fails when the command exits non-zero, or
 // prints anything but "yes" or "no" where one is asked; the error has the
 // command's standard error. docs/protocol.md, "The fixture contract", is
-// the contract in full.
+// the contract in full; ServeFixture and FixtureMain are its app side in Go
+// (the Python, Node and Ruby SDKs' testing modules have theirs).
 type CommandFixture struct {
 	// Argv is the program and its first arguments, like
 	// []string{"sh", "-c", `./fixture "$@"`, "sh"}.

@@ -4,125 +4,93 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/handoff-dev/handoff/conformance"
 	"github.com/handoff-dev/handoff/internal/sockettest"
+	"github.com/handoff-dev/handoff/protocol"
 )
 
-// fixtureEnv, set, makes the test binary the fixture command: it sends its
-// step to the control server at that URL and prints the answer.
-const fixtureEnv = "HANDOFF_CONFORMANCE_TEST_FIXTURE"
+// fixtureEnv, set, makes the test binary the fixture command
+// (conformance.FixtureMain of its arguments); workerEnv, set, makes it the
+// worker under test: a goApp serving the app API on $HANDOFF_APP_URL and
+// its fixture steps on $HANDOFF_FIXTURE_SOCKET (conformance.ServeFixture).
+const (
+	fixtureEnv = "HANDOFF_CONFORMANCE_TEST_FIXTURE"
+	workerEnv  = "HANDOFF_CONFORMANCE_TEST_WORKER"
+)
 
 func TestMain(m *testing.M) {
-	if base := os.Getenv(fixtureEnv); base != "" {
-		os.Exit(fixtureClient(base, os.Args[len(os.Args)-2:]))
+	if os.Getenv(fixtureEnv) != "" {
+		os.Exit(conformance.FixtureMain(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	}
+	if os.Getenv(workerEnv) != "" {
+		if err := workerMain(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }
 
-// fixtureClient sends step and arg ("-" for none) as GET base/step?arg=.
-func fixtureClient(base string, words []string) int {
-	resp, err := http.Get(base + "/" + words[0] + "?arg=" + url.QueryEscape(words[1]))
+// workerMain is the worker process of TestCommandFixture: a goApp, as a
+// Go worker serves the fixture's steps under handoff conformance.
+func workerMain() error {
+	ctx := context.Background()
+	app := &goApp{}
+	if err := app.Restart(ctx); err != nil {
+		return err
+	}
+	e, err := protocol.ParseEndpoint(os.Getenv("HANDOFF_APP_URL"))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
-	defer func() { _ = resp.Body.Close() }()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		fmt.Fprintf(os.Stderr, "%s: %s\n", resp.Status, b)
-		return 1
+	ln, err := e.Listen(ctx)
+	if err != nil {
+		return err
 	}
-	fmt.Print(string(b))
-	return 0
-}
-
-// control serves the fixture's steps for fixtureClient.
-func control(app *goApp, leader conformance.LeaderFixture) http.Handler {
-	yes := func(ok bool) string {
-		if ok {
-			return "yes"
-		}
-		return "no"
+	go func() { _ = (&http.Server{Handler: app, ReadHeaderTimeout: 5 * time.Second}).Serve(ln) }()
+	fln, err := net.Listen("unix", os.Getenv(conformance.FixtureSocketEnv))
+	if err != nil {
+		return err
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, arg := r.Context(), r.URL.Query().Get("arg")
-		var out string
-		var err error
-		switch r.URL.Path {
-		case "/restart":
-			err = app.Restart(ctx)
-		case "/hold":
-			var n int
-			if n, err = strconv.Atoi(arg); err == nil {
-				err = app.Hold(ctx, n)
-			}
-		case "/hold-cancelable":
-			var n int
-			if n, err = strconv.Atoi(arg); err == nil {
-				err = app.HoldCancelable(ctx, n)
-			}
-		case "/hold-unstarted":
-			var n int
-			if n, err = strconv.Atoi(arg); err == nil {
-				err = app.HoldUnstarted(ctx, n)
-			}
-		case "/finish":
-			err = app.Finish(ctx)
-		case "/lead":
-			var ok bool
-			ok, err = leader.Lead(ctx, arg)
-			out = yes(ok)
-		case "/stopping":
-			var ok bool
-			ok, err = leader.Stopping(ctx, arg)
-			out = yes(ok)
-		case "/release":
-			err = leader.Release(ctx, arg)
-		default:
-			http.NotFound(w, r)
-			return
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		_, _ = io.WriteString(w, out)
-	})
+	return conformance.ServeFixture(ctx, fln, app, conformance.AgentLeader(app.current))
 }
 
 // The fixture as a command, the way handoff conformance --fixture-cmd and
-// --leader-cmd run one for an app in another process: the Go worker
-// passes every case through it too.
+// --leader-cmd run one for an app in another process: the Go SDK's own
+// fixture (conformance.FixtureMain starting the worker, which serves its
+// steps with conformance.ServeFixture) passes every case, the worker a
+// process of its own.
 func TestCommandFixture(t *testing.T) {
-	app := newGoApp(t)
-	appURL := serveApp(t, app)
-	ctl := httptest.NewServer(control(app, conformance.AgentLeader(app.current)))
-	defer ctl.Close()
-	// The step's words follow Argv; "hold N" has its argument, the others
-	// get "-" so that the client always reads two words.
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	fx := conformance.CommandFixture{Argv: []string{"sh", "-c", `if [ $# -eq 1 ]; then set -- "$1" -; fi; exec "$0" "$@"`, self},
-		Env: append(os.Environ(), fixtureEnv+"="+ctl.URL)}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	dir := sockettest.Dir(t)
+	appURL := "unix://" + filepath.Join(dir, "app.sock")
+	worker := fmt.Sprintf("env %s= %s=1 HANDOFF_APP_URL=%s '%s'", fixtureEnv, workerEnv, appURL, self)
+	fx := conformance.CommandFixture{Argv: []string{self, "--dir", dir, "--worker", worker}, Env: append(os.Environ(), fixtureEnv+"=1"), Name: "fixture"}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	defer func() {
+		if conformance.RunFixture(ctx, dir, worker, []string{"stop"}, io.Discard, os.Stderr) != 0 {
+			t.Error("the fixture's stop failed")
+		}
+	}()
 	rep := conformance.Run(ctx, conformance.Target{URL: appURL, Token: testToken, Fixture: fx, Leader: fx})
 	t.Logf("\n%s", rep)
 	if rep.Count(conformance.Pass) != len(rep.Cases) {
-		t.Fatalf("want every case passed through the fixture command:\n%s", rep)
+		log, _ := os.ReadFile(filepath.Join(dir, "worker.log"))
+		t.Fatalf("want every case passed through the fixture command:\n%s\nworker.log:\n%s", rep, log)
 	}
 	// A step the command fails is the case's failure, with its stderr.
 	bad := conformance.CommandFixture{Argv: []string{"sh", "-c", `echo no such fixture >&2; exit 3`}, Name: "./fixture.sh"}
@@ -135,6 +103,72 @@ func TestCommandFixture(t *testing.T) {
 	}
 	if c, _ := rep.Case("stop-claiming/answers-stopping"); !contains(c.Reason, `fixture command "./fixture.sh"`) {
 		t.Fatalf("reason %q, want the command named as given (Name), not %q", c.Reason, "sh")
+	}
+}
+
+// ServeFixture and RunFixture step by step, on an app that restarts itself
+// in its process: what each step answers, prints and exits with.
+func TestServeFixture(t *testing.T) {
+	app := newGoApp(t)
+	dir := sockettest.Dir(t)
+	ln, err := net.Listen("unix", filepath.Join(dir, "fixture.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- conformance.ServeFixture(ctx, ln, app, conformance.AgentLeader(app.current)) }()
+	run := func(words ...string) (int, string, string) {
+		var out, errOut strings.Builder
+		code := conformance.RunFixture(context.Background(), dir, "", words, &out, &errOut)
+		return code, out.String(), errOut.String()
+	}
+	want := func(words string, code int, out, errPart string) {
+		t.Helper()
+		c, o, e := run(strings.Fields(words)...)
+		if c != code || o != out || !strings.Contains(e, errPart) || (errPart == "" && e != "") {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit %d, stdout %q, stderr with %q", words, c, o, e, code, out, errPart)
+		}
+	}
+	before := app.current()
+	want("restart", 0, "", "")
+	if app.current() == before {
+		t.Error("restart without a worker command: the app did not restart")
+	}
+	want("hold 2", 0, "", "")
+	if n := app.current().InFlight(); n != 2 {
+		t.Errorf("after hold 2: inFlight %d, want 2", n)
+	}
+	want("finish", 0, "", "")
+	if n := app.current().InFlight(); n != 0 {
+		t.Errorf("after finish: inFlight %d, want 0", n)
+	}
+	want("hold x", 1, "", `hold x: hold N must be an integer >= 1, got "x"`)
+	want("hold-unstarted 0", 1, "", "N must be an integer >= 1")
+	want("lead L", 0, "no\n", "")
+	want("stopping L", 0, "no\n", "")
+	want("release L", 0, "", "")
+	want("lead", 1, "", "lead needs a Lease name")
+	want("frobnicate 1", 1, "", `unknown step "frobnicate 1"`)
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatalf("ServeFixture after its context ended: %v", err)
+	}
+	want("finish", 1, "", "handoff fixture finish: ") // nothing serves
+	// A Fixture that cannot hold claims unstarted or cancelable says so.
+	ln, err = net.Listen("unix", filepath.Join(dir, "fixture.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = conformance.ServeFixture(ctx, ln, struct{ conformance.Fixture }{app}, nil) }()
+	want("hold-unstarted 1", 0, "unsupported\n", "")
+	want("hold-cancelable 1", 0, "unsupported\n", "")
+	want("lead L", 1, "", "serves no LeaderFixture")
+	var errOut strings.Builder
+	if code := conformance.FixtureMain(context.Background(), []string{"--dir", dir, "hold"}, io.Discard, &errOut); code != 2 || !contains(errOut.String(), "usage:") {
+		t.Errorf("FixtureMain with hold and no N: exit %d, stderr %q; want 2 and the usage", code, errOut.String())
 	}
 }
 

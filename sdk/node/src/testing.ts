@@ -1,5 +1,12 @@
 /**
+<<<<<<< HEAD
  * Helpers for tests of workers built on `@handoff-dev/worker`.
+=======
+ * Helpers for tests of workers built on `@handoff-dev/worker`: FakeClock, and
+ * the fixture of `handoff conformance` (FixtureHooks and serveFixture in
+ * the worker, runFixture and fixtureMain as the fixture command;
+ * docs/protocol.md, "The fixture contract").
+>>>>>>> h-fixture
  * @module
  */
 import type { Clock } from './clock.js';
@@ -75,3 +82,15 @@ export class FakeClock implements Clock {
     }
   }
 }
+
+export {
+  FixtureHooks,
+  fixtureHoldTimeoutMillis,
+  fixtureMain,
+  fixturePrefix,
+  fixtureSocketEnv,
+  runFixture,
+  serveFixture,
+  type FixtureIO,
+  type FixtureOptions,
+} from './fixture.js';

@@ -1,5 +1,7 @@
-// The real `handoff conformance` against examples/worker.mjs, with its
-// fixture command (examples/fixture.mjs) for claims and leader work. The
+// The real `handoff conformance` against examples/worker.mjs, with the
+// SDK's own fixture (@handoff-dev/worker/testing: serveFixture in the worker,
+// fixtureMain as the command, examples/fixture.mjs) for claims and leader
+// work, so the suite proves the SDK's side of the fixture contract too. The
 // binary is $HANDOFF_BIN (sdk/node/test.sh builds it when unset); without
 // it the test is skipped.
 import assert from 'node:assert/strict';
@@ -13,7 +15,9 @@ import { tempDir, token } from './helpers.mjs';
 
 const bin = process.env.HANDOFF_BIN;
 const skip = bin ? false : 'HANDOFF_BIN is not set: build the handoff binary (go build ./cmd/handoff) and point HANDOFF_BIN at it, or run sdk/node/test.sh';
-const fixture = join(dirname(fileURLToPath(import.meta.url)), '..', 'examples', 'fixture.mjs');
+const examples = join(dirname(fileURLToPath(import.meta.url)), '..', 'examples');
+const fixture = join(examples, 'fixture.mjs');
+const worker = join(examples, 'worker.mjs');
 const quote = (s) => `'${s.replaceAll("'", `'\\''`)}'`;
 
 function freePort() {
@@ -30,7 +34,8 @@ function freePort() {
 /** Runs handoff conformance on the example worker at appURL; resolves to {code, out, counts}. */
 function conformance(t, dir, appURL) {
   writeFileSync(join(dir, 'token'), `${token}\n`);
-  const cmd = `${quote(process.execPath)} ${quote(fixture)} ${quote(dir)}`;
+  const run = `${quote(process.execPath)} ${quote(worker)}`;
+  const cmd = `${quote(process.execPath)} ${quote(fixture)} --dir ${quote(dir)} --worker ${quote(run)}`;
   const stopWorker = () => {
     try {
       process.kill(Number(readFileSync(join(dir, 'worker.pid'), 'utf8')), 'SIGKILL');
@@ -42,7 +47,7 @@ function conformance(t, dir, appURL) {
     execFile(
       bin,
       ['conformance', '--app-url', appURL, '--token-file', join(dir, 'token'), '--fixture-cmd', cmd, '--leader-cmd', cmd, '--timeout', '3m'],
-      { env: { ...process.env, HANDOFF_APP_URL: appURL }, timeout: 200_000 },
+      { env: { ...process.env, HANDOFF_APP_URL: appURL, HANDOFF_TOKEN_FILE: join(dir, 'token') }, timeout: 200_000 },
       (err, stdout, stderr) => {
         stopWorker();
         const out = `${stdout}${stderr}`;

@@ -14,8 +14,9 @@ does leader-only work too.
     HANDOFF_TOKEN_FILE=token HANDOFF_APP_URL=unix:///tmp/w/app.sock \\
         python3 aio_worker.py --queue /tmp/w/queue
 
-``--control SOCKET`` serves the steps of ``handoff conformance``'s fixtures
-(fixture.py --worker aio_worker.py sends them): a test hook.
+Under ``handoff conformance`` (``$HANDOFF_FIXTURE_SOCKET`` set by its fixture
+command, ``python3 -m handoff.testing``) it serves the fixture's steps
+(handoff.testing.serve_fixture_async): a test hook.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ import logging
 import os
 import signal
 import sys
-from typing import Dict, List, Optional, Set
+from typing import List, Optional, Set
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import handoff  # noqa: E402
 import handoff.aio  # noqa: E402
+import handoff.testing  # noqa: E402
 from filequeue import FileQueue, Message  # noqa: E402
 
 log = logging.getLogger("aio_worker")
@@ -46,7 +48,7 @@ class Worker:
         self.limit = concurrency + prefetch  # claims held at most
         self.agent = handoff.aio.Agent(return_claims=self.return_claims, hand_back=self.hand_back)
         self.tasks: Set["asyncio.Task[None]"] = set()
-        self.hooks: Optional[ConformanceHooks] = None
+        self.fixture: Optional[handoff.testing.AsyncFixtureHooks] = None
 
     async def return_claims(self) -> int:
         return self.queue.make_visible()  # every message this worker still has claimed
@@ -90,8 +92,8 @@ class Worker:
                     log.warning("message %s finished after it was handed back", msg.id)
 
     async def handle(self, msg: Message, claim: handoff.aio.Claim) -> None:
-        if self.hooks is not None and msg.body.startswith("conformance-"):
-            await self.hooks.handle(msg, claim)
+        if self.fixture is not None and self.fixture.handles(msg.body):
+            await self.fixture.work(msg.body, claim)  # until finish; raises handoff.Canceled: left claimed
             return
         if msg.body.startswith("sleep:"):
             try:
@@ -117,117 +119,33 @@ class Worker:
                     pass
 
 
-class ConformanceHooks:
-    """The steps of handoff conformance's fixtures (see worker.py), for the asyncio worker."""
-
-    def __init__(self, w: Worker) -> None:
-        self.w = w
-        self.release = asyncio.Event()
-        self.waiting = 0
-        self.leader_work: Dict[str, List[handoff.aio.LeaderWork]] = {}
-        self.unstarted: List[handoff.aio.Claim] = []
-
-    async def handle(self, msg: Message, claim: handoff.aio.Claim) -> None:
-        release = self.release
-        self.waiting += 1
-        if msg.body.startswith("conformance-cancelable-"):
-            await claim.canceled.wait()
-            raise RuntimeError("canceled")  # not acknowledged: still claimed in the queue
-        await release.wait()
-
-    async def hold(self, prefix: str, n: int) -> str:
-        want = self.waiting + n
-        for i in range(n):
-            self.w.queue.put("%s%d" % (prefix, i))
-        loop = asyncio.get_running_loop()
-        end = loop.time() + 10.0
-        while self.waiting < want:
-            if loop.time() > end:
-                return "error: the worker works on %d of the %d messages put" % (self.waiting - want + n, n)
-            await asyncio.sleep(0.005)
-        return "ok"
-
-    async def step(self, words: List[str]) -> str:
-        cmd, arg = words[0], (words[1] if len(words) > 1 else "")
-        if cmd == "ping":
-            return "ok"
-        if cmd == "hold":
-            return await self.hold("conformance-held-", int(arg))
-        if cmd == "hold-cancelable":
-            return await self.hold("conformance-cancelable-", int(arg))
-        if cmd == "hold-unstarted":
-            # Delivered to this worker, not started: held as the claim
-            # loop holds what it claims ahead, outside its loop.
-            async with self.w.agent.receive() as r:
-                for i in range(int(arg)):
-                    self.unstarted.append(r.hold_unstarted(self.w.queue.deliver("conformance-unstarted-%d" % i)))
-            return "ok"
-        if cmd == "finish":
-            self.release.set()
-            self.release = asyncio.Event()
-            for c in self.unstarted:
-                c.done()  # those stop-claiming did not hand back: dropped
-            self.unstarted.clear()
-            return "ok"
-        if cmd == "lead":
-            try:
-                work = self.w.agent.begin_leading(arg)
-            except handoff.NotLeader:
-                return "no"
-            self.leader_work.setdefault(arg, []).append(work)
-            return "yes"
-        if cmd == "stopping":
-            ws = self.leader_work.get(arg, [])
-            return "yes" if ws and all(w.stopping.is_set() for w in ws) else "no"
-        if cmd == "release":
-            for w in self.leader_work.pop(arg, []):
-                w.done()
-            return "ok"
-        return "error: unknown step %r" % cmd
-
-    async def serve(self, path: str) -> asyncio.AbstractServer:
-        async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            words = (await reader.readline()).decode().split()
-            try:
-                answer = await self.step(words) if words else "error: empty step"
-            except Exception as e:
-                answer = "error: %s" % e
-            writer.write((answer + "\n").encode())
-            await writer.drain()
-            writer.close()
-
-        if os.path.exists(path):
-            os.remove(path)
-        return await asyncio.start_unix_server(conn, path=path)
-
-
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--queue", required=True, help="the queue's directory")
     p.add_argument("--concurrency", type=int, default=4, help="messages worked on at once")
     p.add_argument("--prefetch", type=int, default=2, help="messages claimed ahead of the work")
     p.add_argument("--lease", action="append", default=[], help="a Lease to do leader work under (repeatable); default $HANDOFF_SHARDS")
-    p.add_argument("--control", help="serve handoff conformance's fixture steps on this Unix socket (tests only)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     w = Worker(FileQueue(args.queue, owner="a%d-%s" % (os.getpid(), os.urandom(3).hex())), args.concurrency, args.prefetch)
+    if os.environ.get(handoff.testing.FIXTURE_SOCKET_ENV):
+        w.queue.purge()  # under the fixture each process begins on an empty queue
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, done.set)
     loop.add_signal_handler(signal.SIGINT, done.set)
     async with w.agent:  # serves the app API on $HANDOFF_APP_URL until the block ends
-        if args.control:
-            w.hooks = ConformanceHooks(w)
-            await w.hooks.serve(args.control)
+        # Under handoff conformance only: None otherwise.
+        w.fixture = await handoff.testing.serve_fixture_async(w.agent, publish=w.queue.put, deliver=w.queue.deliver)
         background = [asyncio.ensure_future(w.consume())]
         background += [asyncio.ensure_future(w.lead(lease)) for lease in args.lease or handoff.shards_from_env()]
         log.info("serving %s, instance %s", w.agent.url, w.agent.instance)
         await done.wait()  # SIGTERM: after the sidecar's sequence
         for t in background:
             t.cancel()
-    if args.control and os.path.exists(args.control):
-        os.remove(args.control)
+        if w.fixture is not None:
+            await w.fixture.close()
     log.info("exiting: %s", w.agent.drain_status())
 
 

@@ -15,8 +15,9 @@ the fencing token.
 A message body ``sleep:2.5`` works for 2.5 s (and stops at the cancel
 fallback); any other body is printed.
 
-``--control SOCKET`` serves the steps of ``handoff conformance``'s fixtures
-(fixture.py sends them): a test hook, not part of a worker.
+Under ``handoff conformance`` (``$HANDOFF_FIXTURE_SOCKET`` set by its fixture
+command, ``python3 -m handoff.testing``) it serves the fixture's steps
+(handoff.testing.serve_fixture) on a queue emptied at start: a test hook.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ import argparse
 import logging
 import os
 import signal
-import socketserver
 import sys
 import threading
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import handoff  # noqa: E402
+import handoff.testing  # noqa: E402
 from filequeue import FileQueue, Message  # noqa: E402
 
 log = logging.getLogger("worker")
@@ -49,7 +50,7 @@ class Worker:
         # (none here but the fixture's: a worker that claims ahead of its
         # work holds them with Receive.hold_unstarted, as aio_worker.py does).
         self.agent = handoff.Agent(return_claims=queue.make_visible, hand_back=self.hand_back)
-        self.hooks: Optional[ConformanceHooks] = None
+        self.fixture: Optional[handoff.testing.FixtureHooks] = None
 
     def hand_back(self, claims: List[handoff.Claim]) -> None:
         self.queue.make_visible([c.value for c in claims if isinstance(c.value, Message)])
@@ -90,8 +91,8 @@ class Worker:
                 return None
 
     def handle(self, msg: Message, claim: handoff.Claim) -> None:
-        if self.hooks is not None and self.hooks.handles(msg):
-            self.hooks.handle(msg, claim)
+        if self.fixture is not None and self.fixture.handles(msg.body):
+            self.fixture.work(msg.body, claim)  # until finish; raises handoff.Canceled: left claimed
             return
         if msg.body.startswith("sleep:"):
             if claim.canceled.wait(float(msg.body[len("sleep:") :])):
@@ -121,120 +122,20 @@ class Worker:
             threading.Thread(target=self.lead, args=(lease,), name="leader-%s" % lease, daemon=True).start()
 
 
-class ConformanceHooks:
-    """The steps of handoff conformance's fixtures, served on a control socket (fixture.py).
-
-    Messages whose body starts with ``conformance-held-`` work until
-    ``finish``, ignoring the cancel fallback; ``conformance-cancelable-``
-    ones end at the cancel fallback without acknowledging;
-    ``hold-unstarted`` holds messages delivered to this worker unstarted,
-    for stop-claiming to hand back.
-    """
-
-    def __init__(self, w: Worker) -> None:
-        self.w = w
-        self.cond = threading.Condition()
-        self.release = threading.Event()  # replaced at each finish
-        self.waiting = 0  # handlers that have taken their release or cancel to wait on
-        self.leader_work: Dict[str, List[handoff.LeaderWork]] = {}
-        self.unstarted: List[handoff.Claim] = []
-
-    def handles(self, msg: Message) -> bool:
-        return msg.body.startswith("conformance-")
-
-    def handle(self, msg: Message, claim: handoff.Claim) -> None:
-        with self.cond:
-            release = self.release
-            self.waiting += 1
-            self.cond.notify_all()
-        if msg.body.startswith("conformance-cancelable-"):
-            claim.canceled.wait()
-            raise RuntimeError("canceled")  # not acknowledged: still claimed in the queue
-        release.wait()
-
-    def hold(self, prefix: str, n: int) -> str:
-        with self.cond:
-            want = self.waiting + n
-        for i in range(n):
-            self.w.queue.put("%s%d" % (prefix, i))
-        with self.cond:
-            if not self.cond.wait_for(lambda: self.waiting >= want, 10.0):
-                return "error: the worker works on %d of the %d messages put" % (self.waiting - want + n, n)
-        return "ok"
-
-    def step(self, words: List[str]) -> str:
-        cmd, arg = words[0], (words[1] if len(words) > 1 else "")
-        agent = self.w.agent
-        if cmd == "ping":
-            return "ok"
-        if cmd == "hold":
-            return self.hold("conformance-held-", int(arg))
-        if cmd == "hold-cancelable":
-            return self.hold("conformance-cancelable-", int(arg))
-        if cmd == "hold-unstarted":
-            # Delivered to this worker, not started: the rest of a batch.
-            with agent.receive() as r:
-                for i in range(int(arg)):
-                    self.unstarted.append(r.hold_unstarted(self.w.queue.deliver("conformance-unstarted-%d" % i)))
-            return "ok"
-        if cmd == "finish":
-            with self.cond:
-                self.release.set()
-                self.release = threading.Event()
-            for c in self.unstarted:
-                c.done()  # those stop-claiming did not hand back: dropped
-            self.unstarted.clear()
-            return "ok"
-        if cmd == "lead":
-            try:
-                work = agent.begin_leading(arg)
-            except handoff.NotLeader:
-                return "no"
-            self.leader_work.setdefault(arg, []).append(work)
-            return "yes"
-        if cmd == "stopping":
-            ws = self.leader_work.get(arg, [])
-            return "yes" if ws and all(w.stopping.is_set() for w in ws) else "no"
-        if cmd == "release":
-            for w in self.leader_work.pop(arg, []):
-                w.done()
-            return "ok"
-        return "error: unknown step %r" % cmd
-
-    def serve(self, path: str) -> socketserver.UnixStreamServer:
-        hooks = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            def handle(self) -> None:
-                line = self.rfile.readline().decode().split()
-                try:
-                    answer = hooks.step(line) if line else "error: empty step"
-                except Exception as e:  # a bad step: tell the fixture
-                    answer = "error: %s" % e
-                self.wfile.write((answer + "\n").encode())
-
-        if os.path.exists(path):
-            os.remove(path)
-        srv = socketserver.ThreadingUnixStreamServer(path, Handler)
-        srv.daemon_threads = True
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        return srv
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--queue", required=True, help="the queue's directory")
     p.add_argument("--concurrency", type=int, default=4, help="claim loops (threads)")
     p.add_argument("--lease", action="append", default=[], help="a Lease to do leader work under (repeatable); default $HANDOFF_SHARDS")
-    p.add_argument("--control", help="serve handoff conformance's fixture steps on this Unix socket (tests only)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     w = Worker(FileQueue(args.queue, owner="w%d-%s" % (os.getpid(), os.urandom(3).hex())), args.concurrency)
+    if os.environ.get(handoff.testing.FIXTURE_SOCKET_ENV):
+        w.queue.purge()  # under the fixture each process begins on an empty queue
     w.agent.start()  # serves the app API on $HANDOFF_APP_URL, signed with $HANDOFF_TOKEN_FILE's token
-    if args.control:
-        w.hooks = ConformanceHooks(w)
-        w.hooks.serve(args.control)
+    # Under handoff conformance only: None otherwise.
+    w.fixture = handoff.testing.serve_fixture(w.agent, publish=w.queue.put, deliver=w.queue.deliver)
     w.run(args.lease or handoff.shards_from_env())
     log.info("serving %s, instance %s", w.agent.url, w.agent.instance)
 
@@ -246,8 +147,8 @@ def main() -> None:
     # SIGTERM comes after the sidecar's sequence (preStop) has drained or
     # handed back the claims: stop serving and exit.
     w.agent.close()
-    if args.control and os.path.exists(args.control):
-        os.remove(args.control)
+    if w.fixture is not None:
+        w.fixture.close()
     log.info("exiting: %s", w.agent.drain_status())
     logging.shutdown()
     os._exit(0)

@@ -1,8 +1,10 @@
 """handoff conformance, the repository's suite, against the example workers (threaded and asyncio).
 
 Needs the handoff binary: set HANDOFF_BIN (test.sh builds one). Every case
-must pass, none skipped: the fixtures (examples/fixture.py) make the
-workers hold claims and begin leader work.
+must pass, none skipped. The fixture is the SDK's own (handoff.testing):
+``python3 -m handoff.testing`` is the fixture command, and the workers serve
+its steps with ``serve_fixture``/``serve_fixture_async``; so the suite proves
+the SDK's side of the fixture contract as well as the workers.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def test_conformance(sockdir: str, worker: str) -> None:
         HANDOFF_TOKEN_FILE=os.path.join(sockdir, "token"),
         PYTHONPATH=os.pathsep.join(p for p in (os.path.join(ROOT, "src"), env.get("PYTHONPATH", "")) if p),
     )
-    fixture = " ".join(shlex.quote(w) for w in (sys.executable, os.path.join(EXAMPLES, "fixture.py"), "--dir", sockdir, "--worker", os.path.join(EXAMPLES, worker)))
+    run_worker = " ".join(shlex.quote(w) for w in (sys.executable, os.path.join(EXAMPLES, worker), "--queue", os.path.join(sockdir, "queue")))
+    fixture = " ".join(shlex.quote(w) for w in (sys.executable, "-m", "handoff.testing", "--dir", sockdir, "--worker", run_worker))
     try:
         p = subprocess.run(
             [BIN, "conformance", "--app-url", url, "--token-file", env["HANDOFF_TOKEN_FILE"], "--fixture-cmd", fixture, "--leader-cmd", fixture, "--timeout", "3m"],

@@ -9,8 +9,9 @@
 #
 #   HANDOFF_TOKEN_FILE=token HANDOFF_APP_URL=unix:///tmp/w/app.sock ruby worker.rb
 #
-# `--control SOCKET` serves the steps of handoff conformance's fixtures
-# (Handoff::Testing::Hooks; fixture.rb sends them): a test hook.
+# Under `handoff conformance` ($HANDOFF_FIXTURE_SOCKET set by its fixture
+# command, examples/fixture.rb) it serves the fixture's steps
+# (Handoff::Testing.serve_fixture): a test hook.
 
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "optparse"
@@ -22,17 +23,13 @@ opts = { concurrency: 4, leases: [] }
 OptionParser.new do |o|
   o.on("--concurrency N", Integer) { |v| opts[:concurrency] = v }
   o.on("--lease NAME") { |v| opts[:leases] << v }
-  o.on("--control SOCKET") { |v| opts[:control] = v }
 end.parse!
 
 queue = MemoryQueue.new
 agent = Handoff::Agent.new(return_claims: -> { queue.make_visible }, hand_back: ->(claims) { queue.make_visible(claims.map(&:value)) })
 agent.start
-hooks = nil
-if opts[:control]
-  hooks = Handoff::Testing::Hooks.new(agent, put: ->(b) { queue.put(b) }, deliver: ->(b) { queue.deliver(b) })
-  hooks.serve(opts[:control])
-end
+# Under handoff conformance only: nil otherwise.
+fixture = Handoff::Testing.serve_fixture(agent, publish: ->(b) { queue.put(b) }, deliver: ->(b) { queue.deliver(b) })
 
 consume = lambda do
   loop do
@@ -46,8 +43,8 @@ consume = lambda do
     next unless claim
 
     begin
-      if hooks&.handles?(msg.body)
-        hooks.handle(msg.body, claim)
+      if fixture&.handles?(msg.body)
+        fixture.work(msg.body, claim) # until finish; raises Handoff::Canceled: left claimed
       else
         puts "message #{msg.id}: #{msg.body}"
       end
@@ -84,5 +81,5 @@ done.pop
 # SIGTERM comes after the sidecar's sequence has drained or handed back.
 agent.wait_drained(10)
 agent.close
-File.unlink(opts[:control]) if opts[:control] && File.exist?(opts[:control])
+fixture&.close
 exit!(0)

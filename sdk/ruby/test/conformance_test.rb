@@ -4,8 +4,10 @@ require_relative "test_helper"
 require "shellwords"
 
 # handoff conformance, the repository's suite, against examples/worker.rb
-# with the fixture contract (Handoff::Testing: examples/fixture.rb). Needs
-# HANDOFF_BIN (test.sh builds it); every case must pass, none skipped.
+# with the SDK's own fixture (Handoff::Testing: Hooks in the worker,
+# Fixture as the command, examples/fixture.rb), so the suite proves the
+# SDK's side of the fixture contract too. Needs HANDOFF_BIN (test.sh builds
+# it); every case must pass, none skipped.
 class ConformanceTest < Minitest::Test
   def test_conformance
     skip "HANDOFF_BIN is not set: build it (go build -o /tmp/handoff ./cmd/handoff)" if TestHelper::BIN.empty?
@@ -14,7 +16,8 @@ class ConformanceTest < Minitest::Test
     token = File.join(dir, "token")
     assert system(TestHelper::BIN, "install", "--token-file", token, out: File::NULL)
     env = { "HANDOFF_APP_URL" => "unix://#{dir}/app.sock", "HANDOFF_TOKEN_FILE" => token }
-    fixture = [RbConfig.ruby, File.join(TestHelper::SDK, "examples/fixture.rb"), "--dir", dir].shelljoin
+    worker = [RbConfig.ruby, File.join(TestHelper::SDK, "examples/worker.rb")].shelljoin
+    fixture = [RbConfig.ruby, File.join(TestHelper::SDK, "examples/fixture.rb"), "--dir", dir, "--worker", worker].shelljoin
     out = IO.popen(env, [TestHelper::BIN, "conformance", "--fixture-cmd", fixture, "--leader-cmd", fixture, "--timeout", "4m"],
                    err: %i[child out], &:read)
     ok = $?.success?

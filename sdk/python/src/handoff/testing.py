@@ -1,5 +1,11 @@
-"""Helpers for testing a worker built on handoff: a fake clock and a signed client of the app API.
+"""Helpers for testing a worker built on handoff: the fixture of ``handoff conformance``, a fake clock and a signed client of the app API.
 
+:class:`FixtureHooks` (:class:`AsyncFixtureHooks` for :mod:`handoff.aio`)
+and :func:`run_fixture` implement the fixture contract of ``handoff
+conformance`` (docs/protocol.md, "The fixture contract"): the worker plugs
+in how to put a message in its queue and routes the fixture's messages to
+``work``; ``python3 -m handoff.testing --dir DIR --worker CMD`` is the
+fixture command (``--fixture-cmd`` and ``--leader-cmd``).
 :class:`FakeClock` times terms of leadership and claims without waiting
 (Go: ``k8s.io/utils/clock/testing.FakeClock``); :class:`Client` makes the
 calls the sidecar makes, signed with the pod's token.
@@ -12,16 +18,39 @@ import http.client
 import itertools
 import json
 import socket
+import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ._auth import sign
 from ._endpoint import dial, parse_endpoint
+from ._fixture import (
+    FIXTURE_PREFIX,
+    FIXTURE_SOCKET_ENV,
+    AsyncFixtureHooks,
+    FixtureHooks,
+    fixture_main,
+    run_fixture,
+    serve_fixture,
+    serve_fixture_async,
+)
 from ._http import DRAIN_PATH, LEASE_PATH_PREFIX, RETURN_PATH, STOP_CLAIMING_PATH
 from ._wire import DrainStatus, Leadership, LeadershipAck, ReturnRequest, ReturnResult, encode
 
-__all__ = ["FakeClock", "Client", "CallError"]
+__all__ = [
+    "FakeClock",
+    "Client",
+    "CallError",
+    "FixtureHooks",
+    "AsyncFixtureHooks",
+    "serve_fixture",
+    "serve_fixture_async",
+    "run_fixture",
+    "fixture_main",
+    "FIXTURE_SOCKET_ENV",
+    "FIXTURE_PREFIX",
+]
 
 
 class _FakeTimer:
@@ -150,3 +179,7 @@ class Client:
 
     def lead(self, msg: Leadership) -> LeadershipAck:
         return LeadershipAck.from_json(self._ok("PUT", LEASE_PATH_PREFIX + msg.lease, encode(msg)))
+
+
+if __name__ == "__main__":
+    sys.exit(fixture_main())
