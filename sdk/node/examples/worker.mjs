@@ -5,21 +5,11 @@
 //
 //   HANDOFF_APP_URL=unix:///tmp/app.sock HANDOFF_TOKEN_FILE=token node examples/worker.mjs
 //
-<<<<<<< HEAD
-// With $EXAMPLE_FIXTURE_SOCKET set it also serves the hooks `handoff
-// conformance` drives through examples/fixture.mjs (--fixture-cmd and
-// --leader-cmd): hold N, hold-cancelable N, hold-unstarted N, finish, lead,
-// stopping, release.
-import { createServer } from 'node:net';
-import { unlinkSync } from 'node:fs';
-import { Agent, NotLeaderError, StoppingError } from '@handoff-dev/worker';
-=======
 // Under `handoff conformance` ($HANDOFF_FIXTURE_SOCKET set by its fixture
 // command, examples/fixture.mjs) it also serves the fixture's steps
 // (serveFixture from @handoff-dev/worker/testing): a test hook.
 import { Agent, StoppingError } from '@handoff-dev/worker';
 import { serveFixture } from '@handoff-dev/worker/testing';
->>>>>>> h-fixture
 import { MemoryQueue } from './memory-queue.mjs';
 
 const concurrency = Number(process.env.EXAMPLE_CONCURRENCY ?? 4);

@@ -1,12 +1,8 @@
 /**
-<<<<<<< HEAD
- * Helpers for tests of workers built on `@handoff-dev/worker`.
-=======
  * Helpers for tests of workers built on `@handoff-dev/worker`: FakeClock, and
  * the fixture of `handoff conformance` (FixtureHooks and serveFixture in
  * the worker, runFixture and fixtureMain as the fixture command;
  * docs/protocol.md, "The fixture contract").
->>>>>>> h-fixture
  * @module
  */
 import type { Clock } from './clock.js';
