@@ -157,6 +157,14 @@ type lease struct {
 	// From then on no new term is granted to the app, only renewals of the
 	// one it was granted before.
 	leaving <-chan struct{}
+	// releaseSent and releaseAcked are when the elector's last release
+	// write was sent and when the apiserver acknowledged it, on the
+	// coordinator's clock (leaderelection.HopReleaseSent and
+	// HopReleaseAcked), for the sequence's hops; unset before.
+	releaseSent, releaseAcked atomic.Pointer[time.Time]
+	// named is the successor the last release write named ("" for none);
+	// unset before a release write.
+	named atomic.Pointer[string]
 
 	// mu serialises leadership calls to the app, so a revoke is never
 	// overtaken by an older grant.
@@ -261,8 +269,22 @@ func (c *Coordinator) newLease(r *round, name string, kind protocol.LeaseKind) (
 	e, err := leaderelection.New(leaderelection.Config{
 		Leases: c.leaseAPI, Namespace: c.s.PodNamespace, Name: name, Identity: c.s.Identity(),
 		LeaseDuration: c.s.LeaseDuration, RenewDeadline: c.s.RenewDeadline, RetryPeriod: c.s.RetryPeriod,
-		Logger:    c.log.WithValues("lease", name),
-		Successor: func() string { return r.successors.of(name) },
+		Logger: c.log.WithValues("lease", name),
+		Successor: func() string {
+			n := r.successors.of(name)
+			l.named.Store(&n)
+			return n
+		},
+		Trace: func(h leaderelection.Hop) {
+			switch h {
+			case leaderelection.HopReleaseSent:
+				now := c.clock.Now()
+				l.releaseSent.Store(&now)
+			case leaderelection.HopReleaseAcked:
+				now := c.clock.Now()
+				l.releaseAcked.Store(&now)
+			}
+		},
 	}, c.callbacks(r, name, l))
 	if err != nil {
 		l.cancel()

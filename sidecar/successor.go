@@ -48,9 +48,11 @@ const successorWait = 250 * time.Millisecond
 // successors is one sequence's pick of a successor for each Lease the pod
 // releases: found once, from the trigger, and read at each release write.
 type successors struct {
-	done   chan struct{} // closed when picked is set
+	leases []string      // the Leases it picks for; none for noSuccessors
+	done   chan struct{} // closed when picked, err and at are set
 	picked map[string]string
 	err    error
+	at     time.Time // when the pick ended, on the sequence's clock
 }
 
 // noSuccessors is a pick that names no one, already done.
@@ -58,6 +60,19 @@ func noSuccessors() *successors {
 	s := &successors{done: make(chan struct{})}
 	close(s.done)
 	return s
+}
+
+// wants reports whether s picks a successor for lease.
+func (s *successors) wants(lease string) bool { return slices.Contains(s.leases, lease) }
+
+// ended is when the pick ended, and whether it has.
+func (s *successors) ended() (time.Time, bool) {
+	select {
+	case <-s.done:
+		return s.at, true
+	default:
+		return time.Time{}, false
+	}
 }
 
 // wait waits for the pick, at most d of real time: it bounds an API call,
@@ -89,12 +104,13 @@ func (c *Coordinator) findSuccessors(leases []string) *successors {
 	if c.podAPI == nil || !c.s.PreferSuccessor || len(leases) == 0 {
 		return noSuccessors()
 	}
-	s := &successors{done: make(chan struct{})}
+	s := &successors{leases: leases, done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		ctx, cancel := context.WithTimeout(context.Background(), successorListTimeout)
 		defer cancel()
-		pods, err := listInjected(ctx, c.podAPI.Pods(c.s.PodNamespace))
+		pods, err := listInjected(ctx, c.podAPI.Pods(c.s.PodNamespace), pickResourceVersion)
+		s.at = c.clock.Now()
 		if err != nil {
 			s.err = err
 			c.log.Info("no successor named: the candidates could not be listed", "reason", err.Error())
@@ -105,16 +121,24 @@ func (c *Coordinator) findSuccessors(leases []string) *successors {
 	return s
 }
 
+// pickResourceVersion is the resourceVersion of the pick's watch-list:
+// unset, a consistent read.
+const pickResourceVersion = ""
+
 // listInjected reads the injected pods of one namespace by a watch that
 // sends the current pods first (the apiserver's WatchList: an RBAC watch
 // grant suffices, which every sidecar has, where a list needs another),
-// ending at the bookmark that marks the end of those. It returns an error
-// past maxCandidatePods, on a watch error, or when ctx ends first (an
-// apiserver without WatchList sends no such bookmark).
-func listInjected(ctx context.Context, api corev1client.PodInterface) ([]*corev1.Pod, error) {
+// ending at the bookmark that marks the end of those. resourceVersion is
+// the watch's: "0" for the watch cache's current state, "" for a
+// consistent read, which waits for the cache to be as fresh as etcd
+// (pickResourceVersion). It returns an error past maxCandidatePods, on a
+// watch error, or when ctx ends first (an apiserver without WatchList
+// sends no such bookmark).
+func listInjected(ctx context.Context, api corev1client.PodInterface, resourceVersion string) ([]*corev1.Pod, error) {
 	w, err := api.Watch(ctx, metav1.ListOptions{
 		LabelSelector:        labelInjected + "=true",
 		SendInitialEvents:    ptr.To(true),
+		ResourceVersion:      resourceVersion,
 		ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan,
 		AllowWatchBookmarks:  true,
 	})
