@@ -86,7 +86,9 @@ type Coordinator struct {
 	pods     *prestop.PodWatch // nil when the pod is unknown
 	// podAPI reads the pod's peers, for a successor (findSuccessors); nil
 	// when the pod is unknown.
-	podAPI  corev1client.PodsGetter
+	podAPI corev1client.PodsGetter
+	// pick is how a sequence picks the successor; c.mu.
+	pick    pickSettings
 	phases  *phasePublisher // writes the phase on the pod; nil when the pod is unknown
 	events  record.EventRecorder
 	pod     *corev1.ObjectReference
@@ -204,6 +206,7 @@ func New(o Options) (*Coordinator, error) {
 		budget:   o.LeaseBudget,
 		clock:    o.Clock,
 		phase:    PhaseRunning,
+		pick:     pickSettings{resourceVersion: pickResourceVersion, wait: pickWait},
 		pod: &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1",
 			Namespace: s.PodNamespace, Name: s.PodName, UID: types.UID(s.PodUID)},
 	}

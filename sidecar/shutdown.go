@@ -204,14 +204,15 @@ type sequence struct {
 // the pod returns, and the role Leases' step 5 runs beside steps 3 and 4.
 func (c *Coordinator) runSequence(r *round, trigger protocol.Trigger, at time.Time) {
 	q := &sequence{c: c, r: r, rep: &protocol.Report{Trigger: trigger, Started: at}, hops: map[string]outcome.LeaseHops{}}
-	q.step(StepTriggered, string(trigger))
 	// The shard set's loop has stopped with the trigger: its elections join the round's.
 	q.leases = append(slices.Clone(r.leases), c.shardLeases(r)...)
+	// Step 5's successors, looked up first, beside all the rest (the log line, the standbys' locks,
+	// the revoke): each release names the pod that stays to take it, and waits for the pick.
+	r.successors.p.Store(c.findSuccessors(q.heldLeases()))
+	q.step(StepTriggered, string(trigger))
 
 	// A pod that is leaving takes no Lease it does not hold.
 	q.stopStandbys()
-	// Step 5's successors, looked up beside the revoke: each release names the pod that stays to take it.
-	r.successors.p.Store(c.findSuccessors(q.heldLeases()))
 	// Step 2, stop claiming, sent at once: it needs no deadline, and reading the pod may be slow.
 	stopped := q.stopClaiming()
 	// Step 1, the deadline, from the pod's own object: its deletion, or the grace period of the kill.
@@ -578,8 +579,8 @@ func (q *sequence) release(l *lease) (protocol.LeaseRelease, string, outcome.Lea
 	}
 	s := q.r.successors.p.Load()
 	if leader && s != nil && s.wants(name) {
-		// The release names the successor: give its lookup a moment if it is late.
-		s.wait(min(successorWait, q.b.left(clk.Now(), q.b.ReleaseBy)))
+		// The release names the successor: give its lookup until pickWait from the trigger if it is late.
+		s.wait(q.b.left(clk.Now(), q.b.ReleaseBy))
 		if at, ok := s.ended(); ok {
 			hops.At[outcome.HopSuccessorPicked] = at
 		} else {

@@ -40,10 +40,24 @@ const maxCandidatePods = 1000
 // from the trigger, beside the revoke of the app's leadership.
 const successorListTimeout = 2 * time.Second
 
-// successorWait bounds how long a release waits for the candidates' list
-// when it has not come by the time the app acknowledged the revoke: after
-// it, the release names no successor and every standby competes.
-const successorWait = 250 * time.Millisecond
+// pickWait bounds how long after the pick's start (the trigger) a release
+// waits for it, when the app's acknowledgement of the revoke came first:
+// after it, the release names no successor and every standby competes. It
+// counts from the trigger, not from the acknowledgement, so that the two
+// waits overlap instead of adding up: before, a release waited up to
+// 250 ms after the acknowledgement, so an app that took 200 ms to stop its
+// leader work could hold the Lease 450 ms. 250 ms is above the slowest
+// pick of 200 injected pods measured with other readers of pods beside, on
+// a loaded 2-core machine (215 ms; with only writes beside, one pick in 60
+// took 743 ms: docs/performance.md, "The successor's pick"): a late pick
+// lets an old pod win the race, which costs a rollout a second move.
+const pickWait = 250 * time.Millisecond
+
+// pickSettings are how a Coordinator's sequences pick a successor.
+type pickSettings struct {
+	resourceVersion string        // of the watch-list (pickResourceVersion)
+	wait            time.Duration // from the trigger (pickWait)
+}
 
 // successors is one sequence's pick of a successor for each Lease the pod
 // releases: found once, from the trigger, and read at each release write.
@@ -53,6 +67,9 @@ type successors struct {
 	picked map[string]string
 	err    error
 	at     time.Time // when the pick ended, on the sequence's clock
+	// by is when a release stops waiting for the pick (pickWait after its
+	// start), on the real clock: it bounds an API call.
+	by time.Time
 }
 
 // noSuccessors is a pick that names no one, already done.
@@ -75,9 +92,15 @@ func (s *successors) ended() (time.Time, bool) {
 	}
 }
 
-// wait waits for the pick, at most d of real time: it bounds an API call,
-// not a step of the sequence's clock.
+// wait waits for the pick until s.by, and at most d, of real time: it
+// bounds an API call, not a step of the sequence's clock.
 func (s *successors) wait(d time.Duration) {
+	if !s.by.IsZero() {
+		d = min(d, time.Until(s.by))
+	}
+	if d <= 0 {
+		return
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -104,12 +127,15 @@ func (c *Coordinator) findSuccessors(leases []string) *successors {
 	if c.podAPI == nil || !c.s.PreferSuccessor || len(leases) == 0 {
 		return noSuccessors()
 	}
-	s := &successors{leases: leases, done: make(chan struct{})}
+	c.mu.Lock()
+	pick := c.pick
+	c.mu.Unlock()
+	s := &successors{leases: leases, done: make(chan struct{}), by: time.Now().Add(pick.wait)}
 	go func() {
 		defer close(s.done)
 		ctx, cancel := context.WithTimeout(context.Background(), successorListTimeout)
 		defer cancel()
-		pods, err := listInjected(ctx, c.podAPI.Pods(c.s.PodNamespace), pickResourceVersion)
+		pods, err := listInjected(ctx, c.podAPI.Pods(c.s.PodNamespace), pick.resourceVersion)
 		s.at = c.clock.Now()
 		if err != nil {
 			s.err = err
@@ -122,8 +148,21 @@ func (c *Coordinator) findSuccessors(leases []string) *successors {
 }
 
 // pickResourceVersion is the resourceVersion of the pick's watch-list:
-// unset, a consistent read.
-const pickResourceVersion = ""
+// "0", the apiserver's watch cache as it is, without waiting for it to
+// catch up with etcd. A consistent read (resourceVersion unset) first asks
+// etcd for its current revision, then waits until the cache of pods has
+// seen it; that revision counts every write to any resource, so the wait
+// lasts until a pod event or an etcd progress notification reaches the
+// cache, which the apiserver requests at most every 100 ms
+// (k8s.io/apiserver, storage/cacher: getWatchCacheResourceVersion,
+// waitUntilWatchCacheFreshAndForceAllEvents, progress.ConditionalProgressRequester).
+// A stale view is safe for a pick: it names a pod that stays as the cache
+// knew it a few milliseconds before, and a named successor that has since
+// gone, or never comes, leaves the Lease free for
+// leaderelection.SuccessorGrace before every standby competes, as a
+// release naming none does at once (docs/performance.md, "The successor's
+// pick").
+const pickResourceVersion = "0"
 
 // listInjected reads the injected pods of one namespace by a watch that
 // sends the current pods first (the apiserver's WatchList: an RBAC watch
