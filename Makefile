@@ -212,6 +212,7 @@ bench: build image kube-assets
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/scale --handoff bin/handoff-sidecar
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go run ./bench/footprint --handoff bin/handoff-sidecar -variant 'handoff (all)=bin/handoff'
 	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh kube-controller-manager) go test -run '^$$' -bench Admission -benchtime 2000x ./webhook
+	KUBEBUILDER_ASSETS=$$(bash hack/kube-assets.sh) go test -run '^$$' -bench 'ListInjected|PickStaleness' -benchtime 60x ./sidecar
 
 ## Runs the end-to-end suite on a real kubelet (root; boots its own cluster)
 # End to end on a real kubelet (root; boots and stops its own cluster with

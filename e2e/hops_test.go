@@ -19,6 +19,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
+
+	"github.com/handoff-dev/handoff/internal/outcome"
 )
 
 var releasedAt = regexp.MustCompile(`released at (\S+), (\S+) after the shutdown started`)
@@ -45,6 +47,7 @@ func (r *rolloutRun) hopsOf(t *testing.T, p *replacedPod) handoverHops {
 			}
 		}
 	}
+	sequenceHops(t, p.name, r.lease, &h)
 	r.rec.mu.Lock()
 	for _, o := range r.rec.holders {
 		if o.holder == p.successor && o.renewed.After(h.termination.Add(-time.Second)) {
@@ -55,6 +58,60 @@ func (r *rolloutRun) hopsOf(t *testing.T, p *replacedPod) handoverHops {
 	r.rec.mu.Unlock()
 	h.told = appToldAt(t, podOf(p.successor), r.lease, h.acquired)
 	return h
+}
+
+var summaryStarted = regexp.MustCompile(`\(trigger \S+ at (\S+)\)`)
+
+// sequenceHops sets h's hops of the leaving sidecar's step 5 for lease
+// from the summary of pod's ShutdownFinished Event (the sequence that
+// started nearest after h.termination less a second; its start to the
+// nanosecond from the Event's message), and h.started if not set yet.
+func sequenceHops(t *testing.T, pod, lease string, h *handoverHops) {
+	t.Helper()
+	events, err := cluster.kube.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{
+		FieldSelector: "involvedObject.name=" + pod + ",reason=" + outcome.Reason})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var best *outcome.LeaseResult
+	var started time.Time
+	for _, e := range events.Items {
+		m := summaryStarted.FindStringSubmatch(e.Message)
+		if m == nil {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil || at.Before(h.termination.Add(-time.Second)) || (!started.IsZero() && at.After(started)) {
+			continue
+		}
+		s, err := outcome.Decode(e.Annotations[outcome.Annotation])
+		if err != nil {
+			t.Logf("pod %s's %s Event: %v", pod, outcome.Reason, err)
+			continue
+		}
+		for i := range s.Leases {
+			if s.Leases[i].Lease == lease {
+				best, started = &s.Leases[i], at
+			}
+		}
+	}
+	if best == nil {
+		return
+	}
+	if h.started.IsZero() {
+		h.started = started
+	}
+	at := func(hop outcome.Hop) time.Time {
+		sec, ok := best.Hops[hop]
+		if !ok {
+			return time.Time{}
+		}
+		return started.Add(time.Duration(sec * float64(time.Second)))
+	}
+	h.revokeSent, h.revokeAcked = at(outcome.HopRevokeSent), at(outcome.HopRevokeAcked)
+	h.picked, h.gaveUp = at(outcome.HopSuccessorPicked), at(outcome.HopSuccessorGivenUp)
+	h.releaseSent, h.releaseAcked = at(outcome.HopReleaseSent), at(outcome.HopReleaseAcked)
+	h.successor = best.Successor
 }
 
 // appToldAt is the first time after after at which pod's sidecar logged
@@ -85,19 +142,40 @@ func appToldAt(t *testing.T, pod, lease string, after time.Time) time.Time {
 }
 
 // hopsTable prints hops, one line per hop, each with its time from the
-// previous one and from the termination start.
+// previous one and from the termination start. The revoke and the pick run
+// beside each other: a pick that ends before the revoke's acknowledgement
+// shows a negative step. A hop the leaving sidecar did not record (its
+// revoke when the app was never told it leads, a pick not looked for, or a
+// sidecar older than the summary's hops) is left out; the sequence's start
+// and the later hops are "not found" when missing.
 func hopsTable(h handoverHops) string {
 	var b strings.Builder
 	prev := h.termination
+	pick, picked := "→ the successor picked ("+h.successor+")", h.picked
+	if !h.gaveUp.IsZero() {
+		pick, picked = "→ the release stopped waiting for the successor's pick", h.gaveUp
+	}
+	released, releasedName := h.releaseAcked, "→ the release write acknowledged (the Lease free)"
+	if released.IsZero() {
+		released, releasedName = h.released, "→ the Lease released (after the app acknowledged the revoke)"
+	}
 	for _, hop := range []struct {
-		name string
-		at   time.Time
+		name     string
+		at       time.Time
+		optional bool
 	}{
-		{"termination start → the leaving sidecar's sequence started", h.started},
-		{"→ the Lease released (after the app acknowledged the revoke)", h.released},
-		{"→ the successor's acquiring write", h.acquired},
-		{"→ the successor's app told it leads", h.told},
+		{"termination start → the leaving sidecar's sequence started", h.started, false},
+		{"→ the revoke sent to the leaving app", h.revokeSent, true},
+		{"→ the leaving app acknowledged the revoke", h.revokeAcked, true},
+		{pick, picked, true},
+		{"→ the release write sent", h.releaseSent, true},
+		{releasedName, released, false},
+		{"→ the successor's acquiring write", h.acquired, false},
+		{"→ the successor's app told it leads", h.told, false},
 	} {
+		if hop.at.IsZero() && hop.optional && !prev.IsZero() {
+			continue
+		}
 		if hop.at.IsZero() || prev.IsZero() {
 			fmt.Fprintf(&b, "  %-62s %10s\n", hop.name, "not found")
 			prev = time.Time{}

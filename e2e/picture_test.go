@@ -47,11 +47,20 @@ type replacedPod struct {
 // parts recorded: the test's delete request (or its watch's first sight of
 // the deletionTimestamp), the leaving sidecar's shutdown start and release
 // (its LeaseReleased Event: "released at T, D after the shutdown
-// started"), the successor's acquiring write (its first renewTime on the
-// Lease) and its app told it leads (the successor sidecar's log line "app
-// told it leads"). A zero time is a hop not found.
+// started"), the hops of its step 5 for the Lease (the leases[].hops of
+// its ShutdownFinished Event's summary, internal/outcome: the revoke sent
+// and acknowledged, the successor's pick ended or given up, the release
+// write sent and acknowledged), the successor's acquiring write (its first
+// renewTime on the Lease) and its app told it leads (the successor
+// sidecar's log line "app told it leads"). A zero time is a hop not found.
 type handoverHops struct {
 	termination, started, released, acquired, told time.Time
+	// The leaving sidecar's step 5 for the Lease. The revoke and the pick
+	// run beside each other from the start; the release write waits for
+	// both (for the pick, a bounded time: gaveUp).
+	revokeSent, revokeAcked, picked, gaveUp, releaseSent, releaseAcked time.Time
+	// successor is what the release named (outcome.Successors).
+	successor string
 }
 
 // rolloutPicture draws the figures of two rollouts, with handoff and the

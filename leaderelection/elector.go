@@ -74,8 +74,9 @@ type Config struct {
 	Clock clock.Clock
 	// Trace, if set, is called at each Hop of a release and of a takeover,
 	// on the goroutine that reaches it, for measurement (bench/takeover
-	// takes the time in it); it must not block. nil in production: each
-	// hop then costs a nil check.
+	// takes the time in it; the sidecar, the times of its release write
+	// for its shutdown summary); it must not block. nil: each hop then
+	// costs a nil check.
 	Trace func(Hop)
 	// Successor, if set, is called once per release write, just before it
 	// is sent, for the holder identity of the candidate this holder

@@ -86,7 +86,9 @@ type Coordinator struct {
 	pods     *prestop.PodWatch // nil when the pod is unknown
 	// podAPI reads the pod's peers, for a successor (findSuccessors); nil
 	// when the pod is unknown.
-	podAPI  corev1client.PodsGetter
+	podAPI corev1client.PodsGetter
+	// pick is how a sequence picks the successor; c.mu.
+	pick    pickSettings
 	phases  *phasePublisher // writes the phase on the pod; nil when the pod is unknown
 	events  record.EventRecorder
 	pod     *corev1.ObjectReference
@@ -160,6 +162,14 @@ type lease struct {
 	// From then on no new term is granted to the app, only renewals of the
 	// one it was granted before.
 	leaving <-chan struct{}
+	// releaseSent and releaseAcked are when the elector's last release
+	// write was sent and when the apiserver acknowledged it, on the
+	// coordinator's clock (leaderelection.HopReleaseSent and
+	// HopReleaseAcked), for the sequence's hops; unset before.
+	releaseSent, releaseAcked atomic.Pointer[time.Time]
+	// named is the successor the last release write named ("" for none);
+	// unset before a release write.
+	named atomic.Pointer[string]
 
 	// mu serialises leadership calls to the app, so a revoke is never
 	// overtaken by an older grant.
@@ -199,6 +209,7 @@ func New(o Options) (*Coordinator, error) {
 		budget:   o.LeaseBudget,
 		clock:    o.Clock,
 		phase:    PhaseRunning,
+		pick:     pickSettings{resourceVersion: pickResourceVersion, wait: pickWait},
 		pod: &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1",
 			Namespace: s.PodNamespace, Name: s.PodName, UID: types.UID(s.PodUID)},
 	}
@@ -267,8 +278,22 @@ func (c *Coordinator) newLease(r *round, name string, kind protocol.LeaseKind) (
 	e, err := leaderelection.New(leaderelection.Config{
 		Leases: c.leaseAPI, Namespace: c.s.PodNamespace, Name: name, Identity: c.s.Identity(),
 		LeaseDuration: c.s.LeaseDuration, RenewDeadline: c.s.RenewDeadline, RetryPeriod: c.s.RetryPeriod,
-		Logger:    c.log.WithValues("lease", name),
-		Successor: func() string { return r.successors.of(name) },
+		Logger: c.log.WithValues("lease", name),
+		Successor: func() string {
+			n := r.successors.of(name)
+			l.named.Store(&n)
+			return n
+		},
+		Trace: func(h leaderelection.Hop) {
+			switch h {
+			case leaderelection.HopReleaseSent:
+				now := c.clock.Now()
+				l.releaseSent.Store(&now)
+			case leaderelection.HopReleaseAcked:
+				now := c.clock.Now()
+				l.releaseAcked.Store(&now)
+			}
+		},
 	}, c.callbacks(r, name, l))
 	if err != nil {
 		l.cancel()

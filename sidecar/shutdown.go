@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -186,6 +187,9 @@ type sequence struct {
 	// result of handoff_lease_releases_total), for the ShutdownFinished
 	// Event's summary.
 	results []string
+	// hops are the times of each released Lease's step 5, by Lease name,
+	// for the summary.
+	hops map[string]outcome.LeaseHops
 }
 
 // runSequence is the shutdown sequence, step by step, in the manner of
@@ -199,15 +203,16 @@ type sequence struct {
 // the order of the calls: step 2's call is sent before step 1's read of
 // the pod returns, and the role Leases' step 5 runs beside steps 3 and 4.
 func (c *Coordinator) runSequence(r *round, trigger protocol.Trigger, at time.Time) {
-	q := &sequence{c: c, r: r, rep: &protocol.Report{Trigger: trigger, Started: at}}
-	q.step(StepTriggered, string(trigger))
+	q := &sequence{c: c, r: r, rep: &protocol.Report{Trigger: trigger, Started: at}, hops: map[string]outcome.LeaseHops{}}
 	// The shard set's loop has stopped with the trigger: its elections join the round's.
 	q.leases = append(slices.Clone(r.leases), c.shardLeases(r)...)
+	// Step 5's successors, looked up first, beside all the rest (the log line, the standbys' locks,
+	// the revoke): each release names the pod that stays to take it, and waits for the pick.
+	r.successors.p.Store(c.findSuccessors(q.heldLeases()))
+	q.step(StepTriggered, string(trigger))
 
 	// A pod that is leaving takes no Lease it does not hold.
 	q.stopStandbys()
-	// Step 5's successors, looked up beside the revoke: each release names the pod that stays to take it.
-	r.successors.p.Store(c.findSuccessors(q.heldLeases()))
 	// Step 2, stop claiming, sent at once: it needs no deadline, and reading the pod may be slow.
 	stopped := q.stopClaiming()
 	// Step 1, the deadline, from the pod's own object: its deletion, or the grace period of the kill.
@@ -274,7 +279,7 @@ func (q *sequence) recordFinished() {
 		return
 	}
 	q.mu.Lock()
-	s := outcome.FromReport(q.rep, q.results)
+	s := outcome.FromReport(q.rep, q.results).WithHops(q.rep.Started, q.lateHops())
 	q.mu.Unlock()
 	eventtype := corev1.EventTypeNormal
 	if q.rep.Outcome == protocol.OutcomeAbandoned || len(q.rep.Errors) > 0 {
@@ -511,9 +516,12 @@ func (q *sequence) releaseLeases(kind protocol.LeaseKind) *sync.WaitGroup {
 			continue
 		}
 		wg.Go(func() {
-			r, result := q.release(l)
+			r, result, hops := q.release(l)
 			q.mu.Lock()
 			q.rep.Leases[i], q.results[i] = r, result
+			if r.WasLeader {
+				q.hops[r.Lease] = hops
+			}
 			q.mu.Unlock()
 			if r.WasLeader {
 				q.step(StepReleased, strings.TrimSpace(fmt.Sprintf("%s (%s): released=%t %s", r.Lease, r.Kind, r.Released, r.Detail)))
@@ -528,12 +536,13 @@ func (q *sequence) releaseLeases(kind protocol.LeaseKind) *sync.WaitGroup {
 // release the Lease through client-go (bounded by ReleaseBy), freeing a
 // leftover on a second write; it records the result's Event and metric,
 // and returns the result with it (ReleaseReleased, ReleaseWithheld,
-// ReleaseFailed or ReleaseNotLeader).
-func (q *sequence) release(l *lease) (protocol.LeaseRelease, string) {
+// ReleaseFailed or ReleaseNotLeader) and the times of its hops.
+func (q *sequence) release(l *lease) (protocol.LeaseRelease, string, outcome.LeaseHops) {
 	c := q.c
 	name := l.elector.Name()
 	_, leader := l.elector.Term()
 	r := protocol.LeaseRelease{Lease: name, Kind: l.kind, WasLeader: leader}
+	hops := outcome.LeaseHops{At: map[outcome.Hop]time.Time{}}
 
 	l.mu.Lock()
 	l.revoked = true
@@ -542,11 +551,13 @@ func (q *sequence) release(l *lease) (protocol.LeaseRelease, string) {
 	if !granted.IsZero() && clk.Now().Before(granted) {
 		// No use waiting for an ack past the end of the app's term.
 		asked := clk.Now()
+		hops.At[outcome.HopRevokeSent] = asked
 		ctx, cancel := context.WithTimeout(context.Background(), q.b.left(asked, minTime(q.b.RevokeBy, granted)))
 		err := c.app.SetLeadership(ctx, protocol.Leadership{Lease: name, Leader: false, Sequence: l.nextSequence()})
 		cancel()
 		c.metrics.appResult("revoke", clk.Since(asked), err)
 		if err == nil || protocol.IsAppGone(err) {
+			hops.At[outcome.HopRevokeAcked] = clk.Now()
 			granted = time.Time{}
 			q.step(StepRevoked, name)
 		} else {
@@ -566,10 +577,14 @@ func (q *sequence) release(l *lease) (protocol.LeaseRelease, string) {
 			r.Detail = "app did not confirm leader work stopped: left to expire"
 		}
 	}
-	if leader {
-		// The release names the successor: give its lookup a moment if it is late.
-		if s := q.r.successors.p.Load(); s != nil {
-			s.wait(min(successorWait, q.b.left(clk.Now(), q.b.ReleaseBy)))
+	s := q.r.successors.p.Load()
+	if leader && s != nil && s.wants(name) {
+		// The release names the successor: give its lookup until pickWait from the trigger if it is late.
+		s.wait(q.b.left(clk.Now(), q.b.ReleaseBy))
+		if at, ok := s.ended(); ok {
+			hops.At[outcome.HopSuccessorPicked] = at
+		} else {
+			hops.At[outcome.HopSuccessorGivenUp] = clk.Now()
 		}
 	}
 	l.cancel()
@@ -622,17 +637,29 @@ func (q *sequence) release(l *lease) (protocol.LeaseRelease, string) {
 		r.ReleasedAt = clk.Now()
 		l.releasedAt.Store(r.ReleasedAt)
 	}
+	for hop, at := range map[outcome.Hop]*atomic.Pointer[time.Time]{outcome.HopReleaseSent: &l.releaseSent, outcome.HopReleaseAcked: &l.releaseAcked} {
+		if t := at.Load(); t != nil && !t.Before(q.rep.Started) {
+			hops.At[hop] = *t
+		}
+	}
+	named := ""
+	if n := l.named.Load(); n != nil {
+		named = *n
+	}
+	if s != nil && s.wants(name) {
+		hops.Successor = successorResult(s, named, hops)
+	}
 	result := ReleaseReleased
 	switch {
 	case !leader:
 		result = ReleaseNotLeader
 	case r.Released:
 		successor := ""
-		if s := q.r.successors.of(name); s != "" {
-			successor = ", naming successor " + s
+		if named != "" {
+			successor = ", naming successor " + named
 		}
-		c.event(corev1.EventTypeNormal, ReasonLeaseReleased, "Lease %s (%s) released at %s, %s after the shutdown started%s",
-			name, l.kind, r.ReleasedAt.Format(time.RFC3339Nano), r.ReleasedAt.Sub(q.rep.Started).Round(time.Millisecond), successor)
+		c.event(corev1.EventTypeNormal, ReasonLeaseReleased, "Lease %s (%s) released at %s, %s after the shutdown started%s; from the start: %s",
+			name, l.kind, r.ReleasedAt.Format(time.RFC3339Nano), r.ReleasedAt.Sub(q.rep.Started).Round(time.Millisecond), successor, hopsText(q.rep.Started, hops))
 	case withheld:
 		result = ReleaseWithheld
 		c.event(corev1.EventTypeWarning, ReasonReleaseWithheld, "Lease %s not released: %s", name, r.Detail)
@@ -647,7 +674,59 @@ func (q *sequence) release(l *lease) (protocol.LeaseRelease, string) {
 		c.event(corev1.EventTypeWarning, ReasonHandoverFailed, "Lease %s not released: %s", name, r.Detail)
 	}
 	c.metrics.Releases.WithLabelValues(name, result).Inc()
-	return r, result
+	return r, result, hops
+}
+
+// successorResult is what the release write of a Lease whose successor s
+// looked for named (outcome.Successors): named is what it named, hops its
+// hops so far.
+func successorResult(s *successors, named string, hops outcome.LeaseHops) string {
+	_, gaveUp := hops.At[outcome.HopSuccessorGivenUp]
+	_, done := s.ended()
+	switch {
+	case named != "":
+		return outcome.SuccessorNamed
+	case gaveUp || !done:
+		return outcome.SuccessorLate
+	case s.err != nil:
+		return outcome.SuccessorFailed
+	}
+	return outcome.SuccessorNone
+}
+
+// lateHops are the sequence's hops with the end of a pick that came after
+// its release gave up on it; q.mu is held.
+func (q *sequence) lateHops() map[string]outcome.LeaseHops {
+	s := q.r.successors.p.Load()
+	if s == nil {
+		return q.hops
+	}
+	at, ok := s.ended()
+	if !ok {
+		return q.hops
+	}
+	for _, h := range q.hops {
+		if _, gaveUp := h.At[outcome.HopSuccessorGivenUp]; gaveUp {
+			h.At[outcome.HopSuccessorPicked] = at
+		}
+	}
+	return q.hops
+}
+
+// hopsText is hops in words, each in milliseconds from started, in the
+// order a handover passes them: "revoke sent +0.21 ms, revoke acked +1.93
+// ms, ...".
+func hopsText(started time.Time, hops outcome.LeaseHops) string {
+	var parts []string
+	for _, h := range outcome.Hops() {
+		if at, ok := hops.At[h]; ok {
+			parts = append(parts, fmt.Sprintf("%s %+.2f ms", strings.ReplaceAll(string(h), "-", " "), float64(at.Sub(started).Microseconds())/1000))
+		}
+	}
+	if len(parts) == 0 {
+		return "no hops recorded"
+	}
+	return strings.Join(parts, ", ")
 }
 
 func minTime(a, b time.Time) time.Time {

@@ -78,7 +78,21 @@ type appCalls struct {
 	n         map[string]int
 	lastUntil time.Time // the latest Until granted to the app
 	grants    []protocol.Leadership
+	grantedAt []time.Time // when each of grants arrived
 	revokes   []time.Time // when each Leadership with leader false arrived
+}
+
+// firstGrantAfter is when the first grant that arrived after t arrived;
+// zero if none.
+func (a *appCalls) firstGrantAfter(t time.Time) time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, at := range a.grantedAt {
+		if at.After(t) {
+			return at
+		}
+	}
+	return time.Time{}
 }
 
 // grantsSince counts the grants that arrived after t (by their Sequence,
@@ -138,6 +152,7 @@ func startPod(t *testing.T, obj *corev1.Pod, values map[string]string, opts work
 			}
 			if l.Leader {
 				p.calls.grants = append(p.calls.grants, l)
+				p.calls.grantedAt = append(p.calls.grantedAt, time.Now())
 			} else {
 				p.calls.revokes = append(p.calls.revokes, time.Now())
 			}

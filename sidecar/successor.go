@@ -40,17 +40,36 @@ const maxCandidatePods = 1000
 // from the trigger, beside the revoke of the app's leadership.
 const successorListTimeout = 2 * time.Second
 
-// successorWait bounds how long a release waits for the candidates' list
-// when it has not come by the time the app acknowledged the revoke: after
-// it, the release names no successor and every standby competes.
-const successorWait = 250 * time.Millisecond
+// pickWait bounds how long after the pick's start (the trigger) a release
+// waits for it, when the app's acknowledgement of the revoke came first:
+// after it, the release names no successor and every standby competes. It
+// counts from the trigger, not from the acknowledgement, so that the two
+// waits overlap instead of adding up: before, a release waited up to
+// 250 ms after the acknowledgement, so an app that took 200 ms to stop its
+// leader work could hold the Lease 450 ms. 250 ms is above the slowest
+// pick of 200 injected pods measured with other readers of pods beside, on
+// a loaded 2-core machine (215 ms; with only writes beside, one pick in 60
+// took 743 ms: docs/performance.md, "The successor's pick"): a late pick
+// lets an old pod win the race, which costs a rollout a second move.
+const pickWait = 250 * time.Millisecond
+
+// pickSettings are how a Coordinator's sequences pick a successor.
+type pickSettings struct {
+	resourceVersion string        // of the watch-list (pickResourceVersion)
+	wait            time.Duration // from the trigger (pickWait)
+}
 
 // successors is one sequence's pick of a successor for each Lease the pod
 // releases: found once, from the trigger, and read at each release write.
 type successors struct {
-	done   chan struct{} // closed when picked is set
+	leases []string      // the Leases it picks for; none for noSuccessors
+	done   chan struct{} // closed when picked, err and at are set
 	picked map[string]string
 	err    error
+	at     time.Time // when the pick ended, on the sequence's clock
+	// by is when a release stops waiting for the pick (pickWait after its
+	// start), on the real clock: it bounds an API call.
+	by time.Time
 }
 
 // noSuccessors is a pick that names no one, already done.
@@ -60,9 +79,28 @@ func noSuccessors() *successors {
 	return s
 }
 
-// wait waits for the pick, at most d of real time: it bounds an API call,
-// not a step of the sequence's clock.
+// wants reports whether s picks a successor for lease.
+func (s *successors) wants(lease string) bool { return slices.Contains(s.leases, lease) }
+
+// ended is when the pick ended, and whether it has.
+func (s *successors) ended() (time.Time, bool) {
+	select {
+	case <-s.done:
+		return s.at, true
+	default:
+		return time.Time{}, false
+	}
+}
+
+// wait waits for the pick until s.by, and at most d, of real time: it
+// bounds an API call, not a step of the sequence's clock.
 func (s *successors) wait(d time.Duration) {
+	if !s.by.IsZero() {
+		d = min(d, time.Until(s.by))
+	}
+	if d <= 0 {
+		return
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -89,12 +127,16 @@ func (c *Coordinator) findSuccessors(leases []string) *successors {
 	if c.podAPI == nil || !c.s.PreferSuccessor || len(leases) == 0 {
 		return noSuccessors()
 	}
-	s := &successors{done: make(chan struct{})}
+	c.mu.Lock()
+	pick := c.pick
+	c.mu.Unlock()
+	s := &successors{leases: leases, done: make(chan struct{}), by: time.Now().Add(pick.wait)}
 	go func() {
 		defer close(s.done)
 		ctx, cancel := context.WithTimeout(context.Background(), successorListTimeout)
 		defer cancel()
-		pods, err := listInjected(ctx, c.podAPI.Pods(c.s.PodNamespace))
+		pods, err := listInjected(ctx, c.podAPI.Pods(c.s.PodNamespace), pick.resourceVersion)
+		s.at = c.clock.Now()
 		if err != nil {
 			s.err = err
 			c.log.Info("no successor named: the candidates could not be listed", "reason", err.Error())
@@ -105,16 +147,37 @@ func (c *Coordinator) findSuccessors(leases []string) *successors {
 	return s
 }
 
+// pickResourceVersion is the resourceVersion of the pick's watch-list:
+// "0", the apiserver's watch cache as it is, without waiting for it to
+// catch up with etcd. A consistent read (resourceVersion unset) first asks
+// etcd for its current revision, then waits until the cache of pods has
+// seen it; that revision counts every write to any resource, so the wait
+// lasts until a pod event or an etcd progress notification reaches the
+// cache, which the apiserver requests at most every 100 ms
+// (k8s.io/apiserver, storage/cacher: getWatchCacheResourceVersion,
+// waitUntilWatchCacheFreshAndForceAllEvents, progress.ConditionalProgressRequester).
+// A stale view is safe for a pick: it names a pod that stays as the cache
+// knew it a few milliseconds before, and a named successor that has since
+// gone, or never comes, leaves the Lease free for
+// leaderelection.SuccessorGrace before every standby competes, as a
+// release naming none does at once (docs/performance.md, "The successor's
+// pick").
+const pickResourceVersion = "0"
+
 // listInjected reads the injected pods of one namespace by a watch that
 // sends the current pods first (the apiserver's WatchList: an RBAC watch
 // grant suffices, which every sidecar has, where a list needs another),
-// ending at the bookmark that marks the end of those. It returns an error
-// past maxCandidatePods, on a watch error, or when ctx ends first (an
-// apiserver without WatchList sends no such bookmark).
-func listInjected(ctx context.Context, api corev1client.PodInterface) ([]*corev1.Pod, error) {
+// ending at the bookmark that marks the end of those. resourceVersion is
+// the watch's: "0" for the watch cache's current state, "" for a
+// consistent read, which waits for the cache to be as fresh as etcd
+// (pickResourceVersion). It returns an error past maxCandidatePods, on a
+// watch error, or when ctx ends first (an apiserver without WatchList
+// sends no such bookmark).
+func listInjected(ctx context.Context, api corev1client.PodInterface, resourceVersion string) ([]*corev1.Pod, error) {
 	w, err := api.Watch(ctx, metav1.ListOptions{
 		LabelSelector:        labelInjected + "=true",
 		SendInitialEvents:    ptr.To(true),
+		ResourceVersion:      resourceVersion,
 		ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan,
 		AllowWatchBookmarks:  true,
 	})

@@ -12,6 +12,7 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/internal/outcome"
 	"github.com/handoff-dev/handoff/leaderelection"
 	"github.com/handoff-dev/handoff/prestop"
 	"github.com/handoff-dev/handoff/worker"
@@ -86,13 +87,31 @@ func TestReleaseGoesToThePodThatStays(t *testing.T) {
 	if want := c.settings.Identity(); named != want {
 		t.Errorf("the release named %q, want %q", named, want)
 	}
+	// The summary times the release hop by hop: the revoke, the pick and
+	// the release write, each in its order.
+	sum, _ := summary(t, ns, "orders-old-a")
+	if len(sum.Leases) != 1 || sum.Leases[0].Successor != outcome.SuccessorNamed {
+		t.Fatalf("summary's leases %+v, want %s with its successor named", sum.Leases, lease)
+	}
+	hops := sum.Leases[0].Hops
+	for _, order := range [][2]outcome.Hop{{outcome.HopRevokeSent, outcome.HopRevokeAcked}, {outcome.HopRevokeAcked, outcome.HopReleaseSent},
+		{outcome.HopSuccessorPicked, outcome.HopReleaseSent}, {outcome.HopReleaseSent, outcome.HopReleaseAcked}} {
+		first, ok1 := hops[order[0]]
+		then, ok2 := hops[order[1]]
+		if !ok1 || !ok2 || first > then {
+			t.Errorf("hops %v: want %s (%v) at or before %s (%v)", hops, order[0], first, order[1], then)
+		}
+	}
+	if _, ok := hops[outcome.HopSuccessorGivenUp]; ok {
+		t.Errorf("hops %v: the release gave up on a pick that named a successor", hops)
+	}
 	kubetest.WaitFor(t, 5*time.Second, "an Event of the release naming its successor", func() bool {
 		evs, err := env.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, e := range evs.Items {
-			if e.Reason == "LeaseReleased" && strings.Contains(e.Message, "naming successor "+named) {
+			if e.Reason == "LeaseReleased" && strings.Contains(e.Message, "naming successor "+named+"; from the start: revoke sent +") {
 				return true
 			}
 		}

@@ -63,8 +63,11 @@ func TestSidecarExitsAtOnceWithItsSummaryWritten(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Outcome != protocol.OutcomeDrained || len(s.Leases) != 1 || s.Leases[0] != (outcome.LeaseResult{Lease: "work", Result: outcome.ResultReleased}) {
+	if s.Outcome != protocol.OutcomeDrained || len(s.Leases) != 1 || s.Leases[0].Lease != "work" || s.Leases[0].Result != outcome.ResultReleased {
 		t.Errorf("summary %+v: want Drained with Lease work released", s)
+	}
+	if _, ok := s.Leases[0].Hops[outcome.HopReleaseAcked]; !ok {
+		t.Errorf("summary's hops of Lease work %v: no %s", s.Leases[0].Hops, outcome.HopReleaseAcked)
 	}
 	if _, ok := s.Steps[protocol.StepDone]; !ok {
 		t.Errorf("summary steps %v: no %s", s.Steps, protocol.StepDone)

@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,6 +32,7 @@ import (
 
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
 	"github.com/handoff-dev/handoff/internal/kubetest"
+	"github.com/handoff-dev/handoff/internal/outcome"
 )
 
 const (
@@ -251,6 +253,11 @@ type replacement struct {
 	firstBack    time.Duration // until the first of them was claimed again
 	lastBack     time.Duration // until the last of them was
 	reclaimedAll bool
+	// started is when the old pod's sidecar started its sequence, and hops
+	// the hops of its step 5 for the Lease (its ShutdownFinished Event's
+	// summary); zero and nil without handoff.
+	started time.Time
+	hops    *outcome.LeaseResult
 }
 
 // replace starts newName, then terminates old: with the handoff sequence as
@@ -313,6 +320,7 @@ func (d *demo) replace(ctx context.Context, old, newName string, handoff bool) (
 	r.leaseTakenAt = d.heldSince(successor)
 	if handoff {
 		r.toldAt = d.appToldAt(successor, r.t0, 5*time.Second)
+		r.started, r.hops = d.leaseHops(ctx, old, 5*time.Second)
 	}
 	// Stranded claims come back at once with handoff, or at the visibility timeout.
 	waitUntil := time.Now().Add(visibility + 5*time.Second)
@@ -436,6 +444,39 @@ func (d *demo) appToldAt(pod string, t0 time.Time, timeout time.Duration) time.T
 		_ = f.Close()
 	}
 	return time.Time{}
+}
+
+var summaryStarted = regexp.MustCompile(`\(trigger \S+ at (\S+)\)`)
+
+// leaseHops reads the hops of pod's step 5 for the Lease from the summary
+// of its sidecar's ShutdownFinished Event (internal/outcome), and the
+// sequence's start from the Event's message, waiting up to timeout for
+// the Event; zero and nil if none.
+func (d *demo) leaseHops(ctx context.Context, pod string, timeout time.Duration) (time.Time, *outcome.LeaseResult) {
+	for end := time.Now().Add(timeout); time.Now().Before(end) && ctx.Err() == nil; time.Sleep(50 * time.Millisecond) {
+		evs, err := d.kube.Client.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{
+			FieldSelector: "involvedObject.name=" + pod + ",reason=" + outcome.Reason})
+		if err != nil {
+			continue
+		}
+		for _, e := range evs.Items {
+			m := summaryStarted.FindStringSubmatch(e.Message)
+			s, err := outcome.Decode(e.Annotations[outcome.Annotation])
+			if m == nil || err != nil {
+				continue
+			}
+			started, err := time.Parse(time.RFC3339Nano, m[1])
+			if err != nil {
+				continue
+			}
+			for i := range s.Leases {
+				if s.Leases[i].Lease == leaseName {
+					return started, &s.Leases[i]
+				}
+			}
+		}
+	}
+	return time.Time{}, nil
 }
 
 func (d *demo) heldSince(holder string) time.Time {

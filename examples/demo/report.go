@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/handoff-dev/handoff/examples/pgworker/queue"
+	"github.com/handoff-dev/handoff/internal/outcome"
 	"github.com/handoff-dev/handoff/internal/procstat"
 )
 
@@ -19,6 +20,15 @@ func (d *demo) summary(with, without *replacement, rep queue.Report) {
 			}
 		} else {
 			fmt.Printf("== without handoff (baseline): %s replaced by %s, processes exit at +0 ms\n", r.old, r.newPod)
+		}
+		if !r.started.IsZero() && r.hops != nil {
+			fmt.Printf("   %-9s %s's sequence started; its hops for Lease %s (successor: %s):\n", msf(r.started.Sub(r.t0)), r.old, leaseName, orNone(r.hops.Successor))
+			for _, h := range outcome.Hops() {
+				if sec, ok := r.hops.Hops[h]; ok {
+					at := time.Duration(sec * float64(time.Second))
+					fmt.Printf("   %-9s   %s (%s after the sequence started)\n", msf(r.started.Add(at).Sub(r.t0)), h, msf(at))
+				}
+			}
 		}
 		fmt.Printf("   %-9s Lease %s held by %s\n", ms(r.leaseTakenAt.Sub(r.t0)), leaseName, r.successor)
 		if !r.toldAt.IsZero() {
@@ -61,6 +71,18 @@ func ms(d time.Duration) string {
 		return fmt.Sprintf("+%d ms", d.Milliseconds())
 	}
 	return fmt.Sprintf("+%.1f s", d.Seconds())
+}
+
+// msf is d in milliseconds to a tenth, signed.
+func msf(d time.Duration) string {
+	return fmt.Sprintf("%+.1f ms", float64(d.Microseconds())/1000)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "not looked for"
+	}
+	return s
 }
 
 func back(r *replacement) string {

@@ -28,7 +28,13 @@ const Reason = "ShutdownFinished"
 const Annotation = "handoff.dev/shutdown-summary"
 
 // Version is the Summary's format version, its field v. A reader refuses
-// any other (ErrUnsupportedVersion).
+// any other (ErrUnsupportedVersion). A field added within a version is
+// optional, and a reader of an earlier release of the same version ignores
+// it (encoding/json drops fields it does not know): LeaseResult.Hops and
+// LeaseResult.Successor came so. The version changes for a change an
+// earlier reader would misread or refuse: a field's meaning, or a new value
+// where values are listed (an outcome, a step, a result, a hop, a
+// successor), which Decode refuses.
 const Version = 1
 
 // MaxLeases bounds the Leases a Summary names; the results of Leases past
@@ -88,11 +94,66 @@ type Claims struct {
 type LeaseResult struct {
 	Lease  string `json:"lease"`
 	Result string `json:"result"` // ResultReleased, ResultWithheld or ResultFailed
+	// Hops are the seconds from the trigger (the sequence's start, 0) to
+	// each point of the Lease's step 5 that it reached, by Hop; a point not
+	// reached is absent. Optional: absent in a summary of a sidecar older
+	// than this field.
+	Hops map[Hop]float64 `json:"hops,omitempty"`
+	// Successor is what the release write named (Successors): absent when
+	// no successor was looked for (the setting prefer-successor off, or no
+	// release write).
+	Successor string `json:"successor,omitempty"`
+}
+
+// Hop names a point of one Lease's step 5, in the order a handover passes
+// them: the keys of LeaseResult.Hops.
+type Hop string
+
+// The points of a Lease's step 5. The revoke and the successor's pick run
+// beside each other from the trigger; the release write goes out once the
+// app has acknowledged the revoke and the pick is done or given up.
+const (
+	// HopRevokeSent: the revoke of the app's leadership sent.
+	HopRevokeSent Hop = "revoke-sent"
+	// HopRevokeAcked: the app acknowledged it (its leader work stopped).
+	HopRevokeAcked Hop = "revoke-acked"
+	// HopSuccessorPicked: the pick of the pod the release names ended
+	// (a successor found or not, or the candidates' list failed).
+	HopSuccessorPicked Hop = "successor-picked"
+	// HopSuccessorGivenUp: the release stopped waiting for a pick not yet
+	// done, and goes out naming no one.
+	HopSuccessorGivenUp Hop = "successor-given-up"
+	// HopReleaseSent: the release write sent (the last one, after a
+	// conflict).
+	HopReleaseSent Hop = "release-sent"
+	// HopReleaseAcked: the apiserver acknowledged the release write: the
+	// Lease is free.
+	HopReleaseAcked Hop = "release-acked"
+)
+
+// Hops are the hops a Summary may carry, in the order a handover passes
+// them.
+func Hops() []Hop {
+	return []Hop{HopRevokeSent, HopRevokeAcked, HopSuccessorPicked, HopSuccessorGivenUp, HopReleaseSent, HopReleaseAcked}
+}
+
+// What a release write named, in LeaseResult.Successor.
+const (
+	SuccessorNamed  = "named"  // a pod that stays: it takes the Lease first
+	SuccessorNone   = "none"   // no other pod up competes for the Lease
+	SuccessorLate   = "late"   // the pick was not done when the release went out
+	SuccessorFailed = "failed" // the candidates could not be read
+)
+
+// Successors are the values of LeaseResult.Successor, in this order.
+func Successors() []string {
+	return []string{SuccessorNamed, SuccessorNone, SuccessorLate, SuccessorFailed}
 }
 
 // FromReport is the Summary of rep; results gives the result of each of
 // rep.Leases by index ("" or any other value for a Lease the pod did not
 // hold, which is left out). Leases past MaxLeases are counted in Unnamed.
+// It carries no hops: WithHops adds them.
 func FromReport(rep *protocol.Report, results []string) Summary {
 	s := Summary{
 		V: Version, Outcome: rep.Outcome, Trigger: rep.Trigger,
@@ -122,6 +183,41 @@ func FromReport(rep *protocol.Report, results []string) Summary {
 	return s
 }
 
+// LeaseHops are one Lease's times at its hops and what its release named,
+// for WithHops.
+type LeaseHops struct {
+	// At is the time of each hop reached (zero times are left out).
+	At map[Hop]time.Time
+	// Successor is a value of Successors, or "" for none looked for.
+	Successor string
+}
+
+// WithHops is s with each named Lease's hops: hops gives them by Lease
+// name, each At in seconds from started (clamped at 0), as a hop of the
+// trigger's own time is 0; a Lease not in s.Leases (not held, or past
+// MaxLeases) gets none.
+func (s Summary) WithHops(started time.Time, hops map[string]LeaseHops) Summary {
+	leases := slices.Clone(s.Leases)
+	for i, l := range leases {
+		h, ok := hops[l.Lease]
+		if !ok {
+			continue
+		}
+		leases[i].Successor = h.Successor
+		for name, at := range h.At {
+			if at.IsZero() {
+				continue
+			}
+			if leases[i].Hops == nil {
+				leases[i].Hops = map[Hop]float64{}
+			}
+			leases[i].Hops[name] = max(at.Sub(started).Seconds(), 0)
+		}
+	}
+	s.Leases = leases
+	return s
+}
+
 // Encode is s as the Annotation's value.
 func (s Summary) Encode() string {
 	b, err := json.Marshal(s)
@@ -138,9 +234,9 @@ var ErrUnsupportedVersion = errors.New("unsupported version")
 // Decode reads an Annotation's value. It returns an error wrapping
 // ErrUnsupportedVersion for another version, and an error naming the field
 // and its accepted form for a value that is not a valid Summary: an
-// unknown outcome, step or lease result, a count below 0, a step's seconds
-// not finite or below 0, more than MaxLeases Leases or a Lease name longer
-// than MaxLeaseName.
+// unknown outcome, step, lease result, hop or successor, a count below 0,
+// a step's or a hop's seconds not finite or below 0, more than MaxLeases
+// Leases or a Lease name longer than MaxLeaseName.
 func Decode(value string) (Summary, error) {
 	var s Summary
 	if err := json.Unmarshal([]byte(value), &s); err != nil {
@@ -176,6 +272,17 @@ func Decode(value string) (Summary, error) {
 		}
 		if !slices.Contains(Results(), l.Result) {
 			errs = append(errs, fmt.Sprintf("leases[%d].result %q: want one of %v", i, l.Result, Results()))
+		}
+		for name, sec := range l.Hops {
+			if !slices.Contains(Hops(), name) {
+				errs = append(errs, fmt.Sprintf("leases[%d].hops: hop %q: want one of %v", i, name, Hops()))
+			}
+			if math.IsNaN(sec) || math.IsInf(sec, 0) || sec < 0 {
+				errs = append(errs, fmt.Sprintf("leases[%d].hops.%s: %v: want seconds, 0 or more", i, name, sec))
+			}
+		}
+		if l.Successor != "" && !slices.Contains(Successors(), l.Successor) {
+			errs = append(errs, fmt.Sprintf("leases[%d].successor %q: want one of %v, or none", i, l.Successor, Successors()))
 		}
 	}
 	for r, n := range s.Unnamed {

@@ -1,8 +1,10 @@
 package outcome
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +37,11 @@ func TestFromReportRoundTrips(t *testing.T) {
 	if got.Steps[protocol.StepReleased] != 0.03 || got.Steps[protocol.StepDone] != 0.04 || len(got.Steps) != 3 {
 		t.Errorf("steps %v: want each at its last, in seconds", got.Steps)
 	}
-	if fmt.Sprint(got.Leases) != "[{a released} {c failed}]" {
+	var leases []string
+	for _, l := range got.Leases {
+		leases = append(leases, l.Lease+" "+l.Result)
+	}
+	if strings.Join(leases, ", ") != "a released, c failed" {
 		t.Errorf("leases %v: want the held ones with their results", got.Leases)
 	}
 	msg := s.Message(start, 40*time.Millisecond)
@@ -73,6 +79,9 @@ func TestDecodeRefuses(t *testing.T) {
 		{`{"v":1,"outcome":"Drained","leases":[{"lease":"a","result":"kept"}]}`, `leases[0].result "kept"`},
 		{`{"v":1,"outcome":"Drained","leases":[{"lease":"","result":"released"}]}`, "leases[0].lease: 0 characters"},
 		{`{"v":1,"outcome":"Drained","unnamed":{"lost":1}}`, "unnamed.lost"},
+		{`{"v":1,"outcome":"Drained","leases":[{"lease":"a","result":"released","hops":{"nap":0.1}}]}`, `leases[0].hops: hop "nap"`},
+		{`{"v":1,"outcome":"Drained","leases":[{"lease":"a","result":"released","hops":{"release-sent":-0.5}}]}`, "leases[0].hops.release-sent: -0.5: want seconds"},
+		{`{"v":1,"outcome":"Drained","leases":[{"lease":"a","result":"released","successor":"maybe"}]}`, `leases[0].successor "maybe"`},
 	} {
 		_, err := Decode(c.value)
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), Annotation) {
@@ -94,5 +103,67 @@ func TestDecodeRefuses(t *testing.T) {
 	many.WriteString("]}")
 	if _, err := Decode(many.String()); err == nil || !strings.Contains(err.Error(), "want at most 64") {
 		t.Errorf("Decode of %d leases: %v", MaxLeases+1, err)
+	}
+}
+
+// Each held Lease's hops, in seconds from the trigger, and what its release
+// named round-trip; a Lease not held gets none, and a hop before the start
+// counts as 0.
+func TestWithHopsRoundTrips(t *testing.T) {
+	start := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	ms := func(n float64) time.Time { return start.Add(time.Duration(n * float64(time.Millisecond))) }
+	rep := &protocol.Report{Outcome: protocol.OutcomeDrained, Started: start,
+		Leases: []protocol.LeaseRelease{{Lease: "work"}, {Lease: "cron"}, {Lease: "idle"}}}
+	base := FromReport(rep, []string{ResultReleased, ResultReleased, "not_leader"})
+	s := base.WithHops(start, map[string]LeaseHops{
+		"work": {Successor: SuccessorNamed, At: map[Hop]time.Time{HopRevokeSent: ms(0.25), HopRevokeAcked: ms(2), HopSuccessorPicked: ms(4.5),
+			HopReleaseSent: ms(4.75), HopReleaseAcked: ms(9)}},
+		"cron": {Successor: SuccessorLate, At: map[Hop]time.Time{HopRevokeSent: start.Add(-time.Millisecond), HopSuccessorGivenUp: ms(250), HopReleaseSent: {}}},
+		"idle": {Successor: SuccessorNone, At: map[Hop]time.Time{HopRevokeSent: ms(1)}},
+	})
+	got, err := Decode(s.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Leases) != 2 {
+		t.Fatalf("leases %v, want work and cron", got.Leases)
+	}
+	work, cron := got.Leases[0], got.Leases[1]
+	want := map[Hop]float64{HopRevokeSent: 0.00025, HopRevokeAcked: 0.002, HopSuccessorPicked: 0.0045, HopReleaseSent: 0.00475, HopReleaseAcked: 0.009}
+	if work.Successor != SuccessorNamed || len(work.Hops) != len(want) {
+		t.Errorf("work: %+v, want successor named and hops %v", work, want)
+	}
+	for h, sec := range want {
+		if math.Abs(work.Hops[h]-sec) > 1e-9 {
+			t.Errorf("work's %s at %v s, want %v", h, work.Hops[h], sec)
+		}
+	}
+	if cron.Successor != SuccessorLate || len(cron.Hops) != 2 || cron.Hops[HopRevokeSent] != 0 || cron.Hops[HopSuccessorGivenUp] != 0.25 {
+		t.Errorf("cron: %+v, want successor late, revoke-sent 0 (clamped), given up at 0.25 and no zero time", cron)
+	}
+	if base.Leases[0].Hops != nil || base.Leases[0].Successor != "" {
+		t.Errorf("FromReport gave hops, or WithHops changed the summary it was called on: %+v", base.Leases[0])
+	}
+}
+
+// The hops and the successor are optional within version 1: a summary
+// without them (an earlier sidecar's) decodes, and one with them decodes
+// in the shape of an earlier reader, which drops them.
+func TestHopsAreOptionalInVersion1(t *testing.T) {
+	s, err := Decode(`{"v":1,"outcome":"Drained","steps":{},"claims":{"unstarted":0,"unfinished":0,"returned":0,"abandoned":0},"leases":[{"lease":"a","result":"released"}]}`)
+	if err != nil || s.Leases[0].Hops != nil || s.Leases[0].Successor != "" {
+		t.Errorf("a summary without hops: %+v, %v", s, err)
+	}
+	var earlier struct {
+		V      int `json:"v"`
+		Leases []struct {
+			Lease  string `json:"lease"`
+			Result string `json:"result"`
+		} `json:"leases"`
+	}
+	withHops := Summary{V: Version, Outcome: protocol.OutcomeDrained, Leases: []LeaseResult{{Lease: "a", Result: ResultReleased,
+		Hops: map[Hop]float64{HopReleaseAcked: 0.01}, Successor: SuccessorNone}}}.Encode()
+	if err := json.Unmarshal([]byte(withHops), &earlier); err != nil || earlier.V != Version || earlier.Leases[0].Result != ResultReleased {
+		t.Errorf("an earlier reader of %s: %+v, %v", withHops, earlier, err)
 	}
 }
