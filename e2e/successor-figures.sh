@@ -8,7 +8,8 @@
 # trip measured in the same run. On a cluster booted for the run (as root;
 # or the one HANDOFF_E2E_KUBECONFIG names, see e2e/e2e_test.go).
 #
-# Usage: make successor-figures (about 8 minutes). The test's log goes to
+# Usage: make successor-figures (about 8 minutes); HANDOFF_E2E_SIDECAR_CPU_REQUEST=100m
+# gives every rolled-out sidecar that CPU request (default the chart's 10m). The test's log goes to
 # $TMPDIR/handoff-successor-figures.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
