@@ -14,14 +14,18 @@
 #     at the end ($HANDOFF_TEST_REDIS)
 #  4. tsc: src/ and bullmq/src/ to dist/ (ESM and .d.ts), and a type check
 #     of examples/*.ts and examples/bullmq-worker.mjs
-#  5. node --test: unit and HTTP tests, the generated types checked against
+#  5. npm pack of @handoff-dev/worker, installed (npm install --offline of
+#     the tarball) into a scratch npm project in a temporary directory with
+#     copies of examples/worker.mjs, memory-queue.mjs and fixture.mjs
+#  6. node --test: unit and HTTP tests, the generated types checked against
 #     docs/protocol.yaml, no import circle in src/ and bullmq/src/ and no
 #     Agent internals in dist/*.d.ts (test/structure.test.mjs), `handoff
-#     conformance` on examples/worker.mjs over a socket and over TCP, the
+#     conformance` on the installed copy (the scratch project's worker and
+#     fixture, $HANDOFF_SDK_NODE_APP) over a socket and over TCP, the
 #     BullMQ adapter on the real Redis, and a handover between two pods of
 #     examples/bullmq-worker.mjs, each beside the real sidecar; no test may
 #     be skipped
-#  6. npm pack --dry-run: the packages' contents
+#  7. npm pack --dry-run: the packages' contents
 #
 # Exits non-zero on any failure.
 set -euo pipefail
@@ -64,12 +68,31 @@ npm run --silent build
 npm run --silent build -w bullmq
 npm run --silent typecheck:examples
 
-step "node --test"
+step "npm pack @handoff-dev/worker, installed into a scratch npm project"
+mkdir -p "$tmp/pack" "$tmp/app"
+# Built above: no prepack rebuild.
+tgz="$tmp/pack/$(npm pack --ignore-scripts --silent --pack-destination "$tmp/pack" | tail -1)"
+echo "packed $tgz"
+echo '{ "name": "handoff-installed-check", "version": "0.0.0", "private": true, "type": "module" }' >"$tmp/app/package.json"
+(cd "$tmp/app" && npm install --offline --no-audit --no-fund --no-package-lock --loglevel=error "$tgz")
+if [[ -L "$tmp/app/node_modules/@handoff-dev/worker" || ! -f "$tmp/app/node_modules/@handoff-dev/worker/dist/testing.js" ]]; then
+  echo "test.sh: @handoff-dev/worker is not installed from $tgz in $tmp/app" >&2
+  exit 1
+fi
+cp examples/worker.mjs examples/memory-queue.mjs examples/fixture.mjs "$tmp/app/"
+export HANDOFF_SDK_NODE_APP="$tmp/app"
+
+step "node --test (conformance on the installed copy in $HANDOFF_SDK_NODE_APP)"
 node --test --test-reporter=spec --test-reporter-destination=stdout \
   --test-reporter=tap --test-reporter-destination="$tmp/tests.tap" test/ bullmq/test/
 skipped="$(sed -n 's/^# skipped \([0-9]*\)$/\1/p' "$tmp/tests.tap")"
 if [[ "$skipped" != "0" ]]; then
   echo "test.sh: ${skipped:-?} tests skipped; want none (the conformance run and the BullMQ handover need HANDOFF_BIN)" >&2
+  exit 1
+fi
+# Both conformance runs (socket and TCP) on the installed package.
+if [[ "$(grep -cE "^ *# installed @handoff-dev/worker: $(cd "$tmp" && pwd -P)/app/node_modules/@handoff-dev/worker/dist/index.js " "$tmp/tests.tap")" != 2 ]]; then
+  echo "test.sh: the conformance runs did not use the @handoff-dev/worker installed in $tmp/app" >&2
   exit 1
 fi
 

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Checks the Python SDK (sdk/python): mypy --strict, the tests, handoff
-# conformance on both example workers, the Celery integration in real Celery
-# workers (RabbitMQ and Redis started here, a handover between two workers
-# each beside a real sidecar), and an offline build of the wheel and the
-# sdist. Exits non-zero on any failure; prints each step's time.
+# Checks the Python SDK (sdk/python): mypy --strict, the tests, an offline
+# build of the wheel and the sdist, handoff conformance on both example
+# workers run on that wheel installed in a fresh venv (pip install --no-index,
+# no system site-packages; the workers and `python3 -m handoff.testing` run
+# with -I from copies outside the tree, so src/ is not on sys.path), the
+# Celery integration in real Celery workers (RabbitMQ and Redis started here,
+# a handover between two workers each beside a real sidecar). Exits non-zero
+# on any failure; prints each step's time.
 #
 #   bash sdk/python/test.sh
 #
@@ -51,7 +54,8 @@ packages() {
 	# python3-celery brings kombu and py-amqp; python3-redis is the Redis
 	# transport and the example's ledger. hack/redis.sh and hack/rabbitmq.sh
 	# install redis-server and rabbitmq-server when they start them.
-	for p in mypy python3-pytest python3-yaml python3-build python3-setuptools python3-wheel python3-celery python3-redis; do
+	# python3-venv and python3-pip: the venv the conformance run installs the wheel in.
+	for p in mypy python3-pytest python3-yaml python3-pip python3-venv python3-build python3-setuptools python3-wheel python3-celery python3-redis; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 	done
 	[ ${#missing[@]} -eq 0 ] && { echo "Debian packages present"; return 0; }
@@ -92,12 +96,31 @@ celery_tests() {
 	! grep -q "^SKIPPED" "$tmp/celery.out" || { echo "a Celery test was skipped" >&2; return 1; }
 }
 
+# venv PY DIR: a fresh venv of PY in DIR (no system site-packages) with the
+# built wheel installed by pip, offline; checks that it imports handoff from DIR.
+venv() {
+	local py=$1 dir=$2 whl
+	whl=$(ls "$tmp"/dist/handoff-*.whl) || return 1
+	"$py" -m venv --without-pip "$dir" || return 1
+	# Debian's pip installs into the venv (--python): no pip bootstrapped in each venv.
+	"$PYTHON" -m pip --python "$dir/bin/python" install --quiet --no-index --no-deps --disable-pip-version-check "$whl" || return 1
+	(cd / && "$dir/bin/python" -I -c '
+import sys, handoff, handoff.testing
+assert handoff.__file__.startswith(sys.argv[1] + "/"), handoff.__file__
+print("installed", handoff.__version__, "at", handoff.__file__)' "$dir")
+}
+
 conformance() {
+	venv "$PYTHON" "$tmp/venv" || return 1
 	# -s: the suite's table of cases, for each example worker; -rs: why a test was skipped.
-	(cd "$here" && HANDOFF_BIN=$HANDOFF_BIN PYTHONPATH=src "$PYTHON" -m pytest -s -q -rs -p no:cacheprovider tests/test_conformance.py) |
-		tee "$tmp/conformance.out"
+	# HANDOFF_SDK_PYTHON: the workers and the fixture run on the venv's copy.
+	(cd "$here" && HANDOFF_BIN=$HANDOFF_BIN HANDOFF_SDK_PYTHON=$tmp/venv/bin/python PYTHONPATH=src "$PYTHON" -m pytest -s -q -rs -p no:cacheprovider \
+		tests/test_conformance.py) | tee "$tmp/conformance.out"
 	[ "${PIPESTATUS[0]}" -eq 0 ] || return 1
 	! grep -q "^SKIPPED" "$tmp/conformance.out" || { echo "a conformance run was skipped" >&2; return 1; }
+	# Both workers ran on the installed copy, not src/.
+	[ "$(grep -c "installed handoff: $tmp/venv/" "$tmp/conformance.out")" -eq 2 ] ||
+		{ echo "test.sh: the conformance run did not use the wheel installed in $tmp/venv" >&2; return 1; }
 }
 
 oldest() {
@@ -131,7 +154,9 @@ class BaseExceptionGroup(BaseException):
 class ExceptionGroup(BaseExceptionGroup, Exception):
     pass
 EOF
-	(cd "$here" && HANDOFF_BIN=$HANDOFF_BIN PYTHONPATH="src:$tmp/shim:/usr/lib/python3/dist-packages" "$py" -m pytest -q -p no:cacheprovider tests \
+	# The unit tests on src/; the conformance run on the wheel in a 3.9 venv.
+	venv "$py" "$tmp/venv39" || return 1
+	(cd "$here" && HANDOFF_BIN=$HANDOFF_BIN HANDOFF_SDK_PYTHON=$tmp/venv39/bin/python PYTHONPATH="src:$tmp/shim:/usr/lib/python3/dist-packages" "$py" -m pytest -q -p no:cacheprovider tests \
 		--ignore=tests/test_celery.py --ignore=tests/test_celery_handover.py)
 }
 
@@ -164,12 +189,12 @@ step "debian packages" packages
 step "handoff binary" handoff_bin
 step "mypy --strict" typecheck
 step "pytest (unit)" unit_tests
+step "wheel and sdist (offline)" build
 if [ -n "${HANDOFF_BIN:-}" ]; then
-	step "conformance (worker.py, aio_worker.py)" conformance
+	step "conformance (worker.py, aio_worker.py) on the wheel in a fresh venv" conformance
 	step "celery (RabbitMQ and Redis, a handover between two sidecars)" celery_tests
 	step "pytest on Python 3.9" oldest
 fi
-step "wheel and sdist (offline)" build
 
 echo
 echo "=== summary"

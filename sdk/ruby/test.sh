@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Checks the Ruby SDK (sdk/ruby): the minitest tests, handoff conformance on
-# examples/worker.rb, Handoff::Sidekiq on a real Sidekiq (Debian's
+# Checks the Ruby SDK (sdk/ruby): an offline build of the gem, installed
+# (gem install --local) into a scratch GEM_HOME; the minitest tests, with
+# handoff conformance on examples/worker.rb and examples/fixture.rb run on
+# that installed gem (copies outside the tree, GEM_HOME and GEM_PATH the
+# scratch one, no -I of lib/), Handoff::Sidekiq on a real Sidekiq (Debian's
 # ruby-sidekiq) and a real Redis (hack/redis.sh, on a free port), a handover
-# between two Sidekiq processes each beside a real sidecar, and an offline
-# build of the gem. Exits non-zero on any failure or skipped test.
+# between two Sidekiq processes each beside a real sidecar. Exits non-zero on
+# any failure or skipped test.
 #
 #   bash sdk/ruby/test.sh
 #
@@ -47,13 +50,6 @@ for f in "$here"/lib/*.rb "$here"/lib/handoff/*.rb "$here"/examples/*.rb "$here"
   ruby -wc "$f" >/dev/null
 done
 
-step "minitest: unit, conformance, Sidekiq (a real Sidekiq and Redis), the handover"
-(cd "$here" && ruby -Itest -e 'Dir["test/*_test.rb"].sort.each { |f| require File.expand_path(f) }' -- --verbose) | tee "$tmp/tests.out" |
-  grep -v -E '^(Sidekiq|Handoff|Auth|Wire|Agent|Conformance)[A-Za-z]*Test#.* = [0-9.]+ s = \.$' || true
-[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: a test failed" >&2; exit 1; }
-summary=$(grep -E '^[0-9]+ runs, ' "$tmp/tests.out" | tail -1)
-grep -q ' 0 failures, 0 errors, 0 skips$' <<<"$summary" || { echo "test.sh: $summary: want no failure and no skip" >&2; exit 1; }
-
 step "gem build (offline)"
 g=$(bash "$here/build-gem.sh" "$tmp/gem")
 echo "built $(basename "$g")"
@@ -74,5 +70,15 @@ if [ -n "${GEM_OUT:-}" ]; then
   cp "$g" "$GEM_OUT/"
   echo "left $(basename "$g") in $GEM_OUT"
 fi
+
+step "minitest: unit, conformance (on the gem in $tmp/gemhome), Sidekiq (a real Sidekiq and Redis), the handover"
+(cd "$here" && HANDOFF_SDK_GEM_HOME=$tmp/gemhome ruby -Itest -e 'Dir["test/*_test.rb"].sort.each { |f| require File.expand_path(f) }' -- --verbose) |
+  tee "$tmp/tests.out" | grep -v -E '^(Sidekiq|Handoff|Auth|Wire|Agent|Conformance)[A-Za-z]*Test#.* = [0-9.]+ s = \.$' || true
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: a test failed" >&2; exit 1; }
+summary=$(grep -E '^[0-9]+ runs, ' "$tmp/tests.out" | tail -1)
+grep -q ' 0 failures, 0 errors, 0 skips$' <<<"$summary" || { echo "test.sh: $summary: want no failure and no skip" >&2; exit 1; }
+# The conformance run was on the installed gem.
+grep -q "installed handoff: $tmp/gemhome/gems/handoff-" "$tmp/tests.out" ||
+  { echo "test.sh: the conformance run did not use the gem installed in $tmp/gemhome" >&2; exit 1; }
 
 step "sdk/ruby: ok"
