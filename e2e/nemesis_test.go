@@ -368,10 +368,7 @@ func (h *history) lease(o any, names []string) {
 
 func (h *history) pod(o any, deleted bool) {
 	now := time.Now()
-	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
-		o = d.Obj
-	}
-	p, ok := o.(*corev1.Pod)
+	p, ok := informerPod(o)
 	if !ok {
 		return
 	}

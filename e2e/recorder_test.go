@@ -124,12 +124,20 @@ func record(t *testing.T, app, lease string) *recorder {
 	return r
 }
 
-func (r *recorder) pod(o any, deleted bool) {
-	now := time.Now()
+// informerPod is the Pod of an informer's event: the object itself, or
+// the last state known of a Pod deleted while the watch was down
+// (cache.DeletedFinalStateUnknown); false for anything else.
+func informerPod(o any) (*corev1.Pod, bool) {
 	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
 		o = d.Obj
 	}
 	p, ok := o.(*corev1.Pod)
+	return p, ok
+}
+
+func (r *recorder) pod(o any, deleted bool) {
+	now := time.Now()
+	p, ok := informerPod(o)
 	if !ok {
 		return
 	}

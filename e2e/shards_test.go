@@ -266,10 +266,7 @@ func recordShards(t *testing.T, app string, shards []string) *shardRecorder {
 
 func (r *shardRecorder) pod(o any, deleted bool) {
 	now := time.Now()
-	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
-		o = d.Obj
-	}
-	p, ok := o.(*corev1.Pod)
+	p, ok := informerPod(o)
 	if !ok {
 		return
 	}
